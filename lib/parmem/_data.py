@@ -1,0 +1,43 @@
+"""Locate and load the YAML data files shipped with ``parmem``.
+
+A wheel ships the repository's ``data/`` folder as ``parmem/data/`` (see the
+``force-include`` entry in ``pyproject.toml``); an editable install or a source
+checkout has it two levels above this module, at the repository root.
+:func:`load_yaml` looks in that order and caches what it parsed.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+_HERE = Path(__file__).resolve().parent
+
+#: Folders searched, in order: next to the package (wheel), then the repository root.
+DATA_DIRS: tuple[Path, ...] = (_HERE / "data", _HERE.parent.parent / "data")
+
+
+def data_path(name: str) -> Path:
+    """Return the path of data file ``name`` (e.g. ``"hardware.yaml"``).
+
+    Raises:
+        ValueError: if ``name`` is not a plain file name or no folder holds it.
+    """
+    if not name or Path(name).name != name:
+        raise ValueError(f"name={name!r} must be a plain file name such as 'hardware.yaml'")
+    for folder in DATA_DIRS:
+        candidate = folder / name
+        if candidate.is_file():
+            return candidate
+    searched = ", ".join(str(d) for d in DATA_DIRS)
+    raise ValueError(f"data file {name!r} not found; searched: {searched}")
+
+
+@lru_cache(maxsize=None)
+def load_yaml(name: str) -> Any:
+    """Parse data file ``name`` with ``yaml.safe_load`` (cached: do not mutate the result)."""
+    with data_path(name).open(encoding="utf-8") as fh:
+        return yaml.safe_load(fh)

@@ -1,0 +1,196 @@
+"""Activation memory: the bytes autograd keeps between forward and backward.
+
+The reference is Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
+Transformer Models", §4 and Table 2. For one transformer layer, one micro-batch, 16-bit
+activations and 1-byte dropout masks:
+
+=========================================  ==========================
+case                                       bytes per layer
+=========================================  ==========================
+no parallelism                             sbh(34 + 5as/h)
+tensor parallel (t)                        sbh(10 + 24/t + 5as/(ht))
+tensor + sequence parallel                 sbh/t · (34 + 5as/h)
+tensor parallel + selective recompute      sbh(10 + 24/t)
+tensor + sequence + selective recompute    sbh · 34/t
+full recompute                             2sbh  (2sbh/t with sequence parallel)
+=========================================  ==========================
+
+:func:`per_layer_bytes` is that table. :func:`layer_terms` is the same accounting, term by
+term, generalised to the shapes of a :class:`~parmem.model.ModelSpec` (grouped-query attention,
+SwiGLU MLPs, RMSNorm, no dropout, mixture of experts, context parallelism, FlashAttention); for a
+GPT-shaped layer its sum equals :func:`per_layer_bytes` exactly (tested).
+
+The pipeline multiplies per-layer bytes by the micro-batches a stage holds at once
+(:func:`in_flight_units`): GPipe m, 1F1B min(p - i, m) on stage i (Narayanan et al. 2021
+§2.2), interleaved 1F1B with v chunks per stage (Korthikanti et al. 2022 §4.2.3: the first stage
+holds (1 + (p-1)/(pv)) times the 1F1B amount).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["per_layer_bytes", "layer_terms", "Term", "in_flight_units", "RECOMPUTE", "SCHEDULES"]
+
+RECOMPUTE = ("none", "selective", "full")
+SCHEDULES = ("gpipe", "1f1b", "interleaved")
+
+
+def _check_pos(**kw) -> None:
+    for k, v in kw.items():
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{k}={v!r} must be an integer >= 1")
+
+
+def per_layer_bytes(seq_len: int, micro_batch: int, hidden: int, heads: int, tp: int = 1,
+                    sp: bool = False, recompute: str = "none", flash: bool = False) -> int:
+    """Activation bytes of one GPT layer for one micro-batch (Korthikanti et al. 2022, Table 2).
+
+    ``s = seq_len``, ``b = micro_batch``, ``h = hidden``, ``a = heads``, ``t = tp``.
+    16-bit activations, 1-byte dropout masks, a 4h MLP with GeLU, multi-head attention that
+    materialises the s×s score matrix.
+
+    ``flash=True`` models an attention kernel that keeps no s×s matrix (Dao et al. 2022): the
+    5as²b/t term is replaced by the kernel's fp32 log-sum-exp, 4asb/t bytes, and attention dropout
+    is regenerated from the RNG state instead of stored. ``recompute="selective"`` drops exactly
+    the attention-core terms (§5, the 5as/h part), so ``flash`` makes it equal to ``"none"`` minus
+    the log-sum-exp.
+    """
+    _check_pos(seq_len=seq_len, micro_batch=micro_batch, hidden=hidden, heads=heads, tp=tp)
+    if recompute not in RECOMPUTE:
+        raise ValueError(f"recompute={recompute!r} must be one of {RECOMPUTE}")
+    if heads % tp:
+        raise ValueError(f"tp={tp} must divide heads={heads}")
+    if sp and tp == 1:
+        raise ValueError("sp=True needs tp >= 2 (sequence parallelism splits over the TP group)")
+    s, b, h, a, t = seq_len, micro_batch, hidden, heads, tp
+    sbh = s * b * h
+    if recompute == "full":
+        return 2 * sbh // t if sp else 2 * sbh
+    replicated = 10 * sbh  # LayerNorm inputs, QKV/FC1 inputs, dropout masks (Table 2)
+    sharded = 24 * sbh     # Q, K, V, projection input, GeLU input and output
+    if recompute == "selective":
+        core = 0
+    elif flash:
+        core = 4 * a * s * b  # fp32 log-sum-exp per query and head
+    else:
+        core = 5 * a * s * s * b  # softmax output 2, dropout mask 1, dropout output 2
+    if sp:
+        return (replicated + sharded + core) // t
+    return replicated + (sharded + core) // t
+
+
+@dataclass(frozen=True)
+class Term:
+    """One named piece of a layer's activation memory."""
+
+    name: str
+    bytes: int
+    note: str = ""
+    core: bool = False  # part of the attention core that selective recompute drops
+
+
+def layer_terms(spec, seq_len: int, micro_batch: int, tp: int = 1, sp: bool = False,
+                cp: int = 1, flash: bool = False, dropout: bool = True, act_bytes: int = 2,
+                norm_stat_bytes: int = 0, capacity_factor: float = 1.0) -> list[Term]:
+    """Per-layer, per-micro-batch activation terms for any :class:`~parmem.model.ModelSpec`.
+
+    The accounting is Korthikanti et al. 2022 §4.1, term by term, with the shapes generalised:
+
+    * attention: norm input and QKV input (2sbh each), Q (2sb·a·d), K and V (2sb·kv·d each),
+      scores softmax output and dropout (5as²b for MHA; no dropout: 2as²b), projection input
+      (2sb·a·d), projection dropout mask (sbh);
+    * dense MLP: norm input, FC1 input (2sbh each); GeLU: its input and output (2sbf each);
+      SwiGLU: gate, up and SiLU outputs and the down-projection input (2sbf each); dropout mask;
+    * MoE: the MLP terms for ``top_k`` experts per token times ``capacity_factor``, plus the
+      router's fp32 logits and probabilities (8·sb·E);
+    * ``norm_stat_bytes``: per-token statistics a norm saves (LayerNorm mean and rstd, RMSNorm
+      rstd); 4 on CUDA (fp32), 2 for 16-bit input on CPU; 0 (the default) leaves them out as the
+      paper does.
+
+    Sharding: ``tp`` divides every term inside the column/row-parallel region; ``sp`` also divides
+    the norm/dropout region; ``cp`` divides the sequence (queries); the score matrix is (s/cp)×s.
+    ``act_bytes`` is the activation element size (2 for 16-bit, 4 for fp32); masks are 1 byte.
+    """
+    from .model import ModelSpec
+
+    if not isinstance(spec, ModelSpec):
+        raise ValueError(f"spec must be a ModelSpec, got {type(spec).__name__}")
+    _check_pos(seq_len=seq_len, micro_batch=micro_batch, tp=tp, cp=cp, act_bytes=act_bytes)
+    if seq_len % cp:
+        raise ValueError(f"cp={cp} must divide seq_len={seq_len}")
+    if spec.heads % tp:
+        raise ValueError(f"tp={tp} must divide heads={spec.heads}")
+    if sp and tp == 1:
+        raise ValueError("sp=True needs tp >= 2 (sequence parallelism splits over the TP group)")
+    s, b, h, t = seq_len // cp, micro_batch, spec.hidden, tp
+    sb = s * b
+    e = act_bytes
+    kv_local = max(spec.kv_heads // t, 1)  # kv heads are replicated when t > kv_heads
+    q_local = spec.heads // t
+    d = spec.head_dim
+    rep = t if sp else 1  # divisor for the norm/dropout ("replicated") region
+    terms = [
+        Term("attn norm input", e * sb * h // rep, "saved by the norm"),
+        Term("qkv input", e * sb * h // rep, "norm output, saved by the QKV GEMM"),
+        Term("q", e * sb * q_local * d),
+        Term("k, v", 2 * e * sb * kv_local * d),
+    ]
+    if flash:
+        terms.append(Term("attention log-sum-exp", 4 * q_local * sb, "fp32, FlashAttention",
+                          core=True))
+    else:
+        score = q_local * s * (s * cp) * b  # (s/cp) queries x s keys per head
+        terms.append(Term("softmax output", e * score, "s×s per head", core=True))
+        if dropout:
+            terms.append(Term("attention dropout mask", score, "1 byte", core=True))
+            terms.append(Term("attention dropout output", e * score, core=True))
+    terms.append(Term("projection input", e * sb * q_local * d))
+    if dropout:
+        terms.append(Term("attention output dropout mask", sb * h // rep, "1 byte"))
+    terms.append(Term("mlp norm input", e * sb * h // rep, "saved by the norm"))
+    terms.append(Term("fc1 input", e * sb * h // rep, "norm output, saved by FC1"))
+
+    def mlp_inner(ffn: int, scale: float) -> int:
+        per = (2 if spec.ffn_kind == "gelu" else 4) * e * sb * (ffn // t)
+        return int(per * scale)
+
+    if spec.is_moe:
+        k = spec.top_k * capacity_factor
+        terms.append(Term("expert inputs", int(e * sb * h * k), "tokens dispatched to top_k experts"))
+        terms.append(Term("expert hidden", mlp_inner(spec.expert_ffn_hidden, k)))
+        if spec.shared_experts:
+            terms.append(Term("shared expert hidden",
+                              mlp_inner(spec.expert_ffn_hidden, spec.shared_experts)))
+        terms.append(Term("router logits and probabilities", 8 * sb * spec.num_experts, "fp32"))
+    else:
+        terms.append(Term("mlp hidden", mlp_inner(spec.ffn_hidden, 1.0),
+                          "GeLU input/output" if spec.ffn_kind == "gelu" else
+                          "gate, up, SiLU(gate), down input"))
+    if dropout:
+        terms.append(Term("mlp dropout mask", sb * h // rep, "1 byte"))
+    if norm_stat_bytes:
+        per_norm = (2 if spec.norm == "layernorm" else 1) * norm_stat_bytes * sb
+        terms.append(Term("norm statistics", 2 * per_norm // rep, "mean/rstd per token"))
+    return terms
+
+
+def in_flight_units(schedule: str, p: int, m: int, stage: int, v: int = 1) -> int:
+    """How many (micro-batch, model chunk) activations stage ``stage`` holds at its peak.
+
+    With v = 1 a chunk is the whole stage, so this is the number of micro-batches in flight:
+    GPipe holds all m; 1F1B holds min(p - stage, m) (Narayanan et al. 2021 §2.2). The interleaved
+    schedule holds min(2(p - stage - 1) + (v - 1)p + 1, m·v) chunks of L/(pv) layers each, which is
+    Megatron-LM's warm-up count plus one (``forward_backward_pipelining_with_interleaving``); on
+    stage 0 with m ≥ p this is p(1 + (p-1)/(pv)) stage-equivalents, Korthikanti et al. 2022 §4.2.3.
+    """
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule={schedule!r} must be one of {SCHEDULES}")
+    _check_pos(p=p, m=m, v=v)
+    if not 0 <= stage < p:
+        raise ValueError(f"stage={stage} must be in [0, p={p})")
+    if schedule == "gpipe":
+        return m * v
+    if schedule == "1f1b":
+        return min(p - stage, m) * v
+    return min(2 * (p - stage - 1) + (v - 1) * p + 1, m * v)

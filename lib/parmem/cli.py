@@ -1,0 +1,159 @@
+"""The ``parmem`` command.
+
+    parmem models
+    parmem estimate --model llama-2-7b --tp 4 --pp 2 --dp 8 --zero 1 --seq 4096 [--json]
+    parmem kv --model llama-3-70b --seq 8192 --batch 16 --tp 8
+    parmem serve-memory --model llama-2-7b --weights int4 --seq 4096 --batch 8
+
+``--model`` takes a preset name or the path of a Hugging Face ``config.json`` (or its folder).
+Errors print one line to stderr and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .activations import RECOMPUTE, SCHEDULES
+from .inference import KV_DTYPES, WEIGHT_DTYPES, kv_cache_bytes, kv_cache_bytes_per_token
+from .inference import weight_bytes as _weight_bytes
+from .memory import GIB, OPTIMIZERS, PRECISIONS, ParallelConfig, TrainingSetup, estimate
+from .model import ModelSpec, presets
+
+
+def _model(name: str) -> ModelSpec:
+    path = Path(name)
+    if path.suffix == ".json" or path.is_dir() or path.is_file():
+        return ModelSpec.from_hf_config(path)
+    return ModelSpec.preset(name)
+
+
+def _cmd_models(args) -> int:
+    rows = []
+    for n in presets():
+        s = ModelSpec.preset(n)
+        rows.append({"name": n, "params": s.num_params(), "active_params": s.num_params(True),
+                     "layers": s.layers, "hidden": s.hidden, "heads": s.heads,
+                     "kv_heads": s.kv_heads, "vocab": s.vocab_size})
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(f"{'name':<15} {'params':>18} {'L':>4} {'h':>6} {'a':>4} {'kv':>4} {'V':>7}")
+    for r in rows:
+        print(f"{r['name']:<15} {r['params']:>18,} {r['layers']:>4} {r['hidden']:>6} "
+              f"{r['heads']:>4} {r['kv_heads']:>4} {r['vocab']:>7}")
+    return 0
+
+
+def _cmd_estimate(args) -> int:
+    spec = _model(args.model)
+    par = ParallelConfig(dp=args.dp, tp=args.tp, pp=args.pp, ep=args.ep, cp=args.cp, sp=args.sp,
+                         zero=args.zero, vpp=args.vpp)
+    schedule = args.schedule or ("interleaved" if args.vpp > 1 else "1f1b")
+    setup = TrainingSetup(seq_len=args.seq, micro_batch=args.micro_batch,
+                          num_microbatches=args.microbatches, precision=args.precision,
+                          optimizer=args.optimizer, recompute=args.recompute, schedule=schedule,
+                          flash_attention=args.flash, dropout=not args.no_dropout,
+                          grad_buckets=args.grad_buckets,
+                          cuda_context=int(round(args.context_gib * GIB)))
+    lps = [int(x) for x in args.layers_per_stage.split(",")] if args.layers_per_stage else None
+    est = estimate(spec, par, setup, layers_per_stage=lps, world_size=args.world_size)
+    print(json.dumps(est.to_dict(), indent=2) if args.json else est)
+    return 0
+
+
+def _cmd_kv(args) -> int:
+    spec = _model(args.model)
+    per_tok = kv_cache_bytes_per_token(spec, args.dtype, args.tp)
+    total = kv_cache_bytes(spec, args.seq, args.batch, args.dtype, args.tp)
+    if args.json:
+        print(json.dumps({"model": spec.name, "bytes_per_token": per_tok, "bytes": total,
+                          "seq_len": args.seq, "batch": args.batch, "tp": args.tp,
+                          "dtype": args.dtype}, indent=2))
+    else:
+        print(f"{spec.name}: KV cache {per_tok:,} bytes/token per GPU ({per_tok / 2**10:.0f} KiB); "
+              f"{args.batch} x {args.seq} tokens at tp={args.tp}: {total:,} bytes "
+              f"= {total / GIB:.2f} GiB per GPU")
+    return 0
+
+
+def _cmd_serve(args) -> int:
+    spec = _model(args.model)
+    w = _weight_bytes(spec, args.weights) // args.tp
+    kv = kv_cache_bytes(spec, args.seq, args.batch, args.kv_dtype, args.tp)
+    out = {"model": spec.name, "weights_bytes_per_gpu": w, "kv_cache_bytes_per_gpu": kv,
+           "total_bytes_per_gpu": w + kv}
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        print(f"{spec.name} at tp={args.tp}: weights ({args.weights}) {w / GIB:.2f} GiB + KV cache "
+              f"({args.kv_dtype}, {args.batch} x {args.seq}) {kv / GIB:.2f} GiB = "
+              f"{(w + kv) / GIB:.2f} GiB per GPU (GiB = 2**30 bytes; weights split evenly by t)")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="parmem", description="GPU memory under parallelism.")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    p = sub.add_parser("models", help="list model presets")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_models)
+
+    p = sub.add_parser("estimate", help="per-GPU training memory, stage by stage")
+    p.add_argument("--model", required=True, help="preset name or path to a config.json")
+    for flag, default in (("dp", 1), ("tp", 1), ("pp", 1), ("ep", 1), ("cp", 1), ("vpp", 1)):
+        p.add_argument(f"--{flag}", type=int, default=default)
+    p.add_argument("--sp", action="store_true", help="sequence parallelism (needs --tp >= 2)")
+    p.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3))
+    p.add_argument("--seq", type=int, required=True, help="sequence length s")
+    p.add_argument("--micro-batch", type=int, default=1, help="micro-batch size b")
+    p.add_argument("--microbatches", type=int, default=1, help="micro-batches per step m")
+    p.add_argument("--precision", default="bf16-mixed", choices=tuple(PRECISIONS))
+    p.add_argument("--optimizer", default="adamw", choices=tuple(OPTIMIZERS))
+    p.add_argument("--recompute", default="none", choices=RECOMPUTE)
+    p.add_argument("--schedule", default=None, choices=SCHEDULES)
+    p.add_argument("--flash", action="store_true", help="attention keeps no s x s matrix")
+    p.add_argument("--no-dropout", action="store_true")
+    p.add_argument("--grad-buckets", default="view", choices=("view", "copy"))
+    p.add_argument("--context-gib", type=float, default=0.0, help="CUDA context per GPU, GiB")
+    p.add_argument("--layers-per-stage", default=None, help="uneven split, e.g. 15,17")
+    p.add_argument("--world-size", type=int, default=None, help="check d*t*p*cp against this")
+    p.add_argument("--json", action="store_true", help="bytes as JSON")
+    p.set_defaults(func=_cmd_estimate)
+
+    p = sub.add_parser("kv", help="KV-cache bytes for serving")
+    p.add_argument("--model", required=True)
+    p.add_argument("--seq", type=int, required=True)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--dtype", default="fp16", choices=tuple(KV_DTYPES))
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_kv)
+
+    p = sub.add_parser("serve-memory", help="weights + KV cache per GPU for serving")
+    p.add_argument("--model", required=True)
+    p.add_argument("--seq", type=int, required=True)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--weights", default="fp16", choices=tuple(WEIGHT_DTYPES))
+    p.add_argument("--kv-dtype", default="fp16", choices=tuple(KV_DTYPES))
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_serve)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except ValueError as e:
+        print(f"parmem: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,169 @@
+"""Measured bytes, to hold the estimators to account.
+
+Three meters, all counting each tensor *storage* once (two views of one buffer are one allocation):
+
+* :class:`SavedTensorsMeter` - the bytes autograd keeps for the backward pass, observed with
+  :func:`torch.autograd.graph.saved_tensors_hooks` (PyTorch docs, "Hooks for saved tensors").
+  This is exactly the quantity Korthikanti et al. 2022 (§4) call "activation memory".
+* :func:`state_bytes` - the live bytes of a module's parameters, gradients and buffers and of an
+  optimizer's state on this rank. Distributed tensors (DTensor, as produced by FSDP2 and
+  ``parallelize_module``) are counted by their local shard.
+* :func:`cuda_peak_bytes` - ``torch.cuda.max_memory_allocated`` on a GPU (the caching
+  allocator's high-water mark of live tensors).
+
+torch is imported lazily, so ``import parmem`` works without it.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+__all__ = ["SavedTensorsMeter", "StateBytes", "state_bytes", "tensor_storage_bytes",
+           "cuda_peak_bytes"]
+
+
+def _local(t):
+    """The local shard of a DTensor, or the tensor itself."""
+    to_local = getattr(t, "to_local", None)
+    return to_local() if callable(to_local) else t
+
+
+def _storage_key_and_bytes(t) -> tuple[tuple, int]:
+    t = _local(t)
+    st = t.untyped_storage()
+    return (t.device.type, t.device.index, st.data_ptr()), st.nbytes()
+
+
+def tensor_storage_bytes(tensors) -> int:
+    """Total bytes of the distinct storages behind ``tensors`` (each storage counted once)."""
+    seen: dict[tuple, int] = {}
+    for t in tensors:
+        if t is None:
+            continue
+        key, n = _storage_key_and_bytes(t)
+        seen[key] = n
+    return sum(seen.values())
+
+
+class SavedTensorsMeter:
+    """Count the bytes that autograd saves for backward inside a ``with`` block.
+
+    Each saved tensor is recorded by the storage it lives in, so a tensor saved by two
+    operations (the output of a LayerNorm that is also the input of the next Linear) or two
+    views of one buffer (Q, K and V sliced from one QKV projection) count once. Parameters are
+    excluded by default: they are model state, not activations.
+
+    Example::
+
+        with SavedTensorsMeter(exclude=model.parameters()) as meter:
+            loss = model(x).sum()
+        meter.bytes           # total activation bytes kept for backward
+        meter.by_dtype        # {"torch.bfloat16": ..., "torch.bool": ..., "torch.float32": ...}
+
+    Source: PyTorch, ``torch.autograd.graph.saved_tensors_hooks``.
+    """
+
+    def __init__(self, exclude=()):
+        self._exclude = {_storage_key_and_bytes(p)[0] for p in exclude}
+        self._seen: dict[tuple, tuple[int, str, tuple]] = {}
+        self._ctx = None
+
+    def _pack(self, t):
+        key, n = _storage_key_and_bytes(t)
+        if key not in self._exclude and key not in self._seen:
+            self._seen[key] = (n, str(t.dtype), tuple(t.shape))
+        return t
+
+    @staticmethod
+    def _unpack(t):
+        return t
+
+    def __enter__(self) -> SavedTensorsMeter:
+        import torch
+
+        self._ctx = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+        self._ctx.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._ctx.__exit__(*exc)
+
+    @property
+    def bytes(self) -> int:
+        """Total bytes of distinct saved storages."""
+        return sum(n for n, _, _ in self._seen.values())
+
+    @property
+    def by_dtype(self) -> dict[str, int]:
+        out: dict[str, int] = defaultdict(int)
+        for n, dtype, _ in self._seen.values():
+            out[dtype] += n
+        return dict(out)
+
+    @property
+    def records(self) -> list[tuple[int, str, tuple]]:
+        """(bytes, dtype, shape of the first tensor seen) for every distinct saved storage."""
+        return list(self._seen.values())
+
+
+@dataclass(frozen=True)
+class StateBytes:
+    """Live model/optimizer state bytes on one rank (storages counted once)."""
+
+    params: int
+    grads: int
+    optimizer: int
+    buffers: int
+    detail: dict = field(default_factory=dict, compare=False)
+
+    @property
+    def total(self) -> int:
+        return self.params + self.grads + self.optimizer + self.buffers
+
+
+def state_bytes(module, optimizer=None, extra_grad_buffers=()) -> StateBytes:
+    """Measure parameter, gradient, buffer and optimizer-state bytes held by this rank.
+
+    * parameters and their ``.grad`` (DTensor shards by their local part);
+    * buffers registered on the module;
+    * every tensor in ``optimizer.state`` (Adam's ``exp_avg``/``exp_avg_sq``, momentum, fp32
+      masters kept as optimizer state; ZeroRedundancyOptimizer keeps only this rank's shard);
+    * ``extra_grad_buffers``: tensors that hold gradients outside ``.grad`` (for example DDP's
+      gradient buckets), counted in ``grads`` unless they share storage with a ``.grad``.
+
+    The ``step`` counters Adam keeps (0-d tensors) are counted too: they are real bytes, and small.
+    """
+    params = list(module.parameters())
+    p_bytes = tensor_storage_bytes(params)
+    grads = [p.grad for p in params if p.grad is not None]
+    g_all = tensor_storage_bytes([*grads, *extra_grad_buffers])
+    b_bytes = tensor_storage_bytes(list(module.buffers()))
+    o_tensors = []
+    if optimizer is not None:
+        import torch
+
+        for st in optimizer.state.values():
+            for v in st.values():
+                if isinstance(v, torch.Tensor):
+                    o_tensors.append(v)
+    o_bytes = tensor_storage_bytes(o_tensors)
+    return StateBytes(params=p_bytes, grads=g_all, optimizer=o_bytes, buffers=b_bytes,
+                      detail={"num_param_tensors": len(params), "num_grads": len(grads),
+                              "num_optimizer_tensors": len(o_tensors)})
+
+
+def cuda_peak_bytes(device=None, reset: bool = False) -> int:
+    """``torch.cuda.max_memory_allocated`` (0 when CUDA is unavailable).
+
+    With ``reset=True`` the peak counter is reset after reading, so the next call measures a
+    fresh interval.
+    """
+    import torch
+
+    if not torch.cuda.is_available():
+        return 0
+    peak = int(torch.cuda.max_memory_allocated(device))
+    if reset:
+        torch.cuda.reset_peak_memory_stats(device)
+    return peak

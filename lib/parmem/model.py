@@ -1,0 +1,281 @@
+"""Model shapes and exact parameter counts.
+
+:class:`ModelSpec` holds the shapes that decide memory: vocabulary ``V``, hidden size ``h``,
+layers ``L``, attention heads ``a`` (and key/value heads for GQA/MQA), the feed-forward size and
+kind, biases, norms, embeddings and the mixture-of-experts fields. Parameter counts are computed
+from the shapes, component by component, so they are exact (checked against published totals in
+``tests/test_model.py``).
+
+Sources: Vaswani et al. 2017 (Transformer), Radford et al. 2019 (GPT-2: learned positions,
+LayerNorm with bias, tied embeddings), Touvron et al. 2023 (Llama 2: RMSNorm, SwiGLU, rotary, GQA
+for 70B), Jiang et al. 2024 (Mixtral: 8 experts, top-2, router without bias).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields, replace
+from os import PathLike
+from pathlib import Path
+
+from ._data import load_yaml
+
+__all__ = ["ModelSpec", "presets"]
+
+FFN_KINDS = ("gelu", "swiglu")
+NORM_KINDS = ("layernorm", "rmsnorm")
+POSITION_KINDS = ("learned", "rotary")
+
+
+def _positive(name: str, value, allow_zero: bool = False) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name}={value!r} must be an integer")
+    if value < 0 or (value == 0 and not allow_zero):
+        rule = ">= 0" if allow_zero else ">= 1"
+        raise ValueError(f"{name}={value} must be {rule}")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The shapes of a decoder-only transformer.
+
+    Attributes follow the book's notation: ``vocab_size`` = V, ``hidden`` = h, ``layers`` = L,
+    ``heads`` = a. ``kv_heads`` < ``heads`` is grouped-query attention (``kv_heads == 1`` is
+    multi-query). ``ffn_kind="gelu"`` is the two-matrix MLP (h→f→h); ``"swiglu"`` the gated
+    three-matrix MLP of Llama (gate, up, down). ``bias`` puts biases on every linear layer (GPT-2);
+    ``qkv_bias`` on the Q/K/V projections only (Qwen2). ``num_experts > 0`` makes every layer's MLP a
+    mixture of experts of size ``expert_ffn_hidden`` with ``top_k`` routing, a bias-free router, and
+    ``shared_experts`` always-active experts.
+    """
+
+    name: str
+    vocab_size: int
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int | None = None
+    head_dim: int | None = None
+    ffn_hidden: int | None = None
+    ffn_kind: str = "gelu"
+    bias: bool = False
+    qkv_bias: bool = False
+    norm: str = "layernorm"
+    tied_embeddings: bool = False
+    position: str = "rotary"
+    max_positions: int = 2048
+    num_experts: int = 0
+    top_k: int = 0
+    expert_ffn_hidden: int | None = None
+    shared_experts: int = 0
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        for f in ("vocab_size", "hidden", "layers", "heads", "max_positions"):
+            _positive(f, getattr(self, f))
+        if self.kv_heads is None:
+            object.__setattr__(self, "kv_heads", self.heads)
+        if self.head_dim is None:
+            if self.hidden % self.heads:
+                raise ValueError(
+                    f"heads={self.heads} must divide hidden={self.hidden} (or give head_dim)")
+            object.__setattr__(self, "head_dim", self.hidden // self.heads)
+        if self.ffn_hidden is None:
+            object.__setattr__(self, "ffn_hidden", 4 * self.hidden)
+        for f in ("kv_heads", "head_dim", "ffn_hidden"):
+            _positive(f, getattr(self, f))
+        if self.heads % self.kv_heads:
+            raise ValueError(f"kv_heads={self.kv_heads} must divide heads={self.heads}")
+        if self.ffn_kind not in FFN_KINDS:
+            raise ValueError(f"ffn_kind={self.ffn_kind!r} must be one of {FFN_KINDS}")
+        if self.norm not in NORM_KINDS:
+            raise ValueError(f"norm={self.norm!r} must be one of {NORM_KINDS}")
+        if self.position not in POSITION_KINDS:
+            raise ValueError(f"position={self.position!r} must be one of {POSITION_KINDS}")
+        _positive("num_experts", self.num_experts, allow_zero=True)
+        _positive("top_k", self.top_k, allow_zero=True)
+        _positive("shared_experts", self.shared_experts, allow_zero=True)
+        if self.num_experts:
+            if not 1 <= self.top_k <= self.num_experts:
+                raise ValueError(
+                    f"top_k={self.top_k} must be between 1 and num_experts={self.num_experts}")
+            if self.expert_ffn_hidden is None:
+                object.__setattr__(self, "expert_ffn_hidden", self.ffn_hidden)
+            _positive("expert_ffn_hidden", self.expert_ffn_hidden)
+        elif self.top_k or self.shared_experts:
+            raise ValueError("top_k and shared_experts need num_experts >= 1")
+
+    # ------------------------------------------------------------------ constructors
+    @classmethod
+    def preset(cls, name: str) -> ModelSpec:
+        """A named preset from ``data/models.yaml`` (see :func:`presets`)."""
+        table = load_yaml("models.yaml")
+        key = str(name).lower()
+        if key not in table:
+            raise ValueError(f"unknown model preset {name!r}; known: {', '.join(sorted(table))}")
+        return cls(name=key, **table[key])
+
+    @classmethod
+    def from_hf_config(cls, config: str | PathLike | dict, name: str | None = None) -> ModelSpec:
+        """Read a Hugging Face ``config.json`` (a path, a directory holding one, or a dict).
+
+        Understands the Llama, Mistral, Mixtral, Qwen2, Qwen2-MoE and GPT-2 families (and any
+        config using the Llama key names). No network access: only the file is read.
+        """
+        if isinstance(config, dict):
+            cfg, label = config, name or config.get("_name_or_path") or "hf-model"
+        else:
+            path = Path(config)
+            if path.is_dir():
+                path = path / "config.json"
+            if not path.is_file():
+                raise ValueError(f"config: no such file {str(path)!r}")
+            try:
+                cfg = json.loads(path.read_text())
+            except json.JSONDecodeError as e:
+                raise ValueError(f"config: {path} is not valid JSON ({e.msg} at line {e.lineno})") from None
+            if not isinstance(cfg, dict):
+                raise ValueError(f"config: {path} must hold a JSON object")
+            label = name or cfg.get("_name_or_path") or path.parent.name or "hf-model"
+        return cls(**_from_hf(cfg), name=str(label))
+
+    def with_(self, **changes) -> ModelSpec:
+        """A copy with some fields changed (validated again)."""
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    # ------------------------------------------------------------------ derived shapes
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def q_dim(self) -> int:
+        """Width of the query projection, a · head_dim."""
+        return self.heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        """Width of each of the key and value projections, kv_heads · head_dim."""
+        return self.kv_heads * self.head_dim
+
+    def norm_params(self) -> int:
+        """Parameters of one norm: LayerNorm has weight and bias (2h), RMSNorm a weight (h)."""
+        return 2 * self.hidden if self.norm == "layernorm" else self.hidden
+
+    def mlp_params(self, ffn: int | None = None) -> int:
+        """Parameters of one dense MLP (or one expert) of inner size ``ffn``."""
+        f = self.ffn_hidden if ffn is None else ffn
+        h = self.hidden
+        if self.ffn_kind == "gelu":
+            return 2 * h * f + ((f + h) if self.bias else 0)
+        return 3 * h * f + ((2 * f + h) if self.bias else 0)
+
+    def attention_params(self) -> int:
+        """Q, K, V and output projections of one layer, with their biases."""
+        h = self.hidden
+        weights = h * self.q_dim + 2 * h * self.kv_dim + self.q_dim * h
+        biases = 0
+        if self.bias or self.qkv_bias:
+            biases += self.q_dim + 2 * self.kv_dim
+        if self.bias:
+            biases += h
+        return weights + biases
+
+    def layer_param_counts(self) -> dict[str, int]:
+        """Parameters of one transformer layer by component."""
+        out = {"attention": self.attention_params(), "norms": 2 * self.norm_params()}
+        if self.is_moe:
+            out["experts"] = self.num_experts * self.mlp_params(self.expert_ffn_hidden)
+            out["shared_experts"] = self.shared_experts * self.mlp_params(self.expert_ffn_hidden)
+            out["router"] = self.hidden * self.num_experts
+        else:
+            out["mlp"] = self.mlp_params()
+        return out
+
+    def param_counts(self) -> dict[str, int]:
+        """Parameters of the whole model by component (all layers summed).
+
+        Keys: ``embedding``, ``positions``, ``attention``, ``mlp`` (dense) or ``experts`` /
+        ``shared_experts`` / ``router`` (MoE), ``norms`` (every layer's two norms and the final
+        norm), ``lm_head`` (0 when tied to the embedding).
+        """
+        per_layer = self.layer_param_counts()
+        out = {"embedding": self.vocab_size * self.hidden,
+               "positions": self.max_positions * self.hidden if self.position == "learned" else 0}
+        for k, v in per_layer.items():
+            out[k] = v * self.layers
+        out["norms"] += self.norm_params()
+        out["lm_head"] = 0 if self.tied_embeddings else self.vocab_size * self.hidden
+        return out
+
+    def num_params(self, active: bool = False) -> int:
+        """Total parameters Ψ. With ``active=True`` only the ``top_k`` routed experts (plus the
+        shared ones) of each MoE layer are counted: the parameters one token touches."""
+        counts = self.param_counts()
+        if active and self.is_moe:
+            one = self.mlp_params(self.expert_ffn_hidden)
+            counts["experts"] = self.layers * self.top_k * one
+        return sum(counts.values())
+
+    def __str__(self) -> str:
+        kind = f"MoE {self.num_experts}x top-{self.top_k}" if self.is_moe else "dense"
+        return (f"{self.name}: {self.num_params() / 1e9:.2f}B params ({kind}), L={self.layers}, "
+                f"h={self.hidden}, a={self.heads}, kv={self.kv_heads}, V={self.vocab_size}")
+
+
+def presets() -> list[str]:
+    """Names accepted by :meth:`ModelSpec.preset`."""
+    return sorted(load_yaml("models.yaml"))
+
+
+_SPEC_FIELDS = {f.name for f in fields(ModelSpec)}
+
+
+def _need(cfg: dict, *keys: str):
+    for k in keys:
+        if cfg.get(k) is not None:
+            return cfg[k]
+    raise ValueError(f"config: missing {keys[0]!r} (model_type={cfg.get('model_type')!r})")
+
+
+def _from_hf(cfg: dict) -> dict:
+    """Map a Hugging Face config dict onto ModelSpec fields."""
+    mtype = str(cfg.get("model_type", "")).lower()
+    if mtype == "gpt2" or "n_embd" in cfg:
+        h = int(_need(cfg, "n_embd"))
+        inner = cfg.get("n_inner")
+        return dict(vocab_size=int(_need(cfg, "vocab_size")), hidden=h,
+                    layers=int(_need(cfg, "n_layer")), heads=int(_need(cfg, "n_head")),
+                    ffn_hidden=int(inner) if inner else 4 * h, ffn_kind="gelu", bias=True,
+                    norm="layernorm", tied_embeddings=bool(cfg.get("tie_word_embeddings", True)),
+                    position="learned", max_positions=int(_need(cfg, "n_positions", "n_ctx")),
+                    source=f"Hugging Face config.json (model_type={mtype or 'gpt2'})")
+    h = int(_need(cfg, "hidden_size"))
+    heads = int(_need(cfg, "num_attention_heads"))
+    out = dict(vocab_size=int(_need(cfg, "vocab_size")), hidden=h,
+               layers=int(_need(cfg, "num_hidden_layers")), heads=heads,
+               kv_heads=int(cfg.get("num_key_value_heads") or heads),
+               head_dim=int(cfg["head_dim"]) if cfg.get("head_dim") else None,
+               ffn_hidden=int(_need(cfg, "intermediate_size")), ffn_kind="swiglu",
+               bias=bool(cfg.get("mlp_bias", False)) and bool(cfg.get("attention_bias", False)),
+               qkv_bias=mtype.startswith("qwen2") or bool(cfg.get("attention_bias", False)),
+               norm="rmsnorm", tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+               position="rotary", max_positions=int(cfg.get("max_position_embeddings") or 2048),
+               source=f"Hugging Face config.json (model_type={mtype or 'unknown'})")
+    experts = cfg.get("num_local_experts") or cfg.get("num_experts")
+    if experts:
+        out.update(num_experts=int(experts), top_k=int(_need(cfg, "num_experts_per_tok")),
+                   expert_ffn_hidden=int(cfg.get("moe_intermediate_size")
+                                         or cfg["intermediate_size"]))
+        if cfg.get("shared_expert_intermediate_size"):
+            # Qwen2-MoE: one shared expert of its own width; counted as shared_experts of
+            # expert width, so we only support the case where it is a multiple of that width.
+            shared = int(cfg["shared_expert_intermediate_size"])
+            width = out["expert_ffn_hidden"]
+            if shared % width:
+                raise ValueError("config: shared_expert_intermediate_size must be a multiple of "
+                                 "moe_intermediate_size for parmem's shared-expert model")
+            out["shared_experts"] = shared // width
+    return {k: v for k, v in out.items() if k in _SPEC_FIELDS}
