@@ -1,0 +1,138 @@
+"""Activation formulas against Korthikanti et al. 2022 (Table 2, §4.2.3, §5)."""
+
+from fractions import Fraction
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from parmem import ModelSpec
+from parmem.activations import in_flight_units, layer_terms, per_layer_bytes
+
+
+def paper_table2(s, b, h, a, t, case):
+    """Korthikanti et al. 2022, Table 2, written out as the paper prints it (bytes), in exact
+    rational arithmetic."""
+    s, b, h, a, t = (Fraction(x) for x in (s, b, h, a, t))
+    sbh = s * b * h
+    return {
+        "none": sbh * (34 + 5 * a * s / h),
+        "tp": sbh * (10 + 24 / t + 5 * a * s / (h * t)),
+        "tp+sp": sbh / t * (34 + 5 * a * s / h),
+        "tp+selective": sbh * (10 + 24 / t),
+        "tp+sp+selective": sbh * 34 / t,
+        "full": 2 * sbh,
+    }[case]
+
+
+shapes = st.tuples(st.sampled_from([128, 512, 2048, 4096]), st.integers(1, 8),
+                   st.sampled_from([(4096, 32), (6144, 64), (12288, 96), (20480, 128)]),
+                   st.sampled_from([1, 2, 4, 8]))
+
+
+@given(shapes)
+def test_table2_every_case(shape):
+    s, b, (h, a), t = shape
+    assert per_layer_bytes(s, b, h, a) == paper_table2(s, b, h, a, 1, "none")
+    assert per_layer_bytes(s, b, h, a, tp=t) == paper_table2(s, b, h, a, t, "tp")
+    assert per_layer_bytes(s, b, h, a, tp=t, recompute="selective") == \
+        paper_table2(s, b, h, a, t, "tp+selective")
+    assert per_layer_bytes(s, b, h, a, recompute="full") == paper_table2(s, b, h, a, t, "full")
+    if t > 1:
+        assert per_layer_bytes(s, b, h, a, tp=t, sp=True) == paper_table2(s, b, h, a, t, "tp+sp")
+        assert per_layer_bytes(s, b, h, a, tp=t, sp=True, recompute="selective") == \
+            paper_table2(s, b, h, a, t, "tp+sp+selective")
+        assert per_layer_bytes(s, b, h, a, tp=t, sp=True, recompute="full") == 2 * s * b * h // t
+
+
+def test_gpt3_5as_over_h_is_80():
+    # Korthikanti et al. 2022 §4.1: for GPT-3 (a=96, s=2048, h=12288) 5as/h = 80.
+    s, b, h, a = 2048, 1, 12288, 96
+    assert per_layer_bytes(s, b, h, a) == s * b * h * (34 + 80)
+
+
+@pytest.mark.parametrize("h,a,saving", [(12288, 96, 0.70), (20480, 128, 0.65)])
+def test_selective_recompute_saving(h, a, saving):
+    # Korthikanti et al. 2022 §5: selective recomputation removes 70% (GPT-3) and 65% (MT-NLG)
+    # of the activation memory, with s = 2048.
+    full = per_layer_bytes(2048, 1, h, a, tp=8, sp=True)
+    sel = per_layer_bytes(2048, 1, h, a, tp=8, sp=True, recompute="selective")
+    assert round(1 - sel / full, 2) == saving
+
+
+def gpt_spec(h, a):
+    return ModelSpec(name="gpt", vocab_size=51200, hidden=h, layers=4, heads=a,
+                     ffn_kind="gelu", bias=True, norm="layernorm", position="learned",
+                     max_positions=8192)
+
+
+@given(shapes, st.booleans())
+def test_layer_terms_sum_to_table2_for_a_gpt_layer(shape, sp):
+    s, b, (h, a), t = shape
+    sp = sp and t > 1
+    spec = gpt_spec(h, a)
+    terms = layer_terms(spec, s, b, tp=t, sp=sp)
+    assert sum(x.bytes for x in terms) == per_layer_bytes(s, b, h, a, tp=t, sp=sp)
+    non_core = sum(x.bytes for x in terms if not x.core)
+    assert non_core == per_layer_bytes(s, b, h, a, tp=t, sp=sp, recompute="selective")
+
+
+def test_flash_attention_drops_the_score_matrix():
+    s, b, h, a = 4096, 1, 4096, 32
+    flash = per_layer_bytes(s, b, h, a, flash=True)
+    assert flash == 34 * s * b * h + 4 * a * s * b  # Table 2 without 5as^2b, plus fp32 LSE
+    spec = gpt_spec(h, a)
+    assert sum(x.bytes for x in layer_terms(spec, s, b, flash=True)) == flash
+
+
+def test_context_parallel_divides_the_sequence():
+    spec = gpt_spec(4096, 32)
+    one = sum(x.bytes for x in layer_terms(spec, 4096, 1, flash=True))
+    two = sum(x.bytes for x in layer_terms(spec, 4096, 1, cp=2, flash=True))
+    assert one == 2 * two
+
+
+def test_swiglu_gqa_terms():
+    # Llama-2-70B shapes: h=8192, a=64, kv=8, f=28672, no dropout. Hand count per token (bytes):
+    # norms 2*(2h), QKV input 2h... written out term by term below.
+    spec = ModelSpec.preset("llama-2-70b")
+    s, b = 1, 1
+    h, d, f = 8192, 128, 28672
+    expected = (2 * h + 2 * h            # attention norm input, QKV input
+                + 2 * 64 * d             # Q
+                + 2 * 2 * 8 * d          # K, V (8 kv heads)
+                + 2 * 64 * s             # softmax output, one query row of length s=1
+                + 2 * 64 * d             # projection input
+                + 2 * h + 2 * h          # MLP norm input, gate/up input
+                + 4 * 2 * f)             # gate, up, SiLU(gate), down input
+    got = sum(x.bytes for x in layer_terms(spec, s, b, dropout=False))
+    assert got == expected
+
+
+@pytest.mark.parametrize("p,m", [(4, 8), (8, 8), (4, 2), (2, 16)])
+def test_in_flight_counts(p, m):
+    for i in range(p):
+        assert in_flight_units("gpipe", p, m, i) == m
+        assert in_flight_units("1f1b", p, m, i) == min(p - i, m)
+
+
+@pytest.mark.parametrize("p,v", [(2, 2), (4, 2), (4, 4), (8, 3)])
+def test_interleaved_first_stage_factor(p, v):
+    # Korthikanti et al. 2022 §4.2.3: stage 0 holds (1 + (p-1)/(p v)) times the 1F1B amount,
+    # i.e. p micro-batches of L/p layers times that factor. In chunk units of L/(p v) layers:
+    m = 4 * p
+    chunks = in_flight_units("interleaved", p, m, 0, v)
+    assert chunks / (p * v) == pytest.approx(1 + (p - 1) / (p * v))
+
+
+@pytest.mark.parametrize("call,msg", [
+    (lambda: per_layer_bytes(0, 1, 64, 4), "seq_len=0"),
+    (lambda: per_layer_bytes(8, 1, 64, 4, tp=3), "tp=3 must divide heads=4"),
+    (lambda: per_layer_bytes(8, 1, 64, 4, sp=True), "sp=True needs tp >= 2"),
+    (lambda: per_layer_bytes(8, 1, 64, 4, recompute="some"), "recompute='some'"),
+    (lambda: in_flight_units("zb", 2, 2, 0), "schedule='zb'"),
+    (lambda: in_flight_units("1f1b", 2, 2, 2), r"stage=2 must be in \[0, p=2\)"),
+])
+def test_invalid(call, msg):
+    with pytest.raises(ValueError, match=msg):
+        call()

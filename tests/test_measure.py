@@ -1,0 +1,72 @@
+"""The measured check: bytes autograd saves for the reference GPT layer equal Korthikanti et al.
+2022 Table 2, and the only difference - the LayerNorm statistics the paper leaves out - is named
+and asserted exactly."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from parmem import ModelSpec  # noqa: E402
+from parmem.activations import layer_terms, per_layer_bytes  # noqa: E402
+from parmem.measure import SavedTensorsMeter, state_bytes, tensor_storage_bytes  # noqa: E402
+from parmem.reference import GPTLayer  # noqa: E402
+
+
+def measure_layer(s, b, h, a, tp=1, rank=0, dropout_p=0.1):
+    torch.manual_seed(0)
+    layer = GPTLayer(h, a, tp_size=tp, tp_rank=rank, dropout_p=dropout_p, max_seq_len=s).train()
+    x = torch.randn(s, b, h, dtype=torch.bfloat16, requires_grad=True)
+    with SavedTensorsMeter(exclude=layer.parameters()) as meter:
+        y = layer(x)
+    y.float().sum().backward()  # the saved tensors really are enough for backward
+    return meter
+
+
+def layernorm_stats(s, b):
+    """Two LayerNorms each save mean and rstd per token. On CPU with bf16 input they are bf16
+    (2 bytes each); on CUDA they are fp32. Korthikanti et al. 2022 do not count them."""
+    return 2 * 2 * 2 * s * b
+
+
+@pytest.mark.parametrize("s,b,h,a,tp", [(64, 2, 128, 4, 1), (32, 3, 96, 6, 1),
+                                        (64, 2, 128, 4, 2), (48, 1, 128, 8, 4)])
+def test_saved_bytes_equal_table2_plus_named_norm_statistics(s, b, h, a, tp):
+    meter = measure_layer(s, b, h, a, tp=tp)
+    paper = per_layer_bytes(s, b, h, a, tp=tp)
+    assert meter.bytes == paper + layernorm_stats(s, b)
+    # the 1-byte masks: two s*b*h dropout masks and one a/t*s*s*b attention-dropout mask
+    assert meter.by_dtype["torch.bool"] == 2 * s * b * h + a // tp * s * s * b
+
+
+def test_layer_terms_with_norm_statistics_match_the_measurement_exactly():
+    s, b, h, a = 64, 2, 128, 4
+    spec = ModelSpec(name="ref", vocab_size=100, hidden=h, layers=1, heads=a, ffn_kind="gelu",
+                     bias=True, norm="layernorm", position="learned", max_positions=s)
+    terms = layer_terms(spec, s, b, norm_stat_bytes=2)
+    assert measure_layer(s, b, h, a).bytes == sum(t.bytes for t in terms)
+
+
+def test_no_dropout_removes_the_masks():
+    s, b, h, a = 32, 2, 64, 4
+    meter = measure_layer(s, b, h, a, dropout_p=0.0)
+    # without dropout: no masks, and the softmax output is saved once (it is also the input of
+    # the attention-times-V matmul), so 5as^2b becomes 2as^2b and 34sbh becomes 34 - 2 = 32 sbh.
+    assert meter.bytes == 32 * s * b * h + 2 * a * s * s * b + layernorm_stats(s, b)
+
+
+def test_storages_are_counted_once():
+    x = torch.zeros(10, 10, dtype=torch.float32)
+    assert tensor_storage_bytes([x, x[0], x.t(), x.view(100)]) == 400
+
+
+def test_state_bytes_adam():
+    model = torch.nn.Linear(10, 10)
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.randn(2, 10)).sum().backward()
+    opt.step()
+    sb = state_bytes(model, opt)
+    n = 110
+    assert sb.params == 4 * n and sb.grads == 4 * n
+    # exp_avg and exp_avg_sq in fp32 (8 bytes/param) plus one 0-d fp32 "step" per parameter
+    # tensor (PyTorch keeps step as a tensor)
+    assert sb.optimizer == 8 * n + 2 * 4
