@@ -461,14 +461,27 @@ def estimate(spec: ModelSpec, parallel: ParallelConfig | None = None,
     boundary = e_act * s_local * b * h // rep  # one s·b·h activation tensor (sharded under SP)
     zero_group = par.dp * cp
     expert_group = zero_group // par.ep
+    tp_buffer = e_act * s_local * b * h if t > 1 else 0  # TP all-reduce / SP all-gather output
+    p2p_buffers = 2 * boundary if p > 1 else 0          # p2p send and receive buffers
+    a2a_buffers = 2 * e_act * s_local * b * spec.top_k * h if spec.is_moe and par.ep > 1 else 0
+    zero3_gather = 0
+    if par.zero == 3 and zero_group > 1:  # gathered current layer + prefetched next layer
+        zero3_gather = 2 * prec["param"] * sum(_stage_params(spec, par, 1, False, False))
+    ddp_copy = par.dp * cp > 1 and par.zero == 0 and setup.grad_buckets == "copy"
+    states: dict[tuple, tuple] = {}
     stages = []
     for i, n_layers in enumerate(lps):
         first, last = i == 0, i == p - 1
-        dense_n, expert_n = _stage_params(spec, par, n_layers, first, last)
-        dense = model_state_bytes(dense_n, zero_group, par.zero, setup.precision,
-                                  setup.optimizer)
-        expert = model_state_bytes(expert_n, expert_group, par.zero, setup.precision,
-                                   setup.optimizer)
+        key = (n_layers, first, last)
+        if key not in states:
+            dense_n, expert_n = _stage_params(spec, par, n_layers, first, last)
+            dense = model_state_bytes(dense_n, zero_group, par.zero, setup.precision,
+                                      setup.optimizer)
+            expert = model_state_bytes(expert_n, expert_group, par.zero, setup.precision,
+                                       setup.optimizer)
+            states[key] = (dense_n + expert_n, dense.params + expert.params,
+                           dense.grads + expert.grads, dense.optimizer + expert.optimizer)
+        n_params, p_bytes, g_bytes, o_bytes = states[key]
         units = in_flight_units(setup.schedule, p, setup.num_microbatches, i, par.vpp)
         layer_units = units * (n_layers // par.vpp)  # layer-micro-batches held at the peak
         act = kept * layer_units + (full - kept if layer_units else 0)
@@ -481,24 +494,14 @@ def estimate(spec: ModelSpec, parallel: ParallelConfig | None = None,
         if last:
             act += 2 * boundary * mb_units  # final norm input and LM-head input
             logits = 4 * s_local * b * _cdiv(spec.vocab_size, t) * mb_units
-        comm = 0
-        if t > 1:
-            comm += e_act * s_local * b * h  # output of the TP all-reduce / SP all-gather
-        if p > 1:
-            comm += 2 * boundary  # p2p send and receive buffers
-        if par.dp * cp > 1 and par.zero == 0 and setup.grad_buckets == "copy":
-            comm += dense.grads + expert.grads
+        comm = tp_buffer + p2p_buffers + a2a_buffers + (zero3_gather if n_layers else 0)
+        if ddp_copy:
+            comm += g_bytes
             notes.append("DDP buckets hold a second copy of the gradients")
-        if par.zero == 3 and zero_group > 1 and n_layers:
-            layer_n = sum(_stage_params(spec, par, 1, False, False))
-            comm += 2 * prec["param"] * layer_n  # gathered current layer + prefetched next
-        if spec.is_moe and par.ep > 1:
-            comm += 2 * e_act * s_local * b * spec.top_k * h  # all-to-all send and receive
         stages.append(MemoryBreakdown(
-            stage=i, layers=n_layers, num_params=dense_n + expert_n,
-            params=dense.params + expert.params, grads=dense.grads + expert.grads,
-            optimizer=dense.optimizer + expert.optimizer, activations=act, logits=logits,
-            comm_buffers=comm, cuda_context=setup.cuda_context, notes=tuple(notes)))
+            stage=i, layers=n_layers, num_params=n_params, params=p_bytes, grads=g_bytes,
+            optimizer=o_bytes, activations=act, logits=logits, comm_buffers=comm,
+            cuda_context=setup.cuda_context, notes=tuple(notes)))
     return Estimate(spec=spec, parallel=par, setup=setup, stages=tuple(stages))
 
 
