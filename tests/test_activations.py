@@ -136,3 +136,21 @@ def test_interleaved_first_stage_factor(p, v):
 def test_invalid(call, msg):
     with pytest.raises(ValueError, match=msg):
         call()
+
+
+def test_in_flight_units_agree_with_the_schedule_simulator():
+    # two independent codings of the schedules: the closed form used by estimate() and the
+    # event simulator of parmem.pipeline (which replays the operation order step by step)
+    from parmem.pipeline import simulate
+
+    for p in (1, 2, 3, 4, 6):
+        for m in (1, 2, 4, 8, 12):
+            for sched in ("gpipe", "1f1b"):
+                r = simulate(sched, p, m)
+                assert [in_flight_units(sched, p, m, i) for i in range(p)] == r.peak_in_flight
+            for v in (2, 3):
+                if m % p or p == 1:
+                    continue
+                r = simulate("interleaved", p, m, v=v)
+                got = [in_flight_units("interleaved", p, m, i, v) for i in range(p)]
+                assert got == r.peak_in_flight_chunks

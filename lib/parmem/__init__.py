@@ -6,7 +6,8 @@ Everything here except :mod:`parmem.measure`, :mod:`parmem.reference` and :mod:`
 is plain Python: importing ``parmem`` does not import torch.
 """
 
-from . import activations
+from . import activations, comm, pipeline
+from .hardware import Hardware, Link, hardware_preset, hardware_presets, link_preset
 from .inference import kv_cache_bytes, kv_cache_bytes_per_token, weight_bytes
 from .memory import (
     GIB,
@@ -23,7 +24,8 @@ from .model import ModelSpec, presets
 __version__ = "0.1.0"
 
 __all__ = [
-    "GIB", "Estimate", "MemoryBreakdown", "ModelSpec", "ModelStateBytes", "ParallelConfig",
+    "GIB", "Estimate", "Hardware", "Link", "comm", "hardware_preset", "hardware_presets",
+    "link_preset", "pipeline", "MemoryBreakdown", "ModelSpec", "ModelStateBytes", "ParallelConfig",
     "TrainingSetup", "activations", "estimate", "kv_cache_bytes", "kv_cache_bytes_per_token",
     "model_state_bytes", "presets", "weight_bytes",
 ]

@@ -12,8 +12,6 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 _HERE = Path(__file__).resolve().parent
 
 #: Folders searched, in order: next to the package (wheel), then the repository root.
@@ -36,8 +34,10 @@ def data_path(name: str) -> Path:
     raise ValueError(f"data file {name!r} not found; searched: {searched}")
 
 
-@lru_cache(maxsize=None)
+@lru_cache(maxsize=32)
 def load_yaml(name: str) -> Any:
     """Parse data file ``name`` with ``yaml.safe_load`` (cached: do not mutate the result)."""
+    import yaml  # deferred: keeps ``import parmem`` light
+
     with data_path(name).open(encoding="utf-8") as fh:
         return yaml.safe_load(fh)

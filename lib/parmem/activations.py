@@ -181,7 +181,8 @@ def in_flight_units(schedule: str, p: int, m: int, stage: int, v: int = 1) -> in
     With v = 1 a chunk is the whole stage, so this is the number of micro-batches in flight:
     GPipe holds all m; 1F1B holds min(p - stage, m) (Narayanan et al. 2021 §2.2). The interleaved
     schedule holds min(2(p - stage - 1) + (v - 1)p + 1, m·v) chunks of L/(pv) layers each, which is
-    Megatron-LM's warm-up count plus one (``forward_backward_pipelining_with_interleaving``); on
+    Megatron-LM's warm-up count plus one (``forward_backward_pipelining_with_interleaving``; when
+    m == p every forward runs first and all m·v chunks are held); on
     stage 0 with m ≥ p this is p(1 + (p-1)/(pv)) stage-equivalents, Korthikanti et al. 2022 §4.2.3.
     """
     if schedule not in SCHEDULES:
@@ -193,4 +194,6 @@ def in_flight_units(schedule: str, p: int, m: int, stage: int, v: int = 1) -> in
         return m * v
     if schedule == "1f1b":
         return min(p - stage, m) * v
+    if m == p:  # Megatron-LM runs every forward first when m == p (all_warmup_microbatches)
+        return m * v
     return min(2 * (p - stage - 1) + (v - 1) * p + 1, m * v)

@@ -1,0 +1,357 @@
+"""Pipeline-parallel schedule simulator: GPipe, 1F1B and interleaved 1F1B.
+
+Model (the one the papers' bubble formulas assume): ``p`` stages, ``m``
+micro-batches; every stage runs a fixed list of operations in a fixed order;
+an operation starts as soon as the previous operation on its stage has ended
+and the operation it depends on (on a neighbouring stage) has ended;
+communication takes no time. A forward takes ``t_fwd`` and a backward
+``t_bwd``; with ``v`` model chunks per stage (interleaved) each operation is one
+chunk and takes ``t_fwd / v`` or ``t_bwd / v``.
+
+Schedules:
+
+* ``"gpipe"``: all forwards, then all backwards (Huang et al. 2019, §2.3).
+* ``"1f1b"``: PipeDream-Flush (Narayanan et al. 2021, §2.2.1; Narayanan et al.
+  2021b "Memory-efficient pipeline-parallel DNN training"): stage ``i``
+  (0-based) runs ``min(p - i - 1, m)`` warm-up forwards, then alternates one
+  forward and one backward, then drains the remaining backwards.
+* ``"interleaved"``: interleaved 1F1B (Narayanan et al. 2021, §2.2.2), with the
+  operation order of Megatron-LM's
+  ``forward_backward_pipelining_with_interleaving`` (``schedules.py``):
+  ``m`` must be a multiple of ``p``; ``v >= 2``; warm-up is
+  ``min(2(p - i - 1) + (v - 1)p, m v)`` chunk-forwards, except that when
+  ``m == p`` every stage runs all forwards first (Megatron-LM's
+  ``all_warmup_microbatches`` case).
+
+Example:
+    >>> from parmem.pipeline import simulate, bubble_fraction
+    >>> r = simulate("1f1b", p=4, m=8)
+    >>> r.step_time, r.peak_in_flight
+    (33.0, [4, 3, 2, 1])
+    >>> round(r.bubble_fraction, 4) == round(bubble_fraction(4, 8), 4)
+    True
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = [
+    "SCHEDULES",
+    "Event",
+    "PipelineResult",
+    "simulate",
+    "bubble_fraction",
+    "bubble_ratio",
+    "in_flight",
+]
+
+#: Schedule names accepted by :func:`simulate` and :func:`in_flight`.
+SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved")
+
+
+def _check_int(name: str, value: object, minimum: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValueError(f"{name}={value!r} must be an integer")
+    if value < minimum:
+        raise ValueError(f"{name}={value} must be >= {minimum}")
+
+
+def _validate(schedule: str, p: int, m: int, v: int) -> None:
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r}; known: {', '.join(SCHEDULES)}")
+    _check_int("p", p, 1)
+    _check_int("m", m, 1)
+    _check_int("v", v, 1)
+    if schedule == "interleaved":
+        if v < 2:
+            raise ValueError(
+                f"v={v} must be >= 2 for the interleaved schedule (use schedule='1f1b' for v=1)"
+            )
+        if m % p:
+            raise ValueError(
+                f"m={m} must be a multiple of p={p} for the interleaved schedule "
+                "(Megatron-LM requirement)"
+            )
+    elif v != 1:
+        raise ValueError(
+            f"v={v} must be 1 for schedule={schedule!r}; virtual stages need schedule='interleaved'"
+        )
+
+
+@dataclass(frozen=True)
+class Event:
+    """One operation on one stage: a forward (``'F'``) or backward (``'B'``) of one
+    micro-batch through one model chunk (chunk is 0 unless interleaved)."""
+
+    stage: int
+    kind: str
+    microbatch: int
+    chunk: int
+    start: float
+    end: float
+
+    @property
+    def label(self) -> str:
+        """Short label, ``F3`` or ``B3`` (the chunk is not included)."""
+        return f"{self.kind}{self.microbatch}"
+
+
+@dataclass
+class PipelineResult:
+    """Timeline and summary statistics of one simulated training step.
+
+    Attributes:
+        schedule, p, m, v, t_fwd, t_bwd: the inputs.
+        events: every operation, sorted by stage then start time.
+        step_time: makespan (the end of the last operation).
+        busy: per stage, total time spent computing (``m (t_fwd + t_bwd)``).
+        idle: per stage, ``step_time - busy``.
+        bubble_fraction: ``sum(idle) / (p * step_time)``.
+        peak_in_flight_chunks: per stage, the largest number of (micro-batch,
+            chunk) pairs whose forward has ended and whose backward has not
+            started: the activations the stage must hold at once.
+        peak_in_flight: the same in units of a whole stage's micro-batch
+            (``peak_in_flight_chunks / v``), which is what scales activation memory.
+    """
+
+    schedule: str
+    p: int
+    m: int
+    v: int
+    t_fwd: float
+    t_bwd: float
+    events: list[Event]
+    step_time: float
+    busy: list[float]
+    idle: list[float]
+    bubble_fraction: float
+    peak_in_flight: list[float]
+    peak_in_flight_chunks: list[int]
+
+    def stage_events(self, stage: int) -> list[Event]:
+        """The events of ``stage`` in execution order."""
+        if not 0 <= stage < self.p:
+            raise ValueError(f"stage={stage} must be in 0..{self.p - 1}")
+        return [e for e in self.events if e.stage == stage]
+
+    def to_rows(self) -> list[dict[str, object]]:
+        """One dict per stage (for a table): busy, idle, idle fraction, peak in flight."""
+        return [
+            {
+                "stage": i,
+                "busy": self.busy[i],
+                "idle": self.idle[i],
+                "idle_fraction": self.idle[i] / self.step_time,
+                "peak_in_flight": self.peak_in_flight[i],
+                "peak_in_flight_chunks": self.peak_in_flight_chunks[i],
+            }
+            for i in range(self.p)
+        ]
+
+    def ascii(self) -> str:
+        """A text Gantt chart, one line per stage; ``.`` marks idle time.
+
+        One cell is the shortest operation (``min(t_fwd, t_bwd) / v``); an
+        operation fills ``round(duration / cell)`` cells, so the drawing is exact
+        when ``t_fwd`` and ``t_bwd`` are multiples of the shorter one. Labels are
+        ``F<micro-batch>`` / ``B<micro-batch>``, with ``.<chunk>`` when interleaved.
+        """
+        unit = min(self.t_fwd, self.t_bwd) / self.v
+
+        def label(e: Event) -> str:
+            return e.label + (f".{e.chunk}" if self.v > 1 else "")
+
+        width = max(len(label(e)) for e in self.events) + 1
+        ncells = round(self.step_time / unit)
+        lines = []
+        for i in range(self.p):
+            cells = [".".ljust(width)] * ncells
+            for e in self.stage_events(i):
+                first, last = round(e.start / unit), round(e.end / unit)
+                for c in range(first, min(last, ncells)):
+                    cells[c] = (label(e) if c == first else "").ljust(width)
+            lines.append(f"S{i} |" + "".join(cells).rstrip())
+        return "\n".join(lines)
+
+
+def _stage_order(schedule: str, p: int, m: int, v: int, i: int) -> list[tuple[str, int, int]]:
+    """Operations ``(kind, microbatch, chunk)`` of stage ``i`` in execution order."""
+    if schedule == "gpipe":
+        return [("F", k, 0) for k in range(m)] + [("B", k, 0) for k in range(m)]
+    total = m * v
+    if schedule == "1f1b":
+        warmup = min(p - i - 1, m)
+
+        def fwd(k: int) -> tuple[str, int, int]:
+            return ("F", k, 0)
+
+        def bwd(k: int) -> tuple[str, int, int]:
+            return ("B", k, 0)
+
+    else:  # interleaved, Megatron-LM schedules.py
+        warmup = total if m == p else min(2 * (p - i - 1) + (v - 1) * p, total)
+
+        def fwd(k: int) -> tuple[str, int, int]:
+            return ("F", (k // (p * v)) * p + k % p, (k // p) % v)
+
+        def bwd(k: int) -> tuple[str, int, int]:
+            return ("B", (k // (p * v)) * p + k % p, v - 1 - (k // p) % v)
+
+    ops = [fwd(k) for k in range(warmup)]
+    for k in range(total - warmup):
+        ops += [fwd(warmup + k), bwd(k)]
+    ops += [bwd(k) for k in range(total - warmup, total)]
+    return ops
+
+
+def _dependency(kind: str, i: int, c: int, mb: int, p: int, v: int) -> tuple | None:
+    """The operation whose output ``(kind, stage i, chunk c, micro-batch mb)`` consumes.
+
+    Chunk ``c`` of stage ``i`` holds layer block ``c p + i`` (Narayanan et al.
+    2021, Fig. 4), so the forward of chunk ``c`` on stage 0 follows chunk
+    ``c - 1`` on stage ``p - 1``, and backwards run in the reverse order.
+    """
+    if kind == "F":
+        if i > 0:
+            return ("F", i - 1, c, mb)
+        return ("F", p - 1, c - 1, mb) if c > 0 else None
+    if i < p - 1:
+        return ("B", i + 1, c, mb)
+    if c < v - 1:
+        return ("B", 0, c + 1, mb)
+    return ("F", i, c, mb)
+
+
+def simulate(
+    schedule: str, p: int, m: int, v: int = 1, t_fwd: float = 1.0, t_bwd: float = 2.0
+) -> PipelineResult:
+    """Simulate one training step of a pipeline schedule (see the module docstring).
+
+    Args:
+        schedule: ``"gpipe"``, ``"1f1b"`` or ``"interleaved"``.
+        p: pipeline stages, >= 1.
+        m: micro-batches per step, >= 1 (a multiple of ``p`` when interleaved).
+        v: model chunks per stage; 1 unless ``schedule == "interleaved"`` (then >= 2).
+        t_fwd: forward time of one micro-batch through one whole stage (> 0).
+        t_bwd: backward time of the same (> 0); 2 * t_fwd is the usual assumption.
+
+    Returns:
+        A :class:`PipelineResult`.
+
+    Raises:
+        ValueError: invalid argument; the message names it and the rule.
+    """
+    _validate(schedule, p, m, v)
+    for name, value in (("t_fwd", t_fwd), ("t_bwd", t_bwd)):
+        if not isinstance(value, int | float) or isinstance(value, bool) or not value > 0:
+            raise ValueError(f"{name}={value!r} must be a number > 0")
+    dur = {"F": t_fwd / v, "B": t_bwd / v}
+    orders = [_stage_order(schedule, p, m, v, i) for i in range(p)]
+    pos = [0] * p
+    free = [0.0] * p
+    done: dict[tuple, float] = {}
+    by_stage: list[list[Event]] = [[] for _ in range(p)]
+    remaining = sum(len(o) for o in orders)
+    while remaining:
+        progressed = False
+        for i in range(p):
+            while pos[i] < len(orders[i]):
+                kind, mb, c = orders[i][pos[i]]
+                dep = _dependency(kind, i, c, mb, p, v)
+                if dep is not None and dep not in done:
+                    break
+                start = max(free[i], done[dep] if dep is not None else 0.0)
+                end = start + dur[kind]
+                done[(kind, i, c, mb)] = end
+                free[i] = end
+                by_stage[i].append(Event(i, kind, mb, c, start, end))
+                pos[i] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:  # pragma: no cover - the schedules above are deadlock-free
+            raise RuntimeError(f"schedule {schedule!r} deadlocked at positions {pos}")
+    step_time = max(free)
+    busy = [sum(e.end - e.start for e in evs) for evs in by_stage]
+    idle = [step_time - b for b in busy]
+    peaks = []
+    for evs in by_stage:
+        count = peak = 0
+        for e in evs:
+            if e.kind == "F":
+                count += 1
+                peak = max(peak, count)
+            else:
+                count -= 1
+        peaks.append(peak)
+    return PipelineResult(
+        schedule=schedule,
+        p=p,
+        m=m,
+        v=v,
+        t_fwd=float(t_fwd),
+        t_bwd=float(t_bwd),
+        events=[e for evs in by_stage for e in evs],
+        step_time=step_time,
+        busy=busy,
+        idle=idle,
+        bubble_fraction=sum(idle) / (p * step_time),
+        peak_in_flight=[c if v == 1 else c / v for c in peaks],
+        peak_in_flight_chunks=peaks,
+    )
+
+
+def bubble_fraction(p: int, m: int, v: int = 1) -> float:
+    """Idle fraction of a pipeline step, uniform stages, ``(p-1) / (v m + p - 1)``.
+
+    Derivation: the bubble lasts ``(p - 1)(t_f + t_b) / v`` (Narayanan et al.
+    2021, §2.2.1 for v = 1, §2.2.2 for the division by v) and the useful work
+    ``m (t_f + t_b)``, so the step is ``(m + (p-1)/v)(t_f + t_b)`` and the idle
+    fraction ``((p-1)/v) / (m + (p-1)/v)``. For v = 1 this is GPipe's
+    ``(p-1)/(m+p-1)`` (Huang et al. 2019, §2.3); it holds for GPipe and 1F1B alike.
+    """
+    _check_int("p", p, 1)
+    _check_int("m", m, 1)
+    _check_int("v", v, 1)
+    return (p - 1) / (v * m + p - 1)
+
+
+def bubble_ratio(p: int, m: int, v: int = 1) -> float:
+    """Bubble time relative to the ideal compute time, ``(p - 1) / (v m)``.
+
+    Source: Narayanan et al. 2021, §2.2.1 ("bubble time fraction" ``(p-1)/m``)
+    and §2.2.2 (interleaving divides it by ``v``).
+    """
+    _check_int("p", p, 1)
+    _check_int("m", m, 1)
+    _check_int("v", v, 1)
+    return (p - 1) / (v * m)
+
+
+def in_flight(schedule: str, p: int, m: int, v: int = 1, stage: int = 0) -> float:
+    """Peak in-flight micro-batches on ``stage`` (units of a whole stage's micro-batch).
+
+    Activation memory of a stage is this number times one micro-batch's
+    activations for the stage's ``L/p`` layers.
+
+    * GPipe: ``m`` (every forward precedes every backward; Huang et al. 2019).
+    * 1F1B: ``min(p - i, m)`` (Narayanan et al. 2021, §2.2.1: the warm-up of
+      ``p - i - 1`` forwards plus the forward of the first steady step).
+    * Interleaved: ``min(w + 1, m v) / v`` chunks with Megatron-LM's warm-up
+      ``w = 2(p - i - 1) + (v - 1) p`` (``w = m v`` when ``m == p``). For stage 0
+      and ``m > p`` this is ``p (1 + (p - 1)/(p v))``, the factor of Korthikanti
+      et al. 2022, §4.2.3 (end), applied to ``p`` micro-batches of ``L/p`` layers.
+
+    Returns an ``int`` for GPipe and 1F1B, a ``float`` for interleaved.
+    """
+    _validate(schedule, p, m, v)
+    _check_int("stage", stage, 0)
+    if stage >= p:
+        raise ValueError(f"stage={stage} must be < p={p}")
+    if schedule == "gpipe":
+        return m
+    if schedule == "1f1b":
+        return min(p - stage, m)
+    if m == p:
+        return m
+    return min(2 * (p - stage - 1) + (v - 1) * p + 1, m * v) / v

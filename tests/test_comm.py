@@ -1,0 +1,307 @@
+"""Collective volumes, alpha-beta times and per-step communication, derived by hand."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from math import lcm
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from parmem.comm import (
+    CATEGORIES,
+    COLLECTIVES,
+    CommBreakdown,
+    all_gather_bytes,
+    all_reduce_bytes,
+    all_to_all_bytes,
+    broadcast_bytes,
+    collective_bytes,
+    collective_steps,
+    collective_time,
+    reduce_scatter_bytes,
+    send_recv_bytes,
+    step_comm,
+)
+from parmem.hardware import Link, hardware_preset, link_preset
+
+GiB, MiB = 2**30, 2**20
+L16 = lcm(*range(1, 17))  # 720720: divisible by every n in 1..16, so no rounding
+
+
+# --- collectives ----------------------------------------------------------------------
+
+
+def test_one_gib_over_8_ranks():
+    # Ring all-reduce sends 2 (n-1)/n S (Patarasuk & Yuan 2009): 2 * 7/8 GiB = 1.75 GiB.
+    assert all_reduce_bytes(GiB, 8) == 7 * GiB // 4
+    # reduce-scatter, all-gather, all-to-all: (n-1)/n S = 0.875 GiB (Thakur et al. 2005).
+    assert reduce_scatter_bytes(GiB, 8) == 7 * GiB // 8
+    assert all_gather_bytes(GiB, 8) == 7 * GiB // 8
+    assert all_to_all_bytes(GiB, 8) == 7 * GiB // 8
+    assert broadcast_bytes(GiB, 8) == GiB
+    assert send_recv_bytes(GiB) == GiB
+
+
+def test_rounding_uses_ceil_chunks():
+    # 10 bytes over 4 ranks: chunks of ceil(10/4) = 3 bytes; all-gather sends 3 chunks.
+    assert all_gather_bytes(10, 4) == 9
+    assert all_reduce_bytes(10, 4) == 18
+    assert all_gather_bytes(0, 4) == 0
+
+
+@pytest.mark.parametrize("op", COLLECTIVES)
+def test_single_rank_sends_nothing(op):
+    assert collective_bytes(op, GiB, 1) == 0
+    assert collective_steps(op, 1) == 0
+    assert collective_time(op, GiB, 1, link_preset("ib-ndr")) == 0.0
+
+
+@given(st.integers(1, 10**6), st.integers(1, 64))
+def test_textbook_identities(k, n):
+    size = k * n  # divisible: results equal the textbook fractions exactly
+    assert Fraction(all_reduce_bytes(size, n)) == Fraction(2 * (n - 1), n) * size
+    assert all_reduce_bytes(size, n) == reduce_scatter_bytes(size, n) + all_gather_bytes(size, n)
+    assert Fraction(all_to_all_bytes(size, n)) == Fraction(n - 1, n) * size
+
+
+@given(st.integers(0, 10**9), st.integers(1, 64))
+def test_rounding_bound(size, n):
+    # ceil adds less than one byte per chunk sent
+    exact = Fraction(n - 1, n) * size
+    assert exact <= all_gather_bytes(size, n) < exact + max(n - 1, 1)
+
+
+@given(st.integers(1, 1000), st.sampled_from(COLLECTIVES), st.integers(1, 15))
+def test_monotone_in_n(k, op, n):
+    size, link = k * L16, link_preset("nvlink4")
+    assert collective_bytes(op, size, n) <= collective_bytes(op, size, n + 1)
+    assert collective_time(op, size, n, link) <= collective_time(op, size, n + 1, link)
+
+
+def test_alpha_beta_by_hand():
+    nv = link_preset("nvlink4")  # 450e9 B/s per direction, alpha 3 us
+    # ring all-reduce, 8 ranks: 2*7 = 14 steps; 1.75 GiB on the wire
+    expect = 14 * 3e-6 + 1.75 * GiB / 450e9
+    assert collective_time("all_reduce", GiB, 8, nv) == pytest.approx(expect)
+    assert collective_time("all_reduce", GiB, 8, "nvlink4") == pytest.approx(expect)
+    # all-gather over IB NDR: 7 steps of 8 us + 0.875 GiB / 50e9
+    ib = link_preset("ib-ndr")
+    assert collective_time("all_gather", GiB, 8, ib) == pytest.approx(7 * 8e-6 + 0.875 * GiB / 50e9)
+    # a point-to-point send: one message
+    assert collective_time("send_recv", MiB, 2, Link("x", 1e9, 1e-5)) == pytest.approx(
+        1e-5 + MiB / 1e9
+    )
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: all_reduce_bytes(-1, 4), r"size=-1 must be >= 0"),
+        (lambda: all_reduce_bytes(1.5, 4), r"size=1.5 must be an integer"),
+        (lambda: all_gather_bytes(8, 0), r"n=0 must be >= 1"),
+        (lambda: collective_bytes("allreduce", 8, 2), r"unknown collective op 'allreduce'"),
+        (lambda: collective_steps("all_reduce", 4, "tree"), r"algorithm='tree' is not supported"),
+        (lambda: collective_time("all_reduce", 8, 2, 3), r"link=3 must be a Link"),
+        (lambda: collective_time("all_reduce", 8, 2, "ethernet"), r"unknown link 'ethernet'"),
+    ],
+)
+def test_invalid_collective_input(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+# --- a training step ---------------------------------------------------------------------
+
+BASE = {"seq_len": 4096, "micro_batch": 1, "hidden": 4096, "layers_on_stage": 32}
+
+
+def test_dp_by_hand():
+    # Psi = 1e9 params, bf16 grads (2 B): all-reduce 2 * 7/8 * 2e9 B = 3.5e9 B.
+    b = step_comm(params_per_gpu=10**9, dp=8, **BASE)
+    assert b.dp == 3_500_000_000
+    assert b.total == b.dp
+    assert b.as_dict() == {"dp": 3_500_000_000, "tp": 0, "sp": 0, "pp": 0, "ep": 0, "cp": 0}
+
+
+@given(st.integers(2, 64), st.integers(1, 10**6))
+def test_zero_ratios(d, k):
+    psi = d * k  # 2 Psi divisible by d: no rounding
+    by_stage = [step_comm(params_per_gpu=psi, dp=d, zero=z, **BASE).dp for z in range(4)]
+    # Rajbhandari et al. 2020, §7: ZeRO-1/2 move the same volume as DP (2 Psi), ZeRO-3 3 Psi
+    assert by_stage[1] == by_stage[0]
+    assert by_stage[2] == by_stage[0]  # m = 1
+    assert Fraction(by_stage[3], by_stage[0]) == Fraction(3, 2)
+
+
+def test_zero_with_gradient_accumulation():
+    # m = 4, d = 8, Psi = 8e8. One unit U = 7/8 * 2 Psi = 1.4e9 B (one RS or one AG).
+    # ZeRO-1: RS + AG once per step = 2U; ZeRO-2: RS every micro-batch + AG once = 5U;
+    # ZeRO-3: per micro-batch AG (fwd) + AG (bwd) + RS = 12U.
+    kw = dict(params_per_gpu=8 * 10**8, dp=8, num_microbatches=4, **BASE)
+    u = 1_400_000_000
+    assert step_comm(zero=0, **kw).dp == 2 * u
+    assert step_comm(zero=1, **kw).dp == 2 * u
+    assert step_comm(zero=2, **kw).dp == 5 * u
+    assert step_comm(zero=3, **kw).dp == 12 * u
+
+
+def test_tp_by_hand():
+    # X = s b h * 2 B = 4096 * 4096 * 2 = 32 MiB. Ring all-reduce over t=4: 2 * 3/4 * 32 = 48 MiB.
+    # 4 per layer (2 fwd + 2 bwd, Korthikanti 2022 §4.2.2) * 32 layers * 48 MiB = 6144 MiB.
+    b = step_comm(params_per_gpu=0, tp=4, **BASE)
+    assert b.tp == 6144 * MiB
+    assert step_comm(params_per_gpu=0, tp=4, recompute="selective", **BASE).tp == 6144 * MiB
+    # full recompute repeats the 2 forward all-reduces: 6 per layer -> 9216 MiB
+    assert step_comm(params_per_gpu=0, tp=4, recompute="full", **BASE).tp == 9216 * MiB
+    # m micro-batches: m times as much
+    assert step_comm(params_per_gpu=0, tp=4, num_microbatches=3, **BASE).tp == 3 * 6144 * MiB
+
+
+@given(
+    st.integers(1, 8).map(lambda e: 2**e) | st.sampled_from([3, 6]),
+    st.integers(1, 64),
+    st.integers(1, 4),
+    st.integers(1, 64),
+    st.integers(1, 8),
+    st.sampled_from(["none", "selective", "full"]),
+)
+def test_sp_same_bytes_as_tp(t, s_per_t, b, h, layers, recompute):
+    kw = dict(
+        params_per_gpu=0,
+        seq_len=s_per_t * t,
+        micro_batch=b,
+        hidden=h * 64,
+        layers_on_stage=layers,
+        tp=t,
+        recompute=recompute,
+        num_microbatches=2,
+    )
+    tp_only = step_comm(**kw)
+    with_sp = step_comm(sp=True, **kw)
+    # Korthikanti et al. 2022 §4.2.2: all-reduce = reduce-scatter + all-gather, same volume
+    assert with_sp.sp == tp_only.tp
+    assert with_sp.tp == 0
+    # Megatron-LM's backward re-gather of the saved input: 2 more all-gathers per layer,
+    # each half an all-reduce's volume: 4 AR-units + 1 -> x 5/4 (none/selective).
+    regather = step_comm(sp=True, sp_regather=True, **kw).sp
+    units = 6 if recompute == "full" else 4
+    assert Fraction(regather, tp_only.tp) == Fraction(units + 1, units)
+
+
+def test_pp_by_hand():
+    # boundary tensor X = s b h * 2 B = 2048 * 4 * 8192 * 2 = 128 MiB; m = 8
+    kw = dict(
+        params_per_gpu=0,
+        seq_len=2048,
+        micro_batch=4,
+        hidden=8192,
+        layers_on_stage=8,
+        num_microbatches=8,
+        pp=4,
+    )
+    # a middle stage sends X forward and a gradient X backward per micro-batch: 2 * 8 * 128 MiB
+    assert step_comm(**kw).pp == 2 * GiB
+    assert step_comm(stage=1, **kw).pp == 2 * GiB
+    # first stage sends no gradient backward, last stage no activation forward
+    assert step_comm(stage=0, **kw).pp == GiB
+    assert step_comm(stage=3, **kw).pp == GiB
+    # SP (t = 8): the boundary is already sequence-sharded -> / 8 (Narayanan 2021 §4.1)
+    assert step_comm(tp=8, sp=True, **kw).pp == 2 * GiB // 8
+    # interleaved v = 2: each micro-batch crosses every stage twice per direction;
+    # stage 0 sends v backward minus the first chunk's = 1, and v forward = 2 -> 3 * 8 * 128 MiB
+    assert step_comm(v=2, **kw).pp == 4 * GiB
+    assert step_comm(v=2, stage=0, **kw).pp == 3 * GiB
+    assert step_comm(**{**kw, "pp": 1}).pp == 0
+
+
+def test_ep_by_hand():
+    # tokens = s b = 4096, top-2, h = 4096, bf16: buffer 4096*2*4096*2 B = 64 MiB;
+    # all-to-all over e = 8 sends 7/8 -> 56 MiB; dispatch + combine, fwd + bwd = 4 per layer.
+    kw = dict(params_per_gpu=0, dp=16, ep=8, moe_layers_on_stage=32, top_k=2, **BASE)
+    assert step_comm(**kw).ep == 32 * 4 * 56 * MiB
+    assert step_comm(recompute="full", **kw).ep == 32 * 6 * 56 * MiB
+    # capacity factor 1.25: buffers of ceil(1.25 * 4096 * 2) = 10240 slots -> 80 MiB, 70 MiB sent
+    assert step_comm(capacity_factor=1.25, **kw).ep == 32 * 4 * 70 * MiB
+    # expert gradients reduce over the expert-data-parallel group dp/ep = 16/8 = 2:
+    # all-reduce of 2 * 1e9 B over 2 ranks = 2 * 1/2 * 2e9 = 2e9 B
+    assert step_comm(expert_params_per_gpu=10**9, **kw).dp == 2 * 10**9
+
+
+def test_cp_by_hand():
+    # Llama-3-70B-like K/V width 8 heads * 128 = 1024; s = 8192, b = 1, cp = 2, bf16:
+    # full K+V = 2 * 8192 * 1024 * 2 B = 32 MiB; a ring all-gather over 2 sends 16 MiB.
+    # Per layer per micro-batch: AG fwd, AG + RS bwd = 3 * 16 MiB = 48 MiB.
+    kw = dict(
+        params_per_gpu=0,
+        seq_len=8192,
+        micro_batch=1,
+        hidden=8192,
+        layers_on_stage=10,
+        cp=2,
+        kv_hidden=1024,
+    )
+    assert step_comm(**kw).cp == 10 * 48 * MiB
+    # CP ranks hold the same weights: gradients reduce over dp * cp = 8 ranks
+    assert step_comm(**{**kw, "params_per_gpu": 10**9, "dp": 4}).dp == 3_500_000_000
+    # TP shards the K/V heads: t = 2 halves the exchange
+    assert step_comm(tp=2, **kw).cp == 10 * 24 * MiB
+
+
+def test_nothing_to_send_on_one_gpu():
+    b = step_comm(params_per_gpu=10**9, **BASE)
+    assert b.ops == ()
+    assert b.total == 0
+    assert b.time("h100-sxm") == 0.0
+
+
+def test_time_uses_links():
+    hw = hardware_preset("h100-sxm")
+    b = step_comm(params_per_gpu=10**9, dp=8, tp=4, **BASE)
+    times = b.times(hw)
+    # DP on IB NDR: 14 steps * 8 us + 3.5e9 B / 50e9 B/s
+    assert times["dp"] == pytest.approx(14 * 8e-6 + 3.5e9 / 50e9)
+    # TP on NVLink4: 128 all-reduces, each 6 steps * 3 us + 48 MiB / 450e9
+    assert times["tp"] == pytest.approx(128 * (6 * 3e-6 + 48 * MiB / 450e9))
+    assert b.time(hw) == pytest.approx(times["dp"] + times["tp"])
+    # moving DP inside the node makes it faster
+    assert b.times(hw, dp_intra=True)["dp"] < times["dp"]
+    assert set(times) == set(CATEGORIES)
+    assert b.time("h100-sxm") == pytest.approx(b.time(hw))
+
+
+def test_breakdown_rows_and_categories():
+    b = step_comm(params_per_gpu=10**9, dp=2, tp=2, pp=2, **BASE)
+    rows = b.to_rows()
+    assert sum(r["bytes"] for r in rows) == b.total
+    assert {r["category"] for r in rows} == {"dp", "tp", "pp"}
+    assert isinstance(b, CommBreakdown)
+    with pytest.raises(ValueError, match="unknown category 'zero'"):
+        b.bytes_of("zero")
+    with pytest.raises(ValueError, match="hardware=3 must be a Hardware"):
+        b.times(3)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"zero": 4}, r"zero=4 must be 0, 1, 2 or 3"),
+        ({"recompute": "partial"}, r"recompute='partial' must be one of none, selective, full"),
+        ({"dp": 0}, r"dp=0 must be >= 1"),
+        ({"params_per_gpu": -1}, r"params_per_gpu=-1 must be >= 0"),
+        ({"cp": 3}, r"seq_len=4096 must be divisible by cp=3"),
+        ({"tp": 3, "sp": True}, r"seq_len / cp = 4096 must be divisible by tp=3"),
+        ({"ep": 4, "dp": 2}, r"ep=4 must divide dp \* cp = 2"),
+        ({"moe_layers_on_stage": 33}, r"moe_layers_on_stage=33 must be <= layers_on_stage=32"),
+        ({"pp": 2, "stage": 2}, r"stage=2 must be None or an integer in 0..1"),
+        ({"cp": 2, "tp": 3, "kv_hidden": 1024}, r"kv_hidden=1024 must be divisible by tp=3"),
+        (
+            {"ep": 2, "dp": 2, "moe_layers_on_stage": 1, "capacity_factor": 0},
+            r"capacity_factor=0 must be a number > 0",
+        ),
+    ],
+)
+def test_invalid_step_input(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        step_comm(**{"params_per_gpu": 10**6, **BASE, **kwargs})

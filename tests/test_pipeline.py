@@ -1,0 +1,272 @@
+"""Pipeline simulator against closed forms, hand-derived timelines and invariants.
+
+Expected values come from the papers' formulas (re-derived in comments) or from
+timelines worked out by hand; none is pasted from the simulator's output.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from parmem.pipeline import (
+    SCHEDULES,
+    Event,
+    bubble_fraction,
+    bubble_ratio,
+    in_flight,
+    simulate,
+)
+
+times = st.sampled_from([0.5, 1.0, 1.5, 2.0, 3.0, 0.7])
+
+
+@st.composite
+def plain_case(draw):
+    """GPipe / 1F1B: p 1..8, m 1..16, v = 1, arbitrary uniform t_f, t_b."""
+    return (
+        draw(st.sampled_from(["gpipe", "1f1b"])),
+        draw(st.integers(1, 8)),
+        draw(st.integers(1, 16)),
+        1,
+        draw(times),
+        draw(times),
+    )
+
+
+@st.composite
+def interleaved_case(draw):
+    """Interleaved: p 1..8, v 2..4, m a multiple of p up to 16 (Megatron-LM rule)."""
+    p = draw(st.integers(1, 8))
+    m = p * draw(st.integers(1, 16 // p))
+    return ("interleaved", p, m, draw(st.integers(2, 4)), draw(times), draw(times))
+
+
+any_case = st.one_of(plain_case(), interleaved_case())
+
+
+# --- closed forms -----------------------------------------------------------------------
+
+
+@settings(max_examples=150, deadline=None)
+@given(any_case)
+def test_step_time_and_bubble_match_closed_form(case):
+    schedule, p, m, v, tf, tb = case
+    r = simulate(schedule, p, m, v, tf, tb)
+    # Narayanan et al. 2021 §2.2: the pipeline fills and drains in (p-1) forward+backward
+    # slots, divided by v when interleaved; the useful work is m (t_f + t_b).
+    assert r.step_time == pytest.approx((m + (p - 1) / v) * (tf + tb))
+    assert r.bubble_fraction == pytest.approx(bubble_fraction(p, m, v))
+    # every stage computes every micro-batch once: busy = m (t_f + t_b), idle = bubble
+    for i in range(p):
+        assert r.busy[i] == pytest.approx(m * (tf + tb))
+        assert r.idle[i] == pytest.approx((p - 1) * (tf + tb) / v)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(1, 8), st.integers(1, 16))
+def test_gpipe_and_1f1b_same_step_time(p, m):
+    # (m + p - 1)(t_f + t_b) for both (Narayanan et al. 2021, §2.2.1: PipeDream-Flush has
+    # the same bubble as GPipe); t_f = 1, t_b = 2 -> 3 (m + p - 1).
+    assert simulate("gpipe", p, m).step_time == pytest.approx(3 * (m + p - 1))
+    assert simulate("1f1b", p, m).step_time == pytest.approx(3 * (m + p - 1))
+
+
+@given(st.integers(1, 64), st.integers(1, 64), st.integers(1, 8))
+def test_bubble_fraction_and_ratio_agree(p, m, v):
+    # fraction = B / (B + I) and ratio = B / I  =>  fraction = ratio / (1 + ratio)
+    r = bubble_ratio(p, m, v)
+    assert bubble_fraction(p, m, v) == pytest.approx(r / (1 + r))
+
+
+def test_bubble_published_values():
+    # GPipe (Huang et al. 2019, §2.3): (K-1)/(M+K-1); K=4, M=8 -> 3/11.
+    assert bubble_fraction(4, 8) == pytest.approx(3 / 11)
+    # Narayanan et al. 2021, §2.2.1: bubble time fraction (p-1)/m; p=4, m=8 -> 0.375;
+    # §2.2.2: divided by v; v=2 -> 0.1875.
+    assert bubble_ratio(4, 8) == pytest.approx(0.375)
+    assert bubble_ratio(4, 8, 2) == pytest.approx(0.1875)
+    assert bubble_fraction(1, 5) == 0.0
+
+
+# --- in-flight micro-batches ------------------------------------------------------------
+
+
+@settings(max_examples=150, deadline=None)
+@given(any_case)
+def test_peak_in_flight_matches_closed_form(case):
+    schedule, p, m, v, tf, tb = case
+    r = simulate(schedule, p, m, v, tf, tb)
+    for i in range(p):
+        if schedule == "gpipe":
+            expect = m  # all forwards before any backward
+        elif schedule == "1f1b":
+            expect = min(p - i, m)  # p - i - 1 warm-up forwards + 1 (Narayanan 2021 §2.2.1)
+        else:
+            expect = in_flight(schedule, p, m, v, i)
+        assert r.peak_in_flight[i] == pytest.approx(expect)
+        assert r.peak_in_flight_chunks[i] == round(expect * v)
+        assert isinstance(r.peak_in_flight_chunks[i], int)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(1, 8), st.integers(2, 4), st.integers(2, 4))
+def test_interleaved_stage0_korthikanti_factor(p, v, k):
+    # Korthikanti et al. 2022, §4.2.3: with interleaving, the first stage holds
+    # p micro-batches of L/p layers times (1 + (p-1)/(p v)), when m > p.
+    m = k * p
+    r = simulate("interleaved", p, m, v)
+    expect = p * (1 + (p - 1) / (p * v))
+    assert r.peak_in_flight[0] == pytest.approx(expect)
+    assert in_flight("interleaved", p, m, v, 0) == pytest.approx(expect)
+
+
+def test_interleaved_m_equals_p_runs_all_forwards_first():
+    # Megatron-LM schedules.py: if num_microbatches == pipeline_parallel_size every
+    # stage runs all m*v chunk-forwards before any backward (all_warmup_microbatches).
+    p, v = 4, 2
+    r = simulate("interleaved", p, p, v)
+    for i in range(p):
+        kinds = [e.kind for e in r.stage_events(i)]
+        assert kinds == ["F"] * (p * v) + ["B"] * (p * v)
+        assert r.peak_in_flight[i] == p
+
+
+def test_in_flight_closed_form_values():
+    # seed claim for chapter 5: GPipe stashes m, 1F1B at most p - i
+    assert in_flight("gpipe", 4, 8, stage=3) == 8
+    assert [in_flight("1f1b", 4, 8, stage=i) for i in range(4)] == [4, 3, 2, 1]
+    assert [in_flight("1f1b", 4, 2, stage=i) for i in range(4)] == [2, 2, 2, 1]
+    # interleaved p=4, v=2, m=8, stage 0: warm-up 2*3 + 1*4 = 10 chunks, +1 = 11 -> 5.5
+    assert in_flight("interleaved", 4, 8, 2, 0) == 5.5
+
+
+# --- hand-derived timelines ---------------------------------------------------------------
+
+
+def test_1f1b_p2_m2_by_hand():
+    # t_f = 1, t_b = 2. Stage 1 (last): warm-up 0 -> F0 [1,2] (after stage 0's F0 [0,1]),
+    # B0 [2,4], F1 [4,5] (stage 0's F1 ended at 2), B1 [5,7].
+    # Stage 0: warm-up 1 -> F0 [0,1]; steady F1 [1,2], B0 needs stage 1's B0 (ends 4) -> [4,6];
+    # cooldown B1 needs stage 1's B1 (ends 7) -> [7,9]. Step = 9 = (2 + 2 - 1) * 3.
+    r = simulate("1f1b", 2, 2)
+    got = [(e.stage, e.kind, e.microbatch, e.start, e.end) for e in r.events]
+    assert got == [
+        (0, "F", 0, 0, 1), (0, "F", 1, 1, 2), (0, "B", 0, 4, 6), (0, "B", 1, 7, 9),
+        (1, "F", 0, 1, 2), (1, "B", 0, 2, 4), (1, "F", 1, 4, 5), (1, "B", 1, 5, 7),
+    ]  # fmt: skip
+    assert r.step_time == 9
+    assert r.peak_in_flight == [2, 1]
+
+
+def test_interleaved_forward_order_matches_narayanan_fig4():
+    # Narayanan et al. 2021, Fig. 4 (p=4, v=2, m=8): device 1 runs micro-batches 1-4
+    # through chunk 1, then 1-4 through chunk 2, then 5, 6, ... through chunk 1.
+    r = simulate("interleaved", 4, 8, 2)
+    first = [(e.microbatch, e.chunk) for e in r.stage_events(0) if e.kind == "F"][:10]
+    assert first == [(0, 0), (1, 0), (2, 0), (3, 0), (0, 1), (1, 1), (2, 1), (3, 1), (4, 0), (5, 0)]
+    # Megatron-LM: w = min(2 (p-i-1) + (v-1) p, m v) warm-up forwards, then each steady
+    # iteration runs a forward before its backward: w + 1 forwards precede the first backward.
+    for i in range(4):
+        kinds = [e.kind for e in r.stage_events(i)]
+        assert kinds.index("B") == min(2 * (4 - i - 1) + 4, 16) + 1
+
+
+# --- invariants ---------------------------------------------------------------------------
+
+
+def _dep_end(r, e: Event) -> float:
+    """End time of the op that ``e`` needs, derived from the layer order c*p + i."""
+    p, v = r.p, r.v
+    key = {(x.stage, x.kind, x.microbatch, x.chunk): x.end for x in r.events}
+    layer_block = e.chunk * p + e.stage
+    if e.kind == "F":
+        if layer_block == 0:
+            return 0.0
+        prev = layer_block - 1
+        return key[(prev % p, "F", e.microbatch, prev // p)]
+    if layer_block == p * v - 1:
+        return key[(e.stage, "F", e.microbatch, e.chunk)]
+    nxt = layer_block + 1
+    return key[(nxt % p, "B", e.microbatch, nxt // p)]
+
+
+@settings(max_examples=100, deadline=None)
+@given(any_case)
+def test_schedule_invariants(case):
+    schedule, p, m, v, tf, tb = case
+    r = simulate(schedule, p, m, v, tf, tb)
+    assert len(r.events) == 2 * p * m * v
+    for i in range(p):
+        evs = r.stage_events(i)
+        # each (kind, micro-batch, chunk) exactly once
+        assert len({(e.kind, e.microbatch, e.chunk) for e in evs}) == 2 * m * v
+        # no two ops overlap on a stage, durations are t/v
+        for a, b in zip(evs, evs[1:], strict=False):
+            assert a.end <= b.start + 1e-9
+        for e in evs:
+            dur = (tf if e.kind == "F" else tb) / v
+            assert e.end - e.start == pytest.approx(dur)
+        # F precedes B of the same micro-batch and chunk
+        start = {(e.kind, e.microbatch, e.chunk): e for e in evs}
+        for mb in range(m):
+            for c in range(v):
+                assert start[("F", mb, c)].end <= start[("B", mb, c)].start + 1e-9
+    # dependencies respected
+    for e in r.events:
+        assert _dep_end(r, e) <= e.start + 1e-9
+    assert r.step_time == pytest.approx(max(e.end for e in r.events))
+
+
+def test_to_rows_and_ascii():
+    r = simulate("gpipe", 2, 2, t_fwd=1, t_bwd=1)
+    rows = r.to_rows()
+    assert [row["stage"] for row in rows] == [0, 1]
+    assert sum(row["idle_fraction"] for row in rows) / 2 == pytest.approx(r.bubble_fraction)
+    # By hand (t_f = t_b = 1): stage 0 F0 [0,1] F1 [1,2]; stage 1 F0 [1,2] F1 [2,3]
+    # B0 [3,4] B1 [4,5]; stage 0 B0 [4,5] B1 [5,6]. Step 6, cell width 3.
+    assert r.ascii() == "S0 |F0 F1 .  .  B0 B1\nS1 |.  F0 F1 B0 B1 ."
+    text = simulate("interleaved", 2, 2, 2).ascii()
+    assert text.startswith("S0 |F0.0") and text.count("\n") == 1
+
+
+# --- validation -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"schedule": "zb", "p": 2, "m": 2}, r"unknown schedule 'zb'; known: gpipe, 1f1b"),
+        ({"schedule": "1f1b", "p": 0, "m": 2}, r"p=0 must be >= 1"),
+        ({"schedule": "1f1b", "p": 2, "m": 0}, r"m=0 must be >= 1"),
+        ({"schedule": "1f1b", "p": 2.0, "m": 2}, r"p=2.0 must be an integer"),
+        ({"schedule": "1f1b", "p": True, "m": 2}, r"p=True must be an integer"),
+        ({"schedule": "gpipe", "p": 2, "m": 2, "v": 2}, r"v=2 must be 1 for schedule='gpipe'"),
+        ({"schedule": "1f1b", "p": 2, "m": 2, "v": 3}, r"v=3 must be 1 for schedule='1f1b'"),
+        ({"schedule": "interleaved", "p": 2, "m": 2, "v": 1}, r"v=1 must be >= 2"),
+        (
+            {"schedule": "interleaved", "p": 4, "m": 6, "v": 2},
+            r"m=6 must be a multiple of p=4 for the interleaved schedule \(Megatron-LM",
+        ),
+        ({"schedule": "1f1b", "p": 2, "m": 2, "t_fwd": 0}, r"t_fwd=0 must be a number > 0"),
+        ({"schedule": "1f1b", "p": 2, "m": 2, "t_bwd": -1.0}, r"t_bwd=-1.0 must be a number > 0"),
+    ],
+)
+def test_invalid_input(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        simulate(**kwargs)
+
+
+def test_invalid_closed_form_input():
+    with pytest.raises(ValueError, match=r"stage=4 must be < p=4"):
+        in_flight("1f1b", 4, 8, stage=4)
+    with pytest.raises(ValueError, match=r"m=6 must be a multiple of p=4"):
+        in_flight("interleaved", 4, 6, 2)
+    with pytest.raises(ValueError, match=r"p=0 must be >= 1"):
+        bubble_fraction(0, 4)
+    with pytest.raises(ValueError, match=r"v=0 must be >= 1"):
+        bubble_ratio(2, 4, 0)
+    with pytest.raises(ValueError, match=r"stage=9 must be in 0..1"):
+        simulate("1f1b", 2, 2).stage_events(9)
+    assert set(SCHEDULES) == {"gpipe", "1f1b", "interleaved"}
