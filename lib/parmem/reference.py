@@ -30,7 +30,7 @@ import math
 import torch
 from torch import nn
 
-__all__ = ["GPTLayer", "dropout"]
+__all__ = ["GPTLayer", "MixedPrecisionAdamW", "TinyGPT", "dropout"]
 
 
 def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
@@ -93,3 +93,76 @@ class GPTLayer(nn.Module):
         x = x + dropout(self.attention(self.ln1(x)), self.dropout_p, self.training)
         y = self.fc2(torch.nn.functional.gelu(self.fc1(self.ln2(x))))
         return x + dropout(y, self.dropout_p, self.training)
+
+
+class TinyGPT(nn.Module):
+    """A whole GPT (Radford et al. 2019 layout) built from :class:`GPTLayer`, for a GPT-shaped
+    :class:`~parmem.model.ModelSpec` (GeLU MLP, LayerNorm, biases, learned positions).
+
+    Token and position embeddings → embedding dropout → L layers → final LayerNorm → LM head
+    (tied to the token embedding if the spec says so) → logits cast to fp32 → cross-entropy, the
+    order Megatron-LM uses. Tensors are [s, b, ...]. Its parameter count equals
+    ``spec.num_params()`` exactly.
+    """
+
+    def __init__(self, spec, dtype: torch.dtype = torch.bfloat16, dropout_p: float = 0.1):
+        super().__init__()
+        if spec.ffn_kind != "gelu" or spec.norm != "layernorm" or not spec.bias \
+                or spec.position != "learned" or spec.is_moe or spec.kv_heads != spec.heads:
+            raise ValueError("TinyGPT needs a GPT-shaped spec: ffn_kind='gelu', "
+                             "norm='layernorm', bias=True, position='learned', dense, MHA")
+        self.spec, self.dropout_p = spec, dropout_p
+        kw = {"dtype": dtype}
+        self.tok = nn.Embedding(spec.vocab_size, spec.hidden, **kw)
+        self.pos = nn.Embedding(spec.max_positions, spec.hidden, **kw)
+        self.layers = nn.ModuleList(
+            GPTLayer(spec.hidden, spec.heads, spec.ffn_hidden, dropout_p=dropout_p, dtype=dtype,
+                     max_seq_len=spec.max_positions) for _ in range(spec.layers))
+        self.ln_f = nn.LayerNorm(spec.hidden, **kw)
+        self.head = None if spec.tied_embeddings else nn.Linear(spec.hidden, spec.vocab_size,
+                                                                bias=False, **kw)
+
+    def forward(self, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        s = ids.shape[0]
+        pos = torch.arange(s, device=ids.device)
+        x = self.tok(ids) + self.pos(pos)[:, None, :]
+        x = dropout(x, self.dropout_p, self.training)
+        for layer in self.layers:
+            x = layer(x)
+        x = self.ln_f(x)
+        weight = self.tok.weight if self.head is None else self.head.weight
+        logits = torch.nn.functional.linear(x, weight).float()
+        return torch.nn.functional.cross_entropy(logits.view(-1, logits.shape[-1]),
+                                                 labels.view(-1))
+
+
+class MixedPrecisionAdamW:
+    """AdamW with fp32 master weights for a 16-bit model (Micikevicius et al. 2018; the ZeRO
+    paper's K = 12: master copy, first and second moments, 4 bytes each).
+
+    ``state`` maps each 16-bit parameter to ``{"master": fp32 copy, "exp_avg", "exp_avg_sq",
+    "step"}``, so :func:`parmem.measure.state_bytes` counts the master copy as optimizer state.
+    """
+
+    def __init__(self, params, lr: float = 1e-3, **kw):
+        self.params = [p for p in params if p.requires_grad]
+        self.masters = [p.detach().float().clone().requires_grad_(True) for p in self.params]
+        self.inner = torch.optim.AdamW(self.masters, lr=lr, **kw)
+
+    @property
+    def state(self) -> dict:
+        return {p: {"master": m, **self.inner.state.get(m, {})}
+                for p, m in zip(self.params, self.masters, strict=True)}
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for p, m in zip(self.params, self.masters, strict=True):
+            m.grad = None if p.grad is None else p.grad.float()
+        self.inner.step()
+        for p, m in zip(self.params, self.masters, strict=True):
+            p.copy_(m)
+            m.grad = None
