@@ -1,0 +1,145 @@
+"""The rank pool: reuse, failures that fail fast, no port collisions, the CLI and torchrun."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytest.importorskip("torch")
+
+from parmem.dist import DEMOS, Pool, RankError, RunTimeout, WorkerDied  # noqa: E402
+from parmem.dist.__main__ import _kwargs  # noqa: E402
+from parmem.dist.launcher import default_world_size, format_results, resolve  # noqa: E402
+
+pytestmark = pytest.mark.dist
+
+N = 2  # the failure tests need two ranks; more would only cost start-up time
+
+
+@pytest.fixture(scope="module")
+def pool():
+    # a short group timeout, so the "rank skips a collective" test waits 3 s, not 60
+    with Pool(world_size=N, pg_timeout=3.0) as p:
+        yield p
+
+
+def test_run_returns_one_result_per_rank_and_reuses_processes(pool):
+    first = pool.run("parmem.dist.checks:ping")
+    again = pool.run("parmem.dist.checks:ping")
+    assert [r["rank"] for r in first] == list(range(N))
+    assert all(r["world_size"] == N and r["backend"] == "gloo" for r in first)
+    assert all(r["rank_sum"] == N * (N - 1) // 2 for r in first)  # the all-reduce worked
+    assert [r["pid"] for r in first] == [r["pid"] for r in again]  # started once, reused
+
+
+def test_a_function_object_is_accepted():
+    from parmem.dist import checks
+
+    assert resolve(checks.ping) == ("parmem.dist.checks:ping", checks.ping)
+
+
+def test_rank_that_raises_fails_fast_with_its_traceback_and_the_pool_restarts(pool):
+    t0 = time.perf_counter()
+    with pytest.raises(RankError) as info:
+        pool.run("parmem.dist.checks:raise_on", which=1, message="boom from rank one")
+    assert time.perf_counter() - t0 < 10  # not the 3 s group timeout of the waiting rank, x3
+    err = info.value
+    assert err.rank == 1 and "ValueError: boom from rank one" in str(err)
+    assert "rank 1 failed in parmem.dist.checks:raise_on" in str(err)
+    assert not pool.alive  # torn down...
+    assert [r["rank"] for r in pool.run("parmem.dist.checks:ping")] == list(range(N))  # ...restarted
+
+
+def test_dead_rank_is_detected(pool):
+    with pytest.raises(WorkerDied) as info:
+        pool.run("parmem.dist.checks:exit_on", which=1, code=3)
+    assert info.value.rank == 1 and "code 3" in str(info.value)
+    assert not pool.alive
+
+
+def test_run_deadline(pool):
+    t0 = time.perf_counter()
+    with pytest.raises(RunTimeout):
+        pool.run("parmem.dist.checks:sleep", seconds=30, timeout=0.5)
+    assert time.perf_counter() - t0 < 5
+    assert not pool.alive
+
+
+def test_group_timeout_turns_a_hang_into_an_error(pool):
+    """Rank 1 skips an all-reduce; rank 0 would wait forever without the group's timeout."""
+    t0 = time.perf_counter()
+    with pytest.raises(RankError) as info:
+        pool.run("parmem.dist.checks:skip_collective", which=1)
+    assert info.value.rank == 0
+    assert 2.5 < time.perf_counter() - t0 < 30
+
+
+def test_two_pools_at_once_do_not_collide():
+    with Pool(world_size=2) as a, Pool(world_size=2) as b:
+        ra, rb = a.run("parmem.dist.checks:ping"), b.run("parmem.dist.checks:ping")
+    assert [r["rank_sum"] for r in ra + rb] == [1, 1, 1, 1]
+    assert {r["pid"] for r in ra}.isdisjoint(r["pid"] for r in rb)
+
+
+def test_default_world_size(monkeypatch):
+    monkeypatch.delenv("PARMEM_WORLD_SIZE", raising=False)
+    monkeypatch.setenv("CI", "true")
+    assert default_world_size() == 2
+    monkeypatch.delenv("CI")
+    assert default_world_size() == 4
+    monkeypatch.setenv("PARMEM_WORLD_SIZE", "3")
+    assert default_world_size() == 3
+    monkeypatch.setenv("PARMEM_WORLD_SIZE", "two")
+    with pytest.raises(ValueError, match="PARMEM_WORLD_SIZE"):
+        default_world_size()
+
+
+@pytest.mark.parametrize("kw, field", [({"world_size": 0}, "world_size"),
+                                       ({"world_size": 2.0}, "world_size"),
+                                       ({"backend": "mpi"}, "backend"),
+                                       ({"pg_timeout": 0}, "pg_timeout")])
+def test_bad_pool_arguments(kw, field):
+    with pytest.raises(ValueError, match=field):
+        Pool(**kw)
+
+
+@pytest.mark.parametrize("target", ["parmem.dist.checks", "no.such.module:fn",
+                                    "parmem.dist.checks:nope", 42, lambda: 0])
+def test_bad_targets_are_rejected_before_any_rank_starts(target):
+    p = Pool(world_size=2)
+    with pytest.raises(ValueError, match="target"):
+        p.run(target)
+    assert not p.alive
+
+
+def test_format_results_one_column_per_rank():
+    text = format_results([{"a": 1, "b": {"c": 0.5}}, {"a": 2, "b": {"c": 0.25}}])
+    lines = text.splitlines()
+    assert lines[0].split() == ["key", "rank", "0", "rank", "1"]
+    assert lines[2].split() == ["a", "1", "2"] and lines[3].split() == ["b.c", "0.5", "0.25"]
+
+
+def test_cli_kwargs_and_list():
+    assert _kwargs(["schedule=gpipe", "v=2", "lr=1e-3", "flag=True"]) == {
+        "schedule": "gpipe", "v": 2, "lr": 1e-3, "flag": True}
+    with pytest.raises(SystemExit):
+        _kwargs(["novalue"])
+    out = subprocess.run([sys.executable, "-m", "parmem.dist", "--list"], check=True,
+                         capture_output=True, text=True).stdout
+    assert all(name in out for name in DEMOS)
+
+
+def test_torchrun_runs_a_demo_on_each_rank():
+    """``torchrun -m parmem.dist`` runs the function directly on each rank (gloo on CPU)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "parmem.dist", "collectives", "numel=64", "--json"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    results = json.loads(proc.stdout[proc.stdout.index("["):])
+    assert [r["all_reduce"]["bytes_sent"] for r in results] == [2 * 1 * 64 * 4 // 2] * 2
