@@ -20,6 +20,7 @@ from .memory import (
     model_state_bytes,
 )
 from .model import ModelSpec, presets
+from .planner import Cluster, plan
 
 __version__ = "0.1.0"
 
@@ -29,3 +30,4 @@ __all__ = [
     "TrainingSetup", "activations", "estimate", "kv_cache_bytes", "kv_cache_bytes_per_token",
     "model_state_bytes", "presets", "weight_bytes",
 ]
+__all__ += ["Cluster", "plan"]

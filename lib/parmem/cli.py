@@ -4,9 +4,12 @@
     parmem estimate --model llama-2-7b --tp 4 --pp 2 --dp 8 --zero 1 --seq 4096 [--json]
     parmem kv --model llama-3-70b --seq 8192 --batch 16 --tp 8
     parmem serve-memory --model llama-2-7b --weights int4 --seq 4096 --batch 8
+    parmem plan --model gpt3-175b --gpu a100-80gb --gpus-per-node 8 --nodes 96 \
+        --global-batch 1536 --seq 2048 [--top 10] [--json] [--emit megatron|deepspeed|torchtitan]
 
 ``--model`` takes a preset name or the path of a Hugging Face ``config.json`` (or its folder).
-Errors print one line to stderr and exit with status 2.
+Errors print one line to stderr and exit with status 2. ``parmem plan`` exits with status 1 when
+no layout fits (the reason goes to stderr; with ``--json`` the plan still goes to stdout).
 """
 
 from __future__ import annotations
@@ -94,6 +97,47 @@ def _cmd_serve(args) -> int:
     return 0
 
 
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} must be integers separated by commas") \
+            from None
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in text.split(","))
+
+
+def _cmd_plan(args) -> int:
+    from .planner import Cluster, plan
+
+    spec = _model(args.model)
+    cluster = Cluster(gpu=args.gpu, gpus_per_node=args.gpus_per_node, nodes=args.nodes)
+    opts = {}
+    for name in ("tp", "pp", "cp", "ep", "zero", "recompute", "micro_batch", "vpp"):
+        value = getattr(args, name)
+        if value is not None:
+            opts[name] = value
+    for name in ("mfu", "headroom", "tp_overlap", "dp_overlap", "pp_overlap"):
+        value = getattr(args, name)
+        if value is not None:
+            opts[name] = value
+    if args.no_sp:
+        opts["sp"] = (False,)
+    result = plan(spec, cluster, args.global_batch, args.seq, top=args.top,
+                  uneven_pp=args.uneven_pp, precision=args.precision, optimizer=args.optimizer,
+                  flash_attention=args.flash, dropout=not args.no_dropout, **opts)
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+    elif result.best is not None:
+        print(result.emit(args.emit) if args.emit else result)
+    if result.best is None:
+        print(f"parmem: {result.message}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="parmem", description="GPU memory under parallelism.")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -142,6 +186,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-dtype", default="fp16", choices=tuple(KV_DTYPES))
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_serve)
+
+    p = sub.add_parser("plan", help="search parallel layouts for a model on a cluster")
+    p.add_argument("--model", required=True, help="preset name or path to a config.json")
+    p.add_argument("--gpu", default="h100-sxm", help="hardware preset (see data/hardware.yaml)")
+    p.add_argument("--gpus-per-node", type=int, default=8)
+    p.add_argument("--nodes", type=int, required=True)
+    p.add_argument("--global-batch", type=int, required=True, help="sequences per step")
+    p.add_argument("--seq", type=int, required=True, help="sequence length s")
+    p.add_argument("--top", type=int, default=10, help="candidates to list")
+    p.add_argument("--emit", choices=("megatron", "deepspeed", "torchtitan"), default=None,
+                   help="print the best layout as settings for this engine")
+    p.add_argument("--json", action="store_true", help="the whole plan as JSON")
+    for flag in ("tp", "pp", "cp", "ep", "zero", "micro-batch", "vpp"):
+        p.add_argument(f"--{flag}", type=_ints, default=None,
+                       help="allowed values, comma-separated (default: all valid"
+                            + ("; cp: 1)" if flag == "cp" else ")"))
+    p.add_argument("--recompute", type=_names, default=None, help="e.g. selective,full")
+    p.add_argument("--no-sp", action="store_true", help="never use sequence parallelism")
+    p.add_argument("--uneven-pp", action="store_true", help="allow pp not dividing the layers")
+    p.add_argument("--precision", default="bf16-mixed", choices=tuple(PRECISIONS))
+    p.add_argument("--optimizer", default="adamw", choices=tuple(OPTIMIZERS))
+    p.add_argument("--flash", action="store_true", help="attention keeps no s x s matrix")
+    p.add_argument("--no-dropout", action="store_true")
+    for flag, what in (("mfu", "busy fraction of peak FLOP/s"),
+                       ("headroom", "fraction of GPU memory kept free"),
+                       ("tp-overlap", "fraction of TP comm hidden"),
+                       ("dp-overlap", "fraction of the DP overlap window used"),
+                       ("pp-overlap", "fraction of PP comm hidden")):
+        p.add_argument(f"--{flag}", type=float, default=None,
+                       help=f"{what} (default: parmem.planner.Assumptions)")
+    p.set_defaults(func=_cmd_plan)
     return ap
 
 

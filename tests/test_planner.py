@@ -1,0 +1,491 @@
+"""The planner: enumeration rules, pruning against brute force, the cost model against its
+sources (Narayanan et al. 2021 eq. (3), the pipeline simulator, ring collectives), the published
+Megatron-LM layouts of Narayanan et al. 2021 Table 1, bad input, output formats, CLI, figure."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import subprocess
+import sys
+import tomllib
+from fractions import Fraction
+
+import pytest
+
+from parmem import Cluster, ModelSpec, ParallelConfig, TrainingSetup, estimate, plan
+from parmem.cli import main
+from parmem.hardware import hardware_preset
+from parmem.memory import GIB
+from parmem.pipeline import simulate
+from parmem.planner import Assumptions, evaluate, narayanan_flops, step_flops
+
+
+def gpt(name: str, heads: int, hidden: int, layers: int, vocab: int = 51200) -> ModelSpec:
+    """A GPT model as in Narayanan et al. 2021 §5.1 (V = 51,200, s = 2048)."""
+    return ModelSpec(name=name, vocab_size=vocab, hidden=hidden, layers=layers, heads=heads,
+                     ffn_kind="gelu", bias=True, norm="layernorm", tied_embeddings=True,
+                     position="learned", max_positions=2048)
+
+
+def divisors(n: int) -> list[int]:
+    return [k for k in range(1, n + 1) if n % k == 0]
+
+
+def usable(cluster: Cluster, headroom: float = Assumptions.headroom) -> int:
+    return int(cluster.hardware.memory_bytes * (1 - headroom))
+
+
+# ---------------------------------------------------------------------------- FLOPs
+@pytest.mark.parametrize("B,s,L,h,V", [(2304, 2048, 80, 12288, 51200), (8, 1024, 24, 1024, 50257)])
+def test_step_flops_is_narayanan_eq3_for_gpt(B, s, L, h, V):
+    spec = gpt("g", heads=h // 128, hidden=h, layers=L, vocab=V)
+    # eq. (3) with recomputation, and its no-recompute form, written out here
+    with_rc = Fraction(96 * B * s * L * h * h) * (1 + Fraction(s, 6 * h) + Fraction(V, 16 * L * h))
+    without = Fraction(72 * B * s * L * h * h) * (1 + Fraction(s, 6 * h) + Fraction(V, 12 * L * h))
+    assert step_flops(spec, B, s, "full") == with_rc
+    assert step_flops(spec, B, s, "none") == without
+    assert narayanan_flops(B, s, L, h, V, recompute=True) == with_rc
+    assert narayanan_flops(B, s, L, h, V, recompute=False) == without
+    # selective recomputation re-runs only the attention core: 4·s²·h per layer per sequence
+    assert step_flops(spec, B, s, "selective") == without + B * L * 4 * s * s * h
+
+
+# ---------------------------------------------------------------------------- enumeration
+def _check_rules(spec, cluster, pl, global_batch, seq_len):
+    N, gpn = cluster.world_size, cluster.gpus_per_node
+    assert pl.candidates, pl.message
+    times = [c.step_time for c in pl.candidates]
+    assert times == sorted(times)
+    for c in pl.candidates:
+        par, st = c.parallel, c.setup
+        d, t, p, e, v = par.dp, par.tp, par.pp, par.ep, par.vpp
+        assert d * t * p * par.cp == N
+        assert t <= gpn and gpn % t == 0 and spec.heads % t == 0 and spec.ffn_hidden % t == 0
+        assert spec.kv_heads % t == 0 or t % spec.kv_heads == 0
+        assert spec.layers % p == 0 or len(set(c.layers_per_stage)) > 1
+        assert (spec.num_experts % e == 0 and d % e == 0) if spec.is_moe else e == 1
+        assert p == 1 or par.zero <= 1
+        assert t > 1 or not par.sp
+        assert (global_batch // d) % st.micro_batch == 0
+        assert st.num_microbatches * st.micro_batch * d == global_batch
+        if v > 1:
+            assert st.schedule == "interleaved" and st.num_microbatches % p == 0
+            assert all(n % v == 0 for n in c.layers_per_stage)
+        assert c.peak_bytes <= usable(cluster)
+        # the memory is a real estimate() of this layout
+        fresh = estimate(spec, par, st, layers_per_stage=list(c.layers_per_stage))
+        assert fresh.stages == c.estimate.stages
+        assert c.exact
+        assert c.step_time == pytest.approx(sum(c.time.as_dict()[k] for k in c.time.FIELDS))
+
+
+@pytest.mark.parametrize("name,gpu,gpn,nodes,G,s,kw", [
+    ("llama-2-13b", "a100-80gb", 8, 2, 64, 4096, {}),
+    ("mixtral-8x7b", "h100-sxm", 8, 2, 64, 4096, {}),
+    ("llama-3-8b", "h100-sxm", 8, 2, 32, 16384, {"cp": (1, 2, 4), "flash_attention": True}),
+])
+def test_every_candidate_obeys_the_rules(name, gpu, gpn, nodes, G, s, kw):
+    spec = ModelSpec.preset(name)
+    cluster = Cluster(gpu, gpn, nodes)
+    pl = plan(spec, cluster, G, s, top=10**6, **kw)
+    _check_rules(spec, cluster, pl, G, s)
+    if spec.is_moe:
+        assert any(c.parallel.ep > 1 and c.time.ep > 0 for c in pl.candidates)
+    if "cp" in kw:
+        assert any(c.parallel.cp > 1 for c in pl.candidates)
+        assert all(c.time.cp >= 0 for c in pl.candidates)
+
+
+def _brute_force(spec, cluster, G, s):
+    """Every layout, written out independently of the planner, modelled with evaluate()."""
+    N, gpn = cluster.world_size, cluster.gpus_per_node
+    out = []
+    for t in divisors(gpn):
+        if spec.heads % t or spec.ffn_hidden % t or (spec.kv_heads % t and t % spec.kv_heads):
+            continue
+        for p in divisors(N // t):
+            d = N // (t * p)
+            if spec.layers % p or G % d:
+                continue
+            for zero in range(4):
+                if (p > 1 and zero > 1) or (d == 1 and zero > 0):
+                    continue
+                for sp in ((False, True) if t > 1 else (False,)):
+                    for rc in ("none", "selective", "full"):
+                        for b in divisors(G // d):
+                            m = G // (d * b)
+                            vs = [1] + [v for v in divisors(spec.layers // p)
+                                        if v > 1 and p > 1 and m % p == 0]
+                            for v in vs:
+                                par = ParallelConfig(dp=d, tp=t, pp=p, sp=sp, zero=zero, vpp=v)
+                                st = TrainingSetup(seq_len=s, micro_batch=b, num_microbatches=m,
+                                                   recompute=rc,
+                                                   schedule="interleaved" if v > 1 else "1f1b")
+                                c = evaluate(spec, cluster, par, st)
+                                if c.peak_bytes <= usable(cluster):
+                                    out.append(c)
+    return out
+
+
+@pytest.mark.parametrize("name,gpu,gpn,nodes,G,s", [
+    ("gpt2-medium", "a100-40gb", 8, 1, 32, 1024),
+    ("llama-2-7b", "a100-40gb", 4, 4, 32, 4096),
+])
+def test_pruned_search_finds_the_brute_force_optimum_and_front(name, gpu, gpn, nodes, G, s):
+    spec, cluster = ModelSpec.preset(name), Cluster(gpu, gpn, nodes)
+    brute = sorted(_brute_force(spec, cluster, G, s), key=lambda c: (c.step_time, c.peak_bytes))
+    pl = plan(spec, cluster, G, s)
+    assert pl.best.step_time == pytest.approx(brute[0].step_time, rel=1e-12)
+    assert pl.best.peak_bytes == brute[0].peak_bytes
+    front, lowest = [], None
+    for c in brute:
+        if lowest is None or c.peak_bytes < lowest:
+            front.append((c.peak_bytes, round(c.step_time, 9)))
+            lowest = c.peak_bytes
+    assert [(c.peak_bytes, round(c.step_time, 9)) for c in pl.pareto] == front
+    assert pl.stats["estimates"] < len(brute)  # the pruning did prune
+
+
+def test_uneven_pipeline_split_is_an_option():
+    spec = ModelSpec.preset("llama-2-7b")  # 32 layers
+    cluster = Cluster("a100-80gb", 4, 3)   # 12 GPUs: p = 3 cannot split 32 layers evenly
+    even = plan(spec, cluster, 24, 4096, pp=3)
+    assert not even.candidates and "must divide layers=32" in even.rejected["t=1, p=3"]
+    uneven = plan(spec, cluster, 24, 4096, pp=3, uneven_pp=True)
+    assert uneven.best.layers_per_stage == (11, 11, 10)
+    _check_rules(spec, cluster, uneven, 24, 4096)
+
+
+def test_restrictions_are_obeyed():
+    spec, cluster = ModelSpec.preset("llama-2-13b"), Cluster("a100-80gb", 8, 2)
+    pl = plan(spec, cluster, 64, 4096, top=50, tp=(2, 4), zero=1, recompute="full",
+              micro_batch=(1, 2), vpp=1, sp=False)
+    assert pl.candidates
+    for c in pl.candidates:
+        assert c.parallel.tp in (2, 4) and c.parallel.zero == 1 and not c.parallel.sp
+        assert c.setup.recompute == "full" and c.setup.micro_batch in (1, 2)
+        assert c.parallel.vpp == 1
+
+
+# ---------------------------------------------------------------------------- the cost model
+def test_compute_time_is_eq3_over_the_busy_rate():
+    spec = gpt("gpt-1.3b", heads=16, hidden=2048, layers=24)
+    cluster = Cluster("a100-80gb", 8, 1)
+    G, s, mfu = 64, 2048, 0.5
+    par = ParallelConfig(dp=4, tp=2, zero=1, sp=True)
+    st = TrainingSetup(seq_len=s, micro_batch=2, num_microbatches=8, recompute="full")
+    c = evaluate(spec, cluster, par, st, mfu=mfu)
+    h, L, V = 2048, 24, 51200
+    eq3 = 96 * G * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
+    busy = 312e12 * mfu  # A100 dense BF16 peak (datasheet) times the assumed busy fraction
+    assert c.time.compute + c.time.recompute == pytest.approx(eq3 / 8 / busy, rel=1e-12)
+    assert c.hardware_flops_per_gpu == pytest.approx(eq3 / 8 / c.step_time, rel=1e-12)
+    eq3_no_rc = 72 * G * s * L * h * h * (1 + s / (6 * h) + V / (12 * L * h))
+    assert c.model_flops_per_gpu == pytest.approx(eq3_no_rc / 8 / c.step_time, rel=1e-12)
+    assert c.tokens_per_s == pytest.approx(G * s / c.step_time)
+    assert c.mfu == pytest.approx(c.model_flops_per_gpu / 312e12)
+
+
+def test_exposed_dp_time_is_the_ring_time_without_overlap():
+    spec = ModelSpec.preset("gpt2-medium")
+    cluster = Cluster("h100-sxm", 8, 2)  # d = 16 spans two nodes: the InfiniBand link
+    d = 16
+    par = ParallelConfig(dp=d, zero=1)
+    st = TrainingSetup(seq_len=1024, micro_batch=4, num_microbatches=2)
+    c = evaluate(spec, cluster, par, st, dp_overlap=0.0)
+    ib = hardware_preset("h100-sxm").inter_node
+    grads = 2 * spec.num_params()  # bf16 gradients = bf16 parameters, all on every GPU (t=p=1)
+    chunk = -(-grads // d)
+    one = (d - 1) * ib.latency + (d - 1) * chunk / ib.bandwidth  # ring reduce-scatter/all-gather
+    assert c.time.dp == pytest.approx(2 * one, rel=1e-12)
+    hidden = evaluate(spec, cluster, par, st)  # default: overlapped except the last bucket
+    assert 0 < hidden.time.dp < c.time.dp
+    assert hidden.step_time < c.step_time
+
+
+@pytest.mark.parametrize("schedule,p,m,v", [("1f1b", 4, 8, 1), ("1f1b", 8, 4, 1),
+                                             ("interleaved", 4, 8, 2)])
+def test_bubble_matches_the_pipeline_simulator(schedule, p, m, v):
+    # a tiny vocabulary makes the stages (almost) equal, as the simulator assumes
+    spec = gpt("even", heads=16, hidden=2048, layers=16, vocab=64)
+    cluster = Cluster("h100-sxm", 8, 1)
+    par = ParallelConfig(dp=8 // p, pp=p, vpp=v, zero=1)
+    st = TrainingSetup(seq_len=2048, micro_batch=1, num_microbatches=m, schedule=schedule,
+                       recompute="full")
+    c = evaluate(spec, cluster, par, st, pp_overlap=1.0, dp_overlap=1.0)
+    sim = simulate(schedule, p, m, v)
+    share = c.time.bubble / (c.step_time - c.time.dp)
+    assert share == pytest.approx(sim.bubble_fraction, rel=2e-3)
+
+
+def test_assumptions_move_the_time_the_right_way():
+    spec, cluster = ModelSpec.preset("llama-2-7b"), Cluster("h100-sxm", 8, 2)
+    par = ParallelConfig(dp=4, tp=4, sp=True, zero=1)
+    st = TrainingSetup(seq_len=4096, micro_batch=1, num_microbatches=8, recompute="selective")
+    base = evaluate(spec, cluster, par, st)
+    assert evaluate(spec, cluster, par, st, mfu=0.4).time.compute > base.time.compute
+    assert evaluate(spec, cluster, par, st, tp_overlap=0.5).time.tp == \
+        pytest.approx(base.time.tp / 2)
+    assert evaluate(spec, cluster, par, st, tp_overlap=1.0).time.tp == 0
+
+
+# ---------------------------------------------------------------------------- Narayanan Table 1
+# Narayanan et al. 2021, Table 1 (weak scaling, A100-80GB, V = 51,200, s = 2048): parameters
+# (billion), heads, h, L, t, p, GPUs, batch, achieved teraFLOP/s per GPU (their eq. (3) FLOPs,
+# recomputation counted). Those runs used Megatron-LM of 2021: no sequence parallelism, no
+# distributed optimizer, full recomputation; the restricted search below offers exactly that.
+TABLE1 = [
+    (39.1, 64, 8192, 48, 8, 2, 512, 1536, 138),
+    (76.1, 80, 10240, 60, 8, 4, 1024, 1792, 140),
+    (145.6, 96, 12288, 80, 8, 8, 1536, 2304, 148),
+    (310.1, 128, 16384, 96, 8, 16, 1920, 2160, 155),
+    (529.6, 128, 20480, 105, 8, 35, 2520, 2520, 163),
+    (1008.0, 160, 25600, 128, 8, 64, 3072, 3072, 163),
+]
+#: modelled TFLOP/s must be within this fraction of the row's reported value (rows up to 310B),
+#: and within this fraction of the table's 137–163 TFLOP/s range (every row)
+TFLOPS_TOL = 0.10
+
+
+@pytest.mark.parametrize("row", TABLE1, ids=[f"{r[0]}B" for r in TABLE1])
+def test_narayanan_table1_layouts_are_feasible_and_near_the_top(row):
+    billions, a, h, L, t, p, gpus, batch, reported = row
+    spec = gpt(f"gpt-{billions}b", heads=a, hidden=h, layers=L)
+    assert round(spec.num_params() / 1e9, 1) == pytest.approx(billions, abs=0.1)
+    cluster = Cluster("a100-80gb", 8, gpus // 8)
+    d = gpus // (t * p)
+    # the published layout fits (ZeRO-0, full recompute, micro-batch 1, no interleaving)
+    c = evaluate(spec, cluster, ParallelConfig(dp=d, tp=t, pp=p),
+                 TrainingSetup(seq_len=2048, micro_batch=1, num_microbatches=batch // d,
+                               recompute="full"))
+    assert c.peak_bytes <= usable(cluster)
+    # ... and the planner, offered 2021's Megatron-LM features, ranks it near the top
+    pl = plan(spec, cluster, batch, 2048, top=10**6, zero=0, sp=False, recompute="full")
+    ranks = [i for i, x in enumerate(pl.candidates) if (x.parallel.tp, x.parallel.pp) == (t, p)]
+    assert ranks, pl.rejected
+    pub = pl.candidates[ranks[0]]
+    assert ranks[0] < 10 or pub.step_time <= 1.10 * pl.best.step_time
+    assert pub.step_time <= 1.10 * pl.best.step_time
+    tflops = pub.hardware_flops_per_gpu / 1e12
+    assert 137 * (1 - TFLOPS_TOL) <= tflops <= 163 * (1 + TFLOPS_TOL)
+    if billions < 500:
+        assert tflops == pytest.approx(reported, rel=TFLOPS_TOL)
+    # The 530B and 1T rows come out ~15% below their reported 163: the model's busy fraction
+    # (mfu) is one constant, while the real GEMMs of h = 20480 and 25600 run closer to peak.
+    # in the full search (ZeRO-3, SP, selective recompute available) the family still fits
+    full = plan(spec, cluster, batch, 2048, tp=t, pp=p, top=1)
+    assert full.best is not None and full.best.parallel.dp == d
+
+
+# ---------------------------------------------------------------------------- bad input
+def test_no_layout_fits_is_an_answer_with_the_closest_layout():
+    spec, cluster = ModelSpec.preset("llama-3-70b"), Cluster("a100-40gb", 8, 1)
+    pl = plan(spec, cluster, 64, 4096)
+    assert pl.candidates == [] and pl.best is None
+    m = re.match(r"no layout fits: smallest peak is ([\d.]+) GiB with t=(\d+), p=(\d+), "
+                 r"ZeRO-(\d), (SP, )?full recompute, micro-batch 1; needs GPUs of ≥ ([\d.]+) GiB",
+                 pl.message)
+    assert m, pl.message
+    # the smallest peak, found here by trying every (t, p) at its most frugal setting
+    smallest = min(
+        estimate(spec, ParallelConfig(dp=8 // (t * p), tp=t, pp=p, sp=t > 1,
+                                      zero=(3 if p == 1 else 1) if t * p < 8 else 0),
+                 TrainingSetup(seq_len=4096, num_microbatches=64 // (8 // (t * p)),
+                               recompute="full")).peak_bytes
+        for t in (1, 2, 4, 8) for p in divisors(8 // t) if 80 % p == 0)
+    assert float(m.group(1)) == round(smallest / GIB, 1)
+    assert float(m.group(6)) == pytest.approx(smallest / GIB / 0.9, abs=0.06)
+    assert pl.message in str(pl) and pl.message in pl._repr_html_()
+    assert len(pl.rejected) == 10
+    for reason in pl.rejected.values():
+        assert re.match(r"does not fit: [\d.]+ GiB > 36\.0 GiB usable on stage \d+", reason)
+    with pytest.raises(ValueError, match="nothing to emit"):
+        pl.emit("megatron")
+
+
+def test_rejected_families_say_why():
+    spec, cluster = ModelSpec.preset("llama-2-7b"), Cluster("a100-80gb", 4, 4)
+    pl = plan(spec, cluster, 64, 4096)
+    assert pl.rejected["t=8"] == "tp=8 crosses nodes (4 GPUs per node)"
+    assert pl.rejected["t=16"] == "tp=16 crosses nodes (4 GPUs per node)"
+    gpt2 = plan(ModelSpec.preset("gpt2"), cluster, 64, 1024)  # 12 layers, 12 heads
+    assert gpt2.rejected["t=1, p=8"] == "pp=8 must divide layers=12 (or pass uneven_pp=True)"
+    assert gpt2.rejected["t=1, p>12"] == "pp=16 > layers=12: every stage needs a layer"
+    assert gpt2.rejected["t=8"] == "tp=8 crosses nodes (4 GPUs per node)"
+
+
+@pytest.mark.parametrize("kwargs,field", [
+    ({"global_batch": 0}, "global_batch"),
+    ({"seq_len": 4096}, "seq_len"),  # gpt2: learned positions up to 1024
+    ({"mfu": 0.0}, "mfu"),
+    ({"headroom": 1.0}, "headroom"),
+    ({"bogus": 1}, "bogus"),
+    ({"zero": (4,)}, "zero"),
+    ({"recompute": ("some",)}, "recompute"),
+    ({"top": 0}, "top"),
+    ({"ep": (2,)}, "ep"),
+])
+def test_invalid_arguments_name_the_field(kwargs, field):
+    args = dict(global_batch=32, seq_len=1024)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=field):
+        plan(ModelSpec.preset("gpt2"), Cluster("a100-40gb", 8, 1), **args)
+
+
+def test_global_batch_no_data_parallel_size_divides():
+    # gpt2 has 12 heads (t <= 4) and 12 layers: on 128 GPUs every layout has d >= 8
+    with pytest.raises(ValueError, match="global_batch=12 is not divisible"):
+        plan(ModelSpec.preset("gpt2"), Cluster("a100-40gb", 8, 16), 12, 1024)
+
+
+@pytest.mark.parametrize("kwargs,field", [({"gpu": "b200"}, "gpu"), ({"nodes": 0}, "nodes"),
+                                          ({"gpus_per_node": -1}, "gpus_per_node")])
+def test_cluster_validation(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        Cluster(**kwargs)
+
+
+def test_cluster_takes_a_hardware_object():
+    hw = hardware_preset("h200")
+    cluster = Cluster(hw, 8, 2)
+    assert cluster.world_size == 16 and cluster.hardware is hw
+
+
+# ---------------------------------------------------------------------------- outputs
+@pytest.fixture(scope="module")
+def small_plan():
+    return plan(ModelSpec.preset("llama-2-13b"), Cluster("h100-sxm", 8, 4), 128, 4096, top=5)
+
+
+def test_table_str_html_dict(small_plan):
+    pl = small_plan
+    assert len(pl.candidates) == 5 and pl.best is pl.candidates[0]
+    lines = pl.table().splitlines()
+    assert len(lines) == 6 and lines[0].split()[:4] == ["#", "t", "p", "d"]
+    text = str(pl)
+    assert pl.best.label() in text and "peak: stage" in text
+    assert "<table>" in pl._repr_html_()
+    d = json.loads(json.dumps(pl.to_dict()))
+    assert d["candidates"][0]["label"] == pl.best.label()
+    assert d["candidates"][0]["peak_bytes"] == pl.best.peak_bytes
+    assert d["assumptions"]["mfu"] == Assumptions().mfu
+    assert set(d["candidates"][0]["time_s"]) >= {"compute", "tp", "dp", "pp", "ep", "cp",
+                                                 "bubble", "recompute", "total"}
+
+
+def _megatron_args(text: str) -> dict[str, str | bool]:
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("#"):
+            continue
+        parts = line.rstrip(" \\").split()
+        out[parts[0]] = parts[1] if len(parts) > 1 else True
+    return out
+
+
+def test_emit_megatron_deepspeed_torchtitan(small_plan):
+    pl = small_plan
+    for rank, c in enumerate(pl.candidates):
+        par, st = c.parallel, c.setup
+        args = _megatron_args(pl.emit("megatron", rank))
+        assert args["--tensor-model-parallel-size"] == str(par.tp)
+        assert args["--pipeline-model-parallel-size"] == str(par.pp)
+        assert args["--micro-batch-size"] == str(st.micro_batch)
+        assert args["--global-batch-size"] == "128"
+        assert ("--sequence-parallel" in args) == par.sp
+        assert ("--use-distributed-optimizer" in args) == (par.zero >= 1)
+        if st.recompute != "none":
+            assert args["--recompute-granularity"] == st.recompute
+        if par.vpp > 1:
+            assert int(args["--num-layers-per-virtual-pipeline-stage"]) * par.vpp * par.pp == 40
+        ds = json.loads(pl.emit("deepspeed", c))
+        assert ds["train_batch_size"] == ds["train_micro_batch_size_per_gpu"] * \
+            ds["gradient_accumulation_steps"] * par.dp == 128
+        assert ds["zero_optimization"]["stage"] == par.zero
+        tt = tomllib.loads(pl.emit("torchtitan", rank))["parallelism"]
+        degrees = (tt["data_parallel_replicate_degree"] * tt["data_parallel_shard_degree"]
+                   * tt["tensor_parallel_degree"] * tt["pipeline_parallel_degree"]
+                   * tt["context_parallel_degree"])
+        assert degrees == 32
+    with pytest.raises(ValueError, match="engine"):
+        pl.emit("jax")
+
+
+def test_plot_pareto(small_plan):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from parmem.plots import plot_pareto
+
+    fig = plot_pareto(small_plan)
+    ax = fig.axes[0]
+    assert ax.get_xlabel() == "modelled step time (s)"
+    assert len(ax.collections) >= 2  # the cloud, the front, the leaders
+    plt.close(fig)
+
+
+def test_explore_plan_builds_a_widget():
+    pytest.importorskip("ipywidgets")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from parmem.widgets import explore_plan
+
+    box = explore_plan(model="llama-2-7b", nodes=2, global_batch=64, static=False)
+    assert box.children
+
+
+# ---------------------------------------------------------------------------- CLI
+def test_cli_plan(capsys):
+    args = ["plan", "--model", "llama-2-7b", "--gpu", "a100-80gb", "--nodes", "2",
+            "--global-batch", "64", "--seq", "4096", "--top", "3"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "best: " in out and out.count("\n") > 5
+    assert main([*args, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert len(data["candidates"]) == 3
+    assert main([*args, "--emit", "deepspeed"]) == 0
+    assert json.loads(capsys.readouterr().out)["train_batch_size"] == 64
+    assert main([*args, "--emit", "megatron", "--zero", "1", "--recompute", "full"]) == 0
+    out = capsys.readouterr().out
+    assert "--use-distributed-optimizer" in out and "--recompute-granularity full" in out
+
+
+def test_cli_plan_no_fit_exits_1(capsys):
+    assert main(["plan", "--model", "llama-3-70b", "--gpu", "a100-40gb", "--nodes", "1",
+                 "--global-batch", "64", "--seq", "4096"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("parmem: no layout fits: smallest peak is") and err.count("\n") == 1
+
+
+def test_cli_plan_errors_are_one_line_exit_2():
+    r = subprocess.run([sys.executable, "-m", "parmem.cli", "plan", "--model", "llama-2-7b",
+                        "--gpu", "b200", "--nodes", "1", "--global-batch", "8", "--seq", "4096"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert r.stderr.count("\n") == 1 and "gpu='b200'" in r.stderr
+
+
+def test_import_parmem_stays_light():
+    code = ("import sys, parmem; parmem.plan; "
+            "print([m for m in ('numpy', 'torch', 'matplotlib') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert out.stdout.strip() == "[]", out.stderr
+
+
+def test_assumptions_are_documented():
+    import dataclasses
+
+    import parmem.planner as planner
+
+    src = open(planner.__file__).read()
+    for f in dataclasses.fields(Assumptions):
+        # every assumption has a docstring right under its field
+        assert re.search(rf"\n    {f.name}: [^\n]+\n    \"\"\"", src), f.name
+    assert math.isclose(Assumptions().headroom, 0.10)
