@@ -254,7 +254,14 @@ def plot_zero3_vs_tp(spec, seq_len: int, tp: int = 8, dps=(1, 2, 4, 8, 16, 32, 6
     fig = plot_lines(list(dps), series, ax=ax, xlabel="data-parallel size d (ZeRO-3)",
                      title=title or f"{spec.name}, s={seq_len}, b=1", logx=True,
                      capacity=capacity)
-    (ax or fig.axes[0]).set_yscale("log")
+    ax = ax or fig.axes[0]
+    for line in ax.get_lines():  # colour by term, dashes for the TP curves
+        label = line.get_label()
+        if label.startswith("model states") or label.startswith("activations"):
+            line.set_color(COLORS["optimizer" if label.startswith("model") else "activations"])
+            line.set_linestyle("-" if "t=1" in label else "--")
+    ax.legend(fontsize=8, frameon=False)
+    ax.set_yscale("log")
     return fig
 
 
@@ -514,7 +521,8 @@ def plot_terms_compare(named, ax=None, title: str | None = None, unit: str = "Mi
                 label=f"{label} (total {total:,.1f} {unit})")
     ax.set_yticks(y, names, fontsize=8)
     ax.set_xlabel(f"{unit} per layer per micro-batch")
-    ax.legend(fontsize=8, frameon=False, loc="lower right")
+    ax.legend(fontsize=8, frameon=False, loc="upper center", bbox_to_anchor=(0.4, -0.12),
+              ncol=1)
     if title:
         ax.set_title(title, fontsize=10)
     return fig
@@ -694,3 +702,84 @@ def plot_axis_steps(estimates: Mapping[str, Estimate], ax=None, capacity: int | 
 
 
 __all__ += ["plot_axis_steps"]
+
+
+# ---------------------------------------------------------------------------- part VI
+def plot_replay(results, ax=None, title: str | None = None, unit: str = "GiB"):
+    """Reserved memory against event index for :func:`parmem.allocator.replay` results of the
+    same events (one line each, e.g. ``{"default": r1, "expandable segments": r2}``), with the
+    bytes the tensors asked for (``requested``) dashed in black: the gap is the allocator's."""
+    scale = {"MiB": 2**20, "GiB": GIB}[unit]
+    fig, ax = _axes(ax, figsize=(7.5, 3.4))
+    first = next(iter(results.values()))
+    ax.plot([v / scale for v in first.requested], color="k", ls="--", lw=1,
+            label=f"requested (peak {first.peak_requested / scale:,.2f})")
+    for (name, r), color in zip(results.items(), ("#C44E52", "#4C72B0", "#55A868", "#8172B2"),
+                                strict=False):
+        ax.plot([v / scale for v in r.reserved], color=color, lw=1.5,
+                label=f"reserved, {name} (peak {r.peak_reserved / scale:,.2f})")
+    ax.set_xlabel("allocation event")
+    ax.set_ylabel(f"{unit} on the GPU")
+    ax.grid(alpha=0.3)
+    if title:
+        ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=7, frameon=False, loc="upper left")
+    return fig
+
+
+def plot_kv_cache_sim(sims, ax=None, title: str | None = None):
+    """KV-cache slots set aside (solid) and tokens actually stored (dashed) per decoding step for
+    :func:`parmem.inference.simulate_kv_cache` results, with the capacity dashed in grey."""
+    fig, ax = _axes(ax, figsize=(7.5, 3.4))
+    cap = 0
+    for (name, s), color in zip(sims.items(), ("#C44E52", "#4C72B0", "#55A868"), strict=False):
+        ax.plot([a / 1e3 for a in s.allocated], color=color, lw=1.2,
+                label=f"{name}: set aside ({s.utilization:.0%} used, {s.steps:,} steps)")
+        ax.plot([x / 1e3 for x in s.stored], color=color, lw=1, ls="--",
+                label=f"{name}: tokens stored")
+        cap = max(cap, s.capacity)
+    ax.axhline(cap / 1e3, color="0.5", ls=":", lw=1)
+    ax.set_xlabel("decoding step")
+    ax.set_ylabel("thousand tokens of KV cache")
+    ax.grid(alpha=0.3)
+    if title:
+        ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=7, frameon=False, loc="upper right")
+    return fig
+
+
+def plot_stacked(rows, ax=None, capacity: int | None = None, title: str | None = None,
+                 colors=None):
+    """Stacked bars of named byte components: ``rows`` maps a bar label to ``{component: bytes}``
+    (components in the order of the first row); GiB on the y axis; an optional capacity line."""
+    import numpy as np
+
+    fig, ax = _axes(ax, figsize=(max(5.0, 1.2 * len(rows) + 2.5), 3.6))
+    labels = list(rows)
+    comps = list(dict.fromkeys(c for r in rows.values() for c in r))
+    palette = colors or {}
+    default = ("#4C72B0", "#C44E52", "#55A868", "#8172B2", "#CCB974", "#64B5CD", "#8C8C8C")
+    x = np.arange(len(labels))
+    bottom = np.zeros(len(labels))
+    for i, c in enumerate(comps):
+        vals = np.array([rows[k].get(c, 0) / GIB for k in labels])
+        ax.bar(x, vals, bottom=bottom, width=0.65, label=c,
+               color=palette.get(c, default[i % len(default)]))
+        bottom += vals
+    for xi, total in zip(x, bottom, strict=True):
+        ax.annotate(f"{total:,.1f}", (xi, total), ha="center", va="bottom", fontsize=8,
+                    xytext=(0, 2), textcoords="offset points")
+    if capacity:
+        ax.axhline(capacity / GIB, color="k", ls="--", lw=1)
+        ax.annotate(f"{capacity / GIB:.0f} GiB GPU", (x[-1] + 0.4, capacity / GIB), ha="right",
+                    va="bottom", fontsize=8)
+    ax.set_xticks(x, labels, fontsize=8)
+    ax.set_ylabel("GiB per GPU")
+    ax.margins(y=0.12)
+    if title:
+        ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+    return fig
+
+
+__all__ += ["plot_replay", "plot_kv_cache_sim", "plot_stacked"]

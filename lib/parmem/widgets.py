@@ -850,3 +850,166 @@ def explore_microbatch(model: str = "llama-2-7b", pp: int = 4, global_batch: int
 
 __all__ += ["explore_pp_memory", "explore_schedules", "explore_bubble", "explore_stage_balance",
             "explore_microbatch"]
+
+
+# ---------------------------------------------------------------------------- part VI explorers
+def explore_allocator(model: str = "llama-2-7b", tp: int = 2, pp: int = 2, seq_len: int = 4096,
+                      jitter: float = 0.25, steps: int = 3, flash: bool = True,
+                      static: bool = True):
+    """Model, layout and sequence-length variation bound to the caching-allocator simulator:
+    :func:`parmem.allocator.training_step_events` for ``steps`` training steps of lengths
+    s·(1 + ``jitter``·u) with u = 0, −1, +1, −½, +½, −¾, +¾, +¼ in turn (rounded to multiples of
+    128), replayed with and without expandable segments (:func:`parmem.plots.plot_replay`)."""
+    import ipywidgets as w
+
+    from .allocator import replay, training_step_events
+    from .plots import plot_replay
+
+    style = {"description_width": "initial"}
+    controls = {
+        "model": w.Dropdown(options=presets(), value=model, description="model", style=style),
+        "tp": w.SelectionSlider(options=[1, 2, 4, 8], value=tp, description="t", style=style),
+        "pp": w.SelectionSlider(options=[1, 2, 4, 8], value=pp, description="p", style=style),
+        "seq_len": w.SelectionSlider(options=[512, 1024, 2048, 4096, 8192, 16384],
+                                     value=seq_len, description="s", style=style),
+        "jitter": w.FloatSlider(value=jitter, min=0.0, max=0.5, step=0.05,
+                                description="length spread", style=style),
+        "steps": w.IntSlider(value=steps, min=1, max=8, description="steps", style=style),
+        # (lengths follow a fixed pattern so that a figure is reproducible)
+        "flash": w.Checkbox(value=flash, description="FlashAttention", style=style),
+    }
+
+    def render(model, tp, pp, seq_len, jitter, steps, flash):
+        spec = ModelSpec.preset(model)
+        top = spec.max_positions if spec.position == "learned" else 1 << 30
+        pattern = (0, -1, 1, -0.5, 0.5, -0.75, 0.75, 0.25)
+        lens = [max(128, min(top, round(seq_len * (1 + jitter * u) / 128) * 128))
+                for u in pattern[:steps]]
+        try:
+            par = ParallelConfig(tp=tp, pp=pp, sp=tp > 1)
+            ev = training_step_events(spec, par, TrainingSetup(
+                seq_len=lens[0], num_microbatches=max(pp, 1), flash_attention=flash,
+                dropout=False), seq_lens=lens)
+        except ValueError as e:
+            from IPython.display import HTML
+
+            return HTML(f"<p><b>Not a valid layout:</b> {e}</p>")
+        runs = {"default": replay(ev), "expandable segments": replay(ev, expandable_segments=True)}
+        return plot_replay(runs, title=f"{model}, t={tp}, p={pp}, stage 0, s = {lens}")
+
+    return explorer(controls, render, static=static, columns=4)
+
+
+def explore_serving(model: str = "llama-3-70b", weight_dtype: str = "fp16",
+                    kv_dtype: str = "fp16", seq_len: int = 8192, batch: int = 32,
+                    gpu: str = "h100-sxm", utilization: float = 0.9, static: bool = True):
+    """Serving memory per GPU for every tensor-parallel size t in 1, 2, 4, 8: weights
+    (:func:`parmem.inference.serving_weight_bytes`) and the KV cache of ``batch`` sequences of
+    ``seq_len`` tokens, against the usable memory; each bar's label says how many such sequences
+    fit (:func:`parmem.inference.max_concurrency`)."""
+    import ipywidgets as w
+
+    from .hardware import hardware_preset, hardware_presets
+    from .inference import (
+        KV_DTYPES,
+        WEIGHT_DTYPES,
+        kv_cache_bytes,
+        max_concurrency,
+        serving_weight_bytes,
+    )
+    from .plots import plot_stacked
+
+    style = {"description_width": "initial"}
+    controls = {
+        "model": w.Dropdown(options=presets(), value=model, description="model", style=style),
+        "gpu": w.Dropdown(options=hardware_presets(), value=gpu, description="GPU", style=style),
+        "weight_dtype": w.Dropdown(options=[k for k in WEIGHT_DTYPES if k != "fp32"],
+                                   value=weight_dtype, description="weights", style=style),
+        "kv_dtype": w.Dropdown(options=list(KV_DTYPES), value=kv_dtype,
+                               description="KV cache", style=style),
+        "seq_len": w.SelectionSlider(options=[1024, 2048, 4096, 8192, 16384, 32768, 131072],
+                                     value=seq_len, description="context", style=style),
+        "batch": w.SelectionSlider(options=[1, 4, 8, 16, 32, 64, 128, 256], value=batch,
+                                   description="sequences", style=style),
+    }
+
+    def render(model, gpu, weight_dtype, kv_dtype, seq_len, batch):
+        spec = ModelSpec.preset(model)
+        rows = {}
+        for t in (1, 2, 4, 8):
+            try:
+                wb = serving_weight_bytes(spec, weight_dtype, t)
+                kv = kv_cache_bytes(spec, seq_len, batch, kv_dtype, t)
+                n = max_concurrency(spec, seq_len, gpu, t, weight_dtype, kv_dtype, utilization)
+            except ValueError:
+                continue
+            rows[f"t={t}\n{n:,} fit"] = {"weights": wb, f"KV cache ({batch} seqs)": kv}
+        cap = int(hardware_preset(gpu).memory_bytes * utilization)
+        return plot_stacked(rows, capacity=cap,
+                            title=f"{model} serving on {gpu}: {weight_dtype} weights, "
+                                  f"{kv_dtype} KV, {seq_len:,} tokens per sequence")
+
+    return explorer(controls, render, static=static, columns=3)
+
+
+__all__ += ["explore_allocator", "explore_serving"]
+
+
+def explore_remedies(model: str = "llama-3-70b", seq_len: int = 32768, tp: int = 8, pp: int = 4,
+                     dp: int = 8, micro_batch: int = 2, tokens_per_step: int = 16,
+                     zero: int = 0, sp: bool = False, cp: int = 1, recompute: str = "none",
+                     gpu: str = "h100-sxm", static: bool = True):
+    """A long-sequence layout and the remedies of chapter 20 as controls: ZeRO stage
+    (distributed optimizer), sequence parallelism, context parallelism, recomputation and the
+    micro-batch size b (with m = ``tokens_per_step``/b micro-batches, so the batch per step is
+    fixed); FlashAttention on, no dropout. Draws every stage against the GPU's memory."""
+    import ipywidgets as w
+
+    from .hardware import hardware_preset, hardware_presets
+    from .plots import plot_breakdown
+
+    style = {"description_width": "initial"}
+    controls = {
+        "model": w.Dropdown(options=presets(), value=model, description="model", style=style),
+        "gpu": w.Dropdown(options=hardware_presets(), value=gpu, description="GPU", style=style),
+        "seq_len": w.SelectionSlider(options=[4096, 8192, 16384, 32768, 65536, 131072],
+                                     value=seq_len, description="s", style=style),
+        "tp": w.SelectionSlider(options=[1, 2, 4, 8], value=tp, description="t", style=style),
+        "pp": w.SelectionSlider(options=[1, 2, 4, 8, 16], value=pp, description="p",
+                                style=style),
+        "dp": w.SelectionSlider(options=[1, 2, 4, 8, 16, 32], value=dp, description="d",
+                                style=style),
+        "micro_batch": w.SelectionSlider(options=[1, 2, 4, 8], value=micro_batch,
+                                         description="b", style=style),
+        "zero": w.IntSlider(value=zero, min=0, max=3, description="ZeRO", style=style),
+        "cp": w.SelectionSlider(options=[1, 2, 4, 8], value=cp, description="cp", style=style),
+        "sp": w.Checkbox(value=sp, description="sequence parallel", style=style),
+        "recompute": w.Dropdown(options=["none", "selective", "full"], value=recompute,
+                                description="recompute", style=style),
+    }
+
+    def render(model, gpu, seq_len, tp, pp, dp, micro_batch, zero, cp, sp, recompute):
+        spec = ModelSpec.preset(model)
+        try:
+            if spec.position == "learned" and seq_len > spec.max_positions:
+                raise ValueError(f"seq_len={seq_len} > {model}'s {spec.max_positions} positions")
+            m = max(tokens_per_step // micro_batch, pp)
+            est = estimate(spec, ParallelConfig(dp=dp, tp=tp, pp=pp, cp=cp, zero=zero,
+                                                sp=sp and tp > 1),
+                           TrainingSetup(seq_len=seq_len, micro_batch=micro_batch,
+                                         num_microbatches=m, recompute=recompute,
+                                         flash_attention=True, dropout=False))
+        except ValueError as e:
+            from IPython.display import HTML
+
+            return HTML(f"<p><b>Not a valid layout:</b> {e}</p>")
+        cap = hardware_preset(gpu).memory_bytes
+        verdict = "fits" if est.peak_bytes <= cap else "does not fit"
+        return plot_breakdown(est, capacity=cap,
+                              title=f"{model}, {est.parallel}, s={seq_len}, b={micro_batch}, "
+                                    f"m={m}: peak {est.peak_bytes / GIB:.0f} GiB, {verdict}")
+
+    return explorer(controls, render, static=static, columns=4)
+
+
+__all__ += ["explore_remedies"]

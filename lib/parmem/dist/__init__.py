@@ -2,8 +2,8 @@
 
 One module per parallel axis (picotron style): :mod:`~parmem.dist.tp`, :mod:`~parmem.dist.sp`,
 :mod:`~parmem.dist.pp`, :mod:`~parmem.dist.zero`, :mod:`~parmem.dist.ep`,
-:mod:`~parmem.dist.collectives`; :mod:`~parmem.dist.launcher` holds the :class:`Pool` that starts
-ranks once per notebook::
+:mod:`~parmem.dist.collectives`, :mod:`~parmem.dist.dp`; :mod:`~parmem.dist.launcher` holds the
+:class:`Pool` that starts ranks once per notebook::
 
     from parmem.dist import Pool, format_results
     with Pool(world_size=2) as pool:          # gloo ranks on this machine's CPUs
@@ -32,10 +32,18 @@ DEMOS: dict[str, str] = {
     "tp": "parmem.dist.tp:demo",
     "tp-dtensor": "parmem.dist.tp:demo_dtensor",
     "sp": "parmem.dist.sp:demo",
+    "tp-states": "parmem.dist.tp:demo_states",
+    "tp-comm": "parmem.dist.tp:demo_comm",
+    "sp-recompute": "parmem.dist.sp:demo_recompute",
     "pp": "parmem.dist.pp:demo",
     "zero": "parmem.dist.zero:demo",
     "ddp-buckets": "parmem.dist.zero:demo_ddp_buckets",
     "ep": "parmem.dist.ep:demo",
+    "hybrid": "parmem.dist.hybrid:demo",
+    "send-recv": "parmem.dist.collectives:demo_send_recv",
+    "zero-losses": "parmem.dist.zero:demo_losses",
+    "dp": "parmem.dist.dp:demo",
+    "dp-activation-sharding": "parmem.dist.dp:demo_activation_sharding",
 }
 
 __all__ = ["Pool", "RankError", "WorkerDied", "RunTimeout", "default_world_size",

@@ -28,7 +28,7 @@ from __future__ import annotations
 from parmem.dist.launcher import device, rank, world_size
 
 __all__ = ["all_gather_tensor", "reduce_scatter_tensor", "ring_all_reduce", "ring_reduce_scatter", "ring_all_gather", "pairwise_all_to_all",
-           "chain_broadcast", "demo", "expected_bytes"]
+           "chain_broadcast", "demo", "expected_bytes", "demo_send_recv"]
 
 
 def all_gather_tensor(out, x, group=None):
@@ -199,3 +199,40 @@ def demo(numel: int = 3840, dtype: str = "float32") -> dict:
     dist.broadcast(ref, 0)
     record("broadcast", c, chain_broadcast(x, 0, c), ref, numel * esz)
     return out
+
+
+def demo_send_recv(numel: int = 3840, dtype: str = "float32") -> dict:
+    """Point-to-point, as between pipeline stages: rank i sends a tensor of ``numel`` values to
+    rank i + 1 (the last rank sends nothing) with ``dist.send``/``dist.recv``.
+
+    Every rank can rebuild the tensor its predecessor sent (it is drawn from that rank's seed), so
+    ``received_ok`` checks the transfer exactly. Returns ``bytes_sent`` (S on every rank but the
+    last, 0 there: :func:`parmem.comm.send_recv_bytes`), ``bytes_received`` and ``size_bytes``.
+    """
+    import torch
+    import torch.distributed as dist
+
+    n, r, dev = world_size(), rank(), device()
+    if numel < 1:
+        raise ValueError(f"numel={numel} must be >= 1")
+    dt = getattr(torch, dtype, None)
+    if not isinstance(dt, torch.dtype):
+        raise ValueError(f"dtype={dtype!r} is not a torch dtype name")
+
+    def payload(of_rank: int):
+        g = torch.Generator().manual_seed(4321 + of_rank)
+        return torch.randint(-8, 8, (numel,), generator=g).to(dev, dt)
+
+    sent = received = 0
+    ok = True
+    if r > 0:
+        buf = torch.empty(numel, dtype=dt, device=dev)
+        dist.recv(buf, r - 1)
+        received = buf.numel() * buf.element_size()
+        ok = bool(torch.equal(buf, payload(r - 1)))
+    if r < n - 1:
+        x = payload(r)
+        dist.send(x, r + 1)
+        sent = x.numel() * x.element_size()
+    size = numel * torch.empty((), dtype=dt).element_size()
+    return {"bytes_sent": sent, "bytes_received": received, "size_bytes": size, "received_ok": ok}

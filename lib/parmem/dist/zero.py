@@ -29,7 +29,7 @@ from torch import nn
 
 from parmem.dist.launcher import device, rank, world_size
 
-__all__ = ["make_model", "demo", "demo_ddp_buckets"]
+__all__ = ["make_model", "demo", "demo_ddp_buckets", "demo_losses"]
 
 
 def make_model(layers: int = 4, hidden: int = 64) -> nn.Sequential:
@@ -181,3 +181,65 @@ def demo_ddp_buckets(layers: int = 4, hidden: int = 64) -> dict:
         del ddp
     dist.barrier()
     return out
+
+
+def demo_losses(layers: int = 4, hidden: int = 64, steps: int = 5, batch: int = 16,
+                lr: float = 1e-2) -> dict:
+    """The loss curve of single-process Adam beside DDP, ZeRO-1 and FSDP2 on the same batches.
+
+    Every variant starts from the same weights and sees the same ``steps`` global batches of
+    ``batch`` samples; the distributed ones split each batch evenly over the ranks. A step's loss
+    is taken before the update; for the distributed runs it is the mean over ranks of the shard
+    losses, which is the full-batch mean-squared error because the shards are equal. Returns
+    ``{"reference" | "ddp" | "zero1" | "fsdp2": [loss per step]}``, the same list on every rank,
+    and ``max_diff``: the largest difference of a distributed curve from the reference (float
+    rounding: the ranks sum the same numbers in another order).
+    """
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    d, r, dev = world_size(), rank(), device()
+    if batch % d:
+        raise ValueError(f"batch={batch} must be divisible by world size={d}")
+    torch.manual_seed(0)
+    ref = make_model(layers, hidden).to(dev)
+    init = {k: v.clone() for k, v in ref.state_dict().items()}
+    data = _batches(steps, batch, hidden, dev)
+
+    def curve(model, opt, distributed: bool) -> list[float]:
+        out = []
+        for x, y in data:
+            if distributed:
+                x, y = x.chunk(d)[r], y.chunk(d)[r]
+            opt.zero_grad()
+            loss = nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+            value = loss.detach().clone()
+            if distributed:
+                dist.all_reduce(value)
+                value /= d
+            out.append(float(value))
+        return out
+
+    def fresh():
+        m = make_model(layers, hidden).to(dev)
+        m.load_state_dict(init)
+        return m
+
+    curves = {"reference": curve(ref, torch.optim.Adam(ref.parameters(), lr=lr), False)}
+    ddp = DDP(fresh())
+    curves["ddp"] = curve(ddp, torch.optim.Adam(ddp.parameters(), lr=lr), True)
+    ddp = DDP(fresh())
+    curves["zero1"] = curve(ddp, ZeroRedundancyOptimizer(
+        ddp.parameters(), optimizer_class=torch.optim.Adam, lr=lr), True)
+    model = fresh()
+    for lin in model:
+        if isinstance(lin, nn.Linear):
+            fully_shard(lin)
+    fully_shard(model)
+    curves["fsdp2"] = curve(model, torch.optim.Adam(model.parameters(), lr=lr), True)
+    diff = max(abs(a - b) for k in ("ddp", "zero1", "fsdp2")
+               for a, b in zip(curves[k], curves["reference"], strict=True))
+    return {**curves, "max_diff": diff}
