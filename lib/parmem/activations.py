@@ -162,7 +162,8 @@ def layer_terms(spec, seq_len: int, micro_batch: int, tp: int = 1, sp: bool = Fa
         if spec.shared_experts:
             terms.append(Term("shared expert hidden",
                               mlp_inner(spec.expert_ffn_hidden, spec.shared_experts)))
-        terms.append(Term("router logits and probabilities", 8 * sb * spec.num_experts, "fp32"))
+        terms.append(Term("router logits and probabilities", 8 * sb * spec.num_experts // rep,
+                          "fp32; each rank routes its own s/t tokens under SP"))
     else:
         terms.append(Term("mlp hidden", mlp_inner(spec.ffn_hidden, 1.0),
                           "GeLU input/output" if spec.ffn_kind == "gelu" else
@@ -197,3 +198,30 @@ def in_flight_units(schedule: str, p: int, m: int, stage: int, v: int = 1) -> in
     if m == p:  # Megatron-LM runs every forward first when m == p (all_warmup_microbatches)
         return m * v
     return min(2 * (p - stage - 1) + (v - 1) * p + 1, m * v)
+
+
+def kept_terms(spec, seq_len: int, micro_batch: int, tp: int = 1, sp: bool = False,
+               recompute: str = "none", **kw) -> list[Term]:
+    """The :func:`layer_terms` one layer keeps for backward under activation recomputation.
+
+    ``"none"`` keeps every term; ``"selective"`` drops the attention core (the ``core`` terms:
+    the s×s softmax output and attention dropout, recomputed from Q, K and V in backward,
+    Korthikanti et al. 2022 §5); ``"full"`` keeps only the layer's 16-bit input, 2sbh bytes
+    (2sbh/t with sequence parallelism, Table 2), and recomputes the whole layer. Other keyword
+    arguments go to :func:`layer_terms`. For a GPT-shaped layer the sum equals
+    :func:`per_layer_bytes` in all six cases of Table 2 (tested).
+    """
+    if recompute not in RECOMPUTE:
+        raise ValueError(f"recompute={recompute!r} must be one of {RECOMPUTE}")
+    terms = layer_terms(spec, seq_len, micro_batch, tp=tp, sp=sp, **kw)
+    if recompute == "none":
+        return terms
+    if recompute == "selective":
+        return [x for x in terms if not x.core]
+    e = kw.get("act_bytes", 2)
+    s = seq_len // kw.get("cp", 1)
+    n = e * s * micro_batch * spec.hidden // (tp if sp else 1)
+    return [Term("layer input", n, "the only tensor kept; the layer runs again in backward")]
+
+
+__all__ += ["kept_terms"]

@@ -519,3 +519,260 @@ def gib(n: int) -> float:
 def fmt_gib(n: int, digits: int = 2) -> str:
     return f"{n / GIB:.{digits}f} GiB"
 
+
+
+# ---------------------------------------------------------------------------- TP sharding
+@dataclass(frozen=True)
+class ShardCount:
+    """One component of the model and how tensor parallelism splits it.
+
+    ``full`` parameters in the whole model, ``per_rank`` on one tensor-parallel rank, ``split``
+    says how (``"replicated"`` when every rank keeps all of it)."""
+
+    component: str
+    full: int
+    per_rank: int
+    split: str
+
+    @property
+    def replicated(self) -> bool:
+        return self.split == "replicated"
+
+
+def tp_param_counts(spec: ModelSpec, tp: int = 1, ep: int = 1) -> list[ShardCount]:
+    """Parameters of the whole model (all layers) by component, and what one rank of a
+    tensor-parallel group of ``tp`` (and expert-parallel group of ``ep``) holds.
+
+    Megatron-LM's layout (Shoeybi et al. 2019 §3): the vocabulary is split over t for the
+    embedding and the LM head; Q and the output projection by heads; K and V by kv heads, and
+    when t > kv_heads each rank keeps one whole kv head, so t/kv_heads ranks hold a copy of each
+    (GQA); the MLP by its inner width (column-parallel FC1 or gate/up, row-parallel FC2 or down);
+    column-parallel biases are split, row-parallel biases, norms, learned positions and the MoE
+    router are replicated; experts are split over e, then their width over t. The per-rank sum
+    equals the parameters :func:`estimate` puts on a single-stage GPU.
+    """
+    if not isinstance(spec, ModelSpec):
+        raise ValueError(f"spec must be a ModelSpec, got {type(spec).__name__}")
+    _validate(spec, ParallelConfig(tp=tp, ep=ep, dp=ep), TrainingSetup(seq_len=1), None)
+    t, h, L, d = tp, spec.hidden, spec.layers, spec.head_dim
+    col_bias = spec.bias or spec.qkv_bias
+    kv_local = max(spec.kv_heads // t, 1)
+
+    def attn(q_heads: int, kv_heads: int) -> tuple[int, int]:
+        qo = 2 * h * q_heads * d + (q_heads * d if col_bias else 0)
+        kv = 2 * h * kv_heads * d + (2 * kv_heads * d if col_bias else 0)
+        return qo, kv
+
+    def mlp_split(width: int) -> int:  # weights and column biases; the row bias is replicated
+        mats = 2 if spec.ffn_kind == "gelu" else 3
+        return mats * h * width + ((mats - 1) * width if spec.bias else 0)
+
+    qo_full, kv_full = attn(spec.heads, spec.kv_heads)
+    qo_rank, kv_rank = attn(spec.heads // t, kv_local)
+    kv_split = "kv heads" if t <= spec.kv_heads else \
+        f"kv heads, each kept by {t // spec.kv_heads} ranks"
+    vocab = spec.vocab_size * h
+    vocab_rank = _cdiv(spec.vocab_size, t) * h
+    rows = [ShardCount("embedding", vocab, vocab_rank, "vocabulary rows")]
+    if spec.position == "learned":
+        rows.append(ShardCount("positions", spec.max_positions * h,
+                               spec.max_positions * h, "replicated"))
+    rows += [ShardCount("attention Q, O", L * qo_full, L * qo_rank, "heads"),
+             ShardCount("attention K, V", L * kv_full, L * kv_rank, kv_split)]
+    row_bias = h if spec.bias else 0  # one row-parallel bias per MLP or expert
+    if spec.is_moe:
+        ef = spec.expert_ffn_hidden
+        one, one_rank = mlp_split(ef) + row_bias, mlp_split(ef // t) + row_bias
+        rows.append(ShardCount("experts", L * spec.num_experts * one,
+                               L * spec.num_experts // ep * one_rank,
+                               "experts over e, width over t"))
+        if spec.shared_experts:
+            rows.append(ShardCount("shared experts", L * spec.shared_experts * one,
+                                   L * spec.shared_experts * one_rank, "inner width"))
+        rows.append(ShardCount("router", L * h * spec.num_experts, L * h * spec.num_experts,
+                               "replicated"))
+    else:
+        rows.append(ShardCount("MLP", L * mlp_split(spec.ffn_hidden),
+                               L * mlp_split(spec.ffn_hidden // t), "inner width"))
+    if spec.bias:
+        n = L * (h + (0 if spec.is_moe else h))  # attention output bias (+ FC2 bias)
+        rows.append(ShardCount("row-parallel biases", n, n, "replicated"))
+    norms = (2 * L + 1) * spec.norm_params()
+    rows.append(ShardCount("norms", norms, norms, "replicated"))
+    if not spec.tied_embeddings:
+        rows.append(ShardCount("LM head", vocab, vocab_rank, "vocabulary rows"))
+    return rows
+
+
+__all__ += ["ShardCount", "tp_param_counts"]
+
+
+# ---------------------------------------------------------------------------- stage balance
+def balance_layers(spec: ModelSpec, parallel: ParallelConfig | None = None,
+                   setup: TrainingSetup | None = None, *,
+                   world_size: int | None = None) -> tuple[int, ...]:
+    """The ``layers_per_stage`` split that minimises the peak stage of :func:`estimate`.
+
+    Pipeline stages are not equal: the first holds the embedding and (under 1F1B) the most
+    micro-batches in flight, the last the final norm, the LM head and the fp32 logits. Moving
+    layers away from a heavy stage lowers the peak; this function finds the best split exactly.
+
+    Method: a stage's bytes depend only on its position ``i`` and its own layer count ``n``
+    (model states of its layers and of the embedding/head it holds, ``in_flight_units`` times its
+    layers' activations), so one :func:`estimate` call per (i, n) tabulates every stage's total.
+    A dynamic program over the stages then finds the least possible peak ``T*`` over all splits
+    (every stage keeps at least one layer, a multiple of ``vpp`` when interleaved), and a second
+    one picks, among the splits whose stages all fit in ``T*``, the one closest to the even split
+    (least sum of squared differences in layer counts), because the slowest stage sets the
+    pipeline's pace. Cost: about ``p · L / vpp`` estimates and ``p · (L / vpp)²`` steps.
+
+    Returns the split as a tuple of ``pp`` layer counts summing to ``spec.layers``; pass it to
+    ``estimate(..., layers_per_stage=...)``. ``pp = 1`` returns ``(spec.layers,)``.
+    Raises ``ValueError`` for a layout :func:`estimate` rejects.
+    """
+    par = parallel if parallel is not None else ParallelConfig()
+    base = estimate(spec, par, setup, world_size=world_size)  # validates the layout
+    setup = base.setup
+    p, L, v = par.pp, spec.layers, par.vpp
+    if p == 1:
+        return (L,)
+    counts = list(range(v, L - v * (p - 1) + 1, v))  # possible layer counts of one stage
+    total: list[dict[int, int]] = [{} for _ in range(p)]
+    for i in range(p):
+        j = (i + 1) % p  # a stage that absorbs the layers the others do not take
+        for n in counts:
+            lps = [v] * p
+            lps[i] = n
+            lps[j] = L - n - v * (p - 2)
+            total[i][n] = estimate(spec, par, setup, layers_per_stage=lps).stages[i].total
+
+    def solve(cost) -> tuple[float, list[int]]:
+        """min over splits of fold(cost(i, n)); fold is max for the peak, + for the deviation."""
+        inf = float("inf")
+        # best[i][r]: best value for stages i..p-1 holding r layers; choice[i][r]: n of stage i
+        best = [[inf] * (L + 1) for _ in range(p + 1)]
+        choice = [[0] * (L + 1) for _ in range(p)]
+        best[p][0] = 0
+        for i in range(p - 1, -1, -1):
+            for r in range(v * (p - i), L - v * i + 1, v):
+                for n in counts:
+                    if n > r - v * (p - i - 1):
+                        break
+                    c, rest = cost(i, n), best[i + 1][r - n]
+                    val = cost.fold(c, rest)
+                    if val < best[i][r]:
+                        best[i][r], choice[i][r] = val, n
+        split, r = [], L
+        for i in range(p):
+            split.append(choice[i][r])
+            r -= choice[i][r]
+        return best[0][L], split
+
+    def peak_cost(i, n):
+        return total[i][n]
+
+    peak_cost.fold = max
+    t_star, _ = solve(peak_cost)
+    mean = L / p
+
+    def deviation_cost(i, n):
+        return (n - mean) ** 2 if total[i][n] <= t_star else float("inf")
+
+    deviation_cost.fold = lambda a, b: a + b
+    _, split = solve(deviation_cost)
+    return tuple(split)
+
+
+__all__ += ["balance_layers"]
+
+
+def microbatch_sweep(spec: ModelSpec, parallel: ParallelConfig | None = None,
+                     setup: TrainingSetup | None = None, *, global_batch: int,
+                     micro_batches=None) -> list[dict]:
+    """Memory and pipeline bubble for every micro-batch size b at a fixed batch per step.
+
+    ``global_batch`` is the number of sequences one pipeline (one data-parallel replica) processes
+    per optimizer step, B/d; each b in ``micro_batches`` (default: every divisor of
+    ``global_batch``) gives m = global_batch / b micro-batches (gradient accumulation keeps the
+    batch). Sizes that the layout rejects (the interleaved schedule needs m to be a multiple of
+    p) are skipped. One row per b, from :func:`estimate` and
+    :func:`parmem.pipeline.bubble_fraction`:
+
+    * ``b``, ``m``; ``in_flight``: micro-batches stage 0 holds at its peak (fractional when
+      interleaved: chunks / v);
+    * ``activations``: stage 0's activation bytes; ``logits``: the last stage's logits bytes;
+    * ``peak_stage``, ``peak_total``: the heaviest stage and its bytes;
+    * ``bubble_fraction``: idle share of the step, (p - 1)/(v m + p - 1) (Narayanan et al. 2021
+      §2.2; the step-time model of their §3.4 is (m + (p - 1)/v)(t_f(b) + t_b(b)) for b-sized
+      micro-batches, so a larger b buys matmul efficiency with a larger bubble).
+    """
+    from dataclasses import replace
+
+    from .pipeline import bubble_fraction
+
+    par = parallel if parallel is not None else ParallelConfig()
+    if setup is None:
+        setup = TrainingSetup(seq_len=min(2048, spec.max_positions))
+    _int("global_batch", global_batch)
+    if micro_batches is None:
+        micro_batches = [b for b in range(1, global_batch + 1) if global_batch % b == 0]
+    rows = []
+    for b in micro_batches:
+        _int("micro_batches[...]", b)
+        if global_batch % b:
+            raise ValueError(f"micro-batch size {b} must divide global_batch={global_batch}")
+        m = global_batch // b
+        if setup.schedule == "interleaved" and m % par.pp:
+            continue
+        est = estimate(spec, par, replace(setup, micro_batch=b, num_microbatches=m))
+        units = in_flight_units(setup.schedule, par.pp, m, 0, par.vpp)
+        rows.append({"b": b, "m": m, "in_flight": units if par.vpp == 1 else units / par.vpp,
+                     "activations": est.stages[0].activations,
+                     "logits": est.stages[-1].logits, "peak_stage": est.peak.stage,
+                     "peak_total": est.peak_bytes,
+                     "bubble_fraction": bubble_fraction(par.pp, m, par.vpp)})
+    return rows
+
+
+__all__ += ["microbatch_sweep"]
+
+
+def axis_by_axis(spec: ModelSpec, parallel: ParallelConfig, setup: TrainingSetup
+                 ) -> dict[str, Estimate]:
+    """Estimates that add the axes of ``parallel`` one at a time, to show which term each removes.
+
+    Starting from one GPU (the same ``setup``), the steps are: data parallelism d (no ZeRO),
+    the ZeRO stage, tensor parallelism t, sequence parallelism, pipeline parallelism p (with v),
+    expert parallelism e, context parallelism cp, then ``setup.recompute``. Steps that change
+    nothing for this layout are skipped; the last estimate is ``estimate(spec, parallel, setup)``.
+    Returns an ordered dict label → :class:`Estimate`.
+    """
+    from dataclasses import replace
+
+    base = replace(setup, recompute="none", schedule="1f1b")
+    steps = [("1 GPU", ParallelConfig(), base)]
+
+    def add(label: str, **changes) -> None:
+        par, st = steps[-1][1], steps[-1][2]
+        st_changes = {k: changes.pop(k) for k in ("recompute", "schedule") if k in changes}
+        steps.append((label, replace(par, **changes), replace(st, **st_changes)))
+
+    p = parallel
+    if p.dp > 1:
+        add(f"d={p.dp}", dp=p.dp)
+    if p.zero:
+        add(f"+ZeRO-{p.zero}", zero=p.zero)
+    if p.tp > 1:
+        add(f"+t={p.tp}", tp=p.tp)
+    if p.sp:
+        add("+SP", sp=True)
+    if p.pp > 1:
+        label = f"+p={p.pp}" + (f", v={p.vpp}" if p.vpp > 1 else "")
+        add(label, pp=p.pp, vpp=p.vpp, schedule=setup.schedule)
+    if p.ep > 1:
+        add(f"+e={p.ep}", ep=p.ep)
+    if p.cp > 1:
+        add(f"+cp={p.cp}", cp=p.cp)
+    if setup.recompute != "none":
+        add(f"+{setup.recompute} recompute", recompute=setup.recompute)
+    return {label: estimate(spec, par, st) for label, par, st in steps}

@@ -730,7 +730,7 @@ def plot_replay(results, ax=None, title: str | None = None, unit: str = "GiB"):
 def plot_kv_cache_sim(sims, ax=None, title: str | None = None):
     """KV-cache slots set aside (solid) and tokens actually stored (dashed) per decoding step for
     :func:`parmem.inference.simulate_kv_cache` results, with the capacity dashed in grey."""
-    fig, ax = _axes(ax, figsize=(7.5, 3.4))
+    fig, ax = _axes(ax, figsize=(7.5, 4.0))
     cap = 0
     for (name, s), color in zip(sims.items(), ("#C44E52", "#4C72B0", "#55A868"), strict=False):
         ax.plot([a / 1e3 for a in s.allocated], color=color, lw=1.2,
@@ -744,14 +744,15 @@ def plot_kv_cache_sim(sims, ax=None, title: str | None = None):
     ax.grid(alpha=0.3)
     if title:
         ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=7, frameon=False, loc="upper right")
+    ax.legend(fontsize=7, frameon=False, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
     return fig
 
 
 def plot_stacked(rows, ax=None, capacity: int | None = None, title: str | None = None,
-                 colors=None):
+                 colors=None, capacity_label: str | None = None):
     """Stacked bars of named byte components: ``rows`` maps a bar label to ``{component: bytes}``
-    (components in the order of the first row); GiB on the y axis; an optional capacity line."""
+    (components in the order of the first row); GiB on the y axis; an optional capacity line,
+    labelled ``capacity_label`` (default "<n> GiB GPU")."""
     import numpy as np
 
     fig, ax = _axes(ax, figsize=(max(5.0, 1.2 * len(rows) + 2.5), 3.6))
@@ -771,8 +772,8 @@ def plot_stacked(rows, ax=None, capacity: int | None = None, title: str | None =
                     xytext=(0, 2), textcoords="offset points")
     if capacity:
         ax.axhline(capacity / GIB, color="k", ls="--", lw=1)
-        ax.annotate(f"{capacity / GIB:.0f} GiB GPU", (x[-1] + 0.4, capacity / GIB), ha="right",
-                    va="bottom", fontsize=8)
+        ax.annotate(capacity_label or f"{capacity / GIB:.0f} GiB GPU",
+                    (x[-1] + 0.4, capacity / GIB), ha="right", va="bottom", fontsize=8)
     ax.set_xticks(x, labels, fontsize=8)
     ax.set_ylabel("GiB per GPU")
     ax.margins(y=0.12)

@@ -945,7 +945,7 @@ def explore_serving(model: str = "llama-3-70b", weight_dtype: str = "fp16",
                 continue
             rows[f"t={t}\n{n:,} fit"] = {"weights": wb, f"KV cache ({batch} seqs)": kv}
         cap = int(hardware_preset(gpu).memory_bytes * utilization)
-        return plot_stacked(rows, capacity=cap,
+        return plot_stacked(rows, capacity=cap, capacity_label=f"{utilization:.0%} of {gpu}",
                             title=f"{model} serving on {gpu}: {weight_dtype} weights, "
                                   f"{kv_dtype} KV, {seq_len:,} tokens per sequence")
 

@@ -212,3 +212,89 @@ def demo(hidden: int = 32, heads: int = 4, seq: int = 16, batch: int = 2,
         "bwd_all_gather": COMM["bwd_all_gather"],
         "bwd_reduce_scatter": COMM["bwd_reduce_scatter"],
     }
+
+
+def _selective_layer(full, sequence_parallel: bool):
+    """A :class:`~parmem.dist.tp.ParallelGPTLayer` whose attention core (QKᵀ, softmax, dropout,
+    the product with V) runs under ``torch.utils.checkpoint`` and is recomputed in backward:
+    Korthikanti et al. 2022 §5, selective activation recomputation."""
+    from torch.utils.checkpoint import checkpoint
+
+    from parmem.dist.tp import ParallelGPTLayer
+    from parmem.reference import dropout
+
+    class SelectiveRecomputeLayer(ParallelGPTLayer):
+        def core(self, q, k, v):
+            scores = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / self.head_dim ** 0.5)
+            if self.causal:
+                scores = scores + self.causal_bias[:q.shape[2], :q.shape[2]]
+            probs = dropout(torch.softmax(scores, dim=-1), self.dropout_p, self.training)
+            return torch.matmul(probs, v)
+
+        def attention(self, x):
+            y = self.qkv(x)
+            s, b, _ = y.shape
+            qkv = y.view(s, b, self.local_heads, 3, self.head_dim)
+            q, k, v = (z.permute(1, 2, 0, 3) for z in qkv.unbind(dim=3))
+            # reentrant checkpoint saves its inputs (views of the QKV output) and nothing else
+            ctx = checkpoint(self.core, q, k, v, use_reentrant=True)
+            return self.proj(ctx.permute(2, 0, 1, 3).reshape(s, b, -1))
+
+    return SelectiveRecomputeLayer(full, sequence_parallel=sequence_parallel)
+
+
+#: the six rows of Korthikanti et al. 2022 Table 2: (sequence parallel, recompute)
+TABLE2_CASES = {"tp": (False, "none"), "tp+sp": (True, "none"),
+                "tp+selective": (False, "selective"), "tp+sp+selective": (True, "selective"),
+                "full": (False, "full"), "tp+sp+full": (True, "full")}
+
+
+def demo_recompute(hidden: int = 32, heads: int = 4, seq: int = 16, batch: int = 2,
+                   dropout_p: float = 0.1) -> dict:
+    """Saved-activation bytes per rank of one bf16 GPT layer in every case of Table 2.
+
+    Tensor parallelism over all ranks, with and without sequence parallelism, with no, selective
+    (the attention core under ``torch.utils.checkpoint``) and full (the whole layer under it)
+    recomputation. Returns per case: ``measured`` bytes (:class:`~parmem.measure.SavedTensorsMeter`),
+    ``table2`` (:func:`parmem.activations.per_layer_bytes`), ``norm_stats`` (LayerNorm mean and
+    rstd, kept unless the whole layer is recomputed), and ``grad_err``: the largest difference of
+    the input gradient from the same layer without recomputation (same dropout masks, so 0).
+    """
+    from torch.utils.checkpoint import checkpoint
+
+    from parmem.activations import per_layer_bytes
+    from parmem.dist.tp import ParallelGPTLayer, norm_stat_bytes
+    from parmem.measure import SavedTensorsMeter
+    from parmem.reference import GPTLayer
+
+    t, dev, bf = world_size(), device(), torch.bfloat16
+    if seq % t or heads % t:
+        raise ValueError(f"world size={t} must divide seq={seq} and heads={heads}")
+    torch.manual_seed(0)
+    base = GPTLayer(hidden, heads, dropout_p=dropout_p, dtype=bf, max_seq_len=seq).to(dev)
+    x = torch.randn(seq, batch, hidden, device=dev, dtype=bf)
+    stats = 4 * norm_stat_bytes(dev, bf) * seq * batch
+    out, reference = {}, {}
+    for name, (sp, recompute) in TABLE2_CASES.items():
+        if recompute == "selective":
+            layer = _selective_layer(base, sp)
+        else:
+            layer = ParallelGPTLayer(base, sequence_parallel=sp)
+        xi = (x.chunk(t, dim=0)[rank()] if sp else x).clone().requires_grad_()
+        torch.manual_seed(1)  # the same dropout masks in every case
+        with SavedTensorsMeter(exclude=layer.parameters()) as meter:
+            y = checkpoint(layer, xi, use_reentrant=True) if recompute == "full" else layer(xi)
+        y.float().square().sum().backward()
+        if recompute == "none":
+            reference[sp] = xi.grad
+        out[name] = {
+            "measured": meter.bytes,
+            "table2": per_layer_bytes(seq, batch, hidden, heads, tp=t, sp=sp,
+                                      recompute=recompute),
+            "norm_stats": 0 if recompute == "full" else stats // (t if sp else 1),
+            "grad_err": float((xi.grad.float() - reference[sp].float()).abs().max()),
+        }
+    return out
+
+
+__all__ += ["TABLE2_CASES", "demo_recompute"]

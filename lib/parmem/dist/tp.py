@@ -375,3 +375,92 @@ def demo_dtensor(hidden: int = 32, heads: int = 4, seq: int = 16, batch: int = 2
     return {"out_err": _max_err(out, out_ref), "input_grad_err": _max_err(x2.grad, x1.grad),
             "grad_err": grad_err, "param_bytes": sb.params,
             "param_bytes_full": state_bytes(ref).params}
+
+
+def demo_states(vocab: int = 64, hidden: int = 32, heads: int = 4, layers: int = 2,
+                seq: int = 16, batch: int = 2) -> dict:
+    """One mixed-precision AdamW step of the tensor-parallel tiny GPT: model states per rank.
+
+    The model is :class:`TPGPT` in bf16 with fp32 master weights and Adam moments
+    (:class:`parmem.reference.MixedPrecisionAdamW`, 2 + 2 + 12 bytes per parameter). Returns per
+    rank the measured ``params``/``grads``/``optimizer`` bytes (:func:`parmem.measure.state_bytes`)
+    and the same from :func:`parmem.estimate` (t = world size, ``bf16-mixed``); ``adam_steps``,
+    the one named extra (a 0-d fp32 ``step`` counter per parameter tensor); and the parameter
+    counts this rank holds in tensors that are sharded (their shape differs from the
+    single-process model's) and replicated (same shape), beside ``full_numel``.
+    """
+    from parmem import ParallelConfig, TrainingSetup, estimate
+    from parmem.measure import state_bytes
+    from parmem.reference import MixedPrecisionAdamW
+
+    t, dev = world_size(), device()
+    for name, v in (("heads", heads), ("vocab", vocab), ("hidden", 4 * hidden)):
+        if v % t:
+            raise ValueError(f"{name}={v} must be divisible by world size={t}")
+    torch.manual_seed(0)
+    full = TinyGPT(vocab, hidden, heads, layers, seq, dtype=torch.bfloat16).to(dev)
+    model = TPGPT(full).to(dev)
+    opt = MixedPrecisionAdamW(model.parameters())
+    tokens = torch.randint(0, vocab, (seq, batch), device=dev)
+    target = torch.randint(0, vocab, (seq, batch), device=dev)
+    logits = model(tokens).float()
+    nn.functional.cross_entropy(logits.flatten(0, 1), target.flatten()).backward()
+    opt.step()
+    st = state_bytes(model, opt)
+    est = estimate(_spec(vocab, hidden, heads, layers, seq), ParallelConfig(tp=t),
+                   TrainingSetup(seq_len=seq, micro_batch=batch)).stages[0]
+    pairs = list(zip(full.parameters(), model.parameters(), strict=True))
+    return {
+        "params": st.params, "grads": st.grads, "optimizer": st.optimizer,
+        "params_estimate": est.params, "grads_estimate": est.grads,
+        "optimizer_estimate": est.optimizer, "adam_steps": 4 * len(pairs),
+        "sharded_numel": sum(q.numel() for p, q in pairs if p.shape != q.shape),
+        "replicated_numel": sum(q.numel() for p, q in pairs if p.shape == q.shape),
+        "full_numel": sum(p.numel() for p, _ in pairs),
+    }
+
+
+def demo_comm(hidden: int = 32, heads: int = 4, seq: int = 16, batch: int = 2,
+              dropout_p: float = 0.1) -> dict:
+    """One bf16 tensor-parallel GPT layer, forward and backward: what it sends and what it keeps.
+
+    Every call to ``torch.distributed.all_reduce`` made by f and g is recorded with the bytes of
+    the tensor handed to it (``forward_all_reduce``, ``backward_all_reduce``: lists of sizes), so
+    the number and size of the collectives are measured, not assumed. The same forward is
+    measured with :class:`parmem.measure.SavedTensorsMeter` (``saved_bytes``) beside
+    :func:`parmem.activations.per_layer_bytes` (``table2``) and the LayerNorm statistics the
+    paper leaves out (``norm_stat_bytes``).
+    """
+    from parmem.activations import per_layer_bytes
+    from parmem.measure import SavedTensorsMeter
+
+    t, dev = world_size(), device()
+    if heads % t:
+        raise ValueError(f"heads={heads} must be divisible by world size={t}")
+    sizes: dict[str, list[int]] = {"forward": [], "backward": []}
+    phase = ["forward"]
+    original = dist.all_reduce
+
+    def counting(tensor, *args, **kwargs):
+        sizes[phase[0]].append(tensor.numel() * tensor.element_size())
+        return original(tensor, *args, **kwargs)
+
+    torch.manual_seed(0)
+    full = GPTLayer(hidden, heads, dropout_p=dropout_p, max_seq_len=seq).to(dev)
+    layer = ParallelGPTLayer(full)
+    x = torch.randn(seq, batch, hidden, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    dist.all_reduce = counting
+    try:
+        with SavedTensorsMeter(exclude=layer.parameters()) as meter:
+            y = layer(x)
+        phase[0] = "backward"
+        y.float().square().sum().backward()
+    finally:
+        dist.all_reduce = original
+    return {"forward_all_reduce": sizes["forward"], "backward_all_reduce": sizes["backward"],
+            "saved_bytes": meter.bytes,
+            "table2": per_layer_bytes(seq, batch, hidden, heads, tp=t),
+            "norm_stat_bytes": 4 * norm_stat_bytes(dev, torch.bfloat16) * seq * batch}
+
+
+__all__ += ["demo_states", "demo_comm"]
