@@ -458,3 +458,104 @@ def step_comm(
         add("ep", "dispatch + combine all-to-all, forward", "all_to_all", buf, ep, 2 * n * fwd)
         add("ep", "dispatch + combine all-to-all, backward", "all_to_all", buf, ep, 2 * n)
     return CommBreakdown(tuple(o for o in ops if o.n > 1 and o.size and o.count))
+
+
+# ---------------------------------------------------------------------------- whole layouts
+def placement(parallel, gpus_per_node: int = 8) -> dict[str, bool]:
+    """Which groups of ``parallel`` stay inside one node of ``gpus_per_node`` GPUs.
+
+    Ranks are laid out as Megatron-LM does (``--order tp-cp-ep-dp-pp``, tp varying fastest): a
+    group is inside a node when its size times the sizes of the faster-varying axes is at most
+    ``gpus_per_node``. Returns the keywords of :meth:`CommBreakdown.times`
+    (``tp_intra``, ``cp_intra``, ``ep_intra``, ``dp_intra``, ``pp_intra``).
+    """
+    _int("gpus_per_node", gpus_per_node, 1)
+    t, cp, e, d, p = parallel.tp, parallel.cp, parallel.ep, parallel.dp, parallel.pp
+    g = gpus_per_node
+    return {"tp_intra": t <= g, "cp_intra": t * cp <= g, "ep_intra": t * cp * e <= g,
+            "dp_intra": t * cp * d <= g, "pp_intra": t * cp * d * p <= g}
+
+
+def layout_comm(spec, parallel, setup, *, stage: int | None = None,
+                layers_per_stage=None) -> CommBreakdown:
+    """:func:`step_comm` for a model, a layout and a training setup, as :func:`parmem.estimate`
+    sees them.
+
+    The parameters each GPU holds come from the same TP/PP/EP sharding as the estimate (dense
+    and expert parameters of the stage, before ZeRO); bytes per element from the setup's
+    precision; every layer of an MoE model is an MoE layer; the K/V width is
+    ``kv_heads * head_dim``; a ``capacity_factor`` other than 1 sizes the all-to-all buffers.
+    ``stage=None`` returns the stage that sends the most bytes (ties: the first).
+    """
+    from .memory import PRECISIONS, _stage_params, _validate
+
+    lps = _validate(spec, parallel, setup, layers_per_stage)
+    prec = PRECISIONS[setup.precision]
+    p = parallel.pp
+    if stage is not None and not (isinstance(stage, int) and 0 <= stage < p):
+        raise ValueError(f"stage={stage!r} must be None or an integer in 0..{p - 1}")
+    cf = setup.capacity_factor if spec.is_moe and setup.capacity_factor != 1.0 else None
+    best = None
+    for i in range(p) if stage is None else (stage,):
+        dense, expert = _stage_params(spec, parallel, lps[i], i == 0, i == p - 1)
+        out = step_comm(
+            params_per_gpu=dense, seq_len=setup.seq_len, micro_batch=setup.micro_batch,
+            hidden=spec.hidden, layers_on_stage=lps[i], num_microbatches=setup.num_microbatches,
+            dp=parallel.dp, zero=parallel.zero, grad_bytes_per_param=prec["grad"],
+            param_bytes=prec["param"], tp=parallel.tp, sp=parallel.sp, pp=p, v=parallel.vpp,
+            stage=i, cp=parallel.cp, kv_hidden=spec.kv_dim, ep=parallel.ep,
+            moe_layers_on_stage=lps[i] if spec.is_moe else 0, expert_params_per_gpu=expert,
+            top_k=spec.top_k or 1, capacity_factor=cf, act_bytes=prec["act"],
+            recompute=setup.recompute)
+        if best is None or out.total > best.total:
+            best = out
+    return best
+
+
+def layout_sweep(spec, world_size: int, setup, *, global_batch: int, zero: int = 1,
+                 sp: bool = True, ep: int = 1, cp: int = 1, hardware: Hardware | str = "h100-sxm",
+                 gpus_per_node: int = 8, tps=None, pps=None) -> list[dict]:
+    """Every d·t·p layout of ``world_size`` GPUs: peak memory and communication per GPU.
+
+    For each t in ``tps`` and p in ``pps`` (default: all divisors of the world size) with
+    d = world / (t·p·cp) an integer, the setup gets ``num_microbatches = global_batch / (d·b)``
+    (``global_batch`` sequences per step, b = ``setup.micro_batch``) and ZeRO stage ``zero`` over
+    d; SP is on whenever t > 1 and ``sp``. Layouts that are invalid for the model (t not dividing
+    the heads, p above the layers, the batch not splitting evenly) are left out.
+
+    Each row: ``d``, ``t``, ``p``, ``m``, ``peak_bytes`` and ``peak_stage`` (from
+    :func:`parmem.estimate`), bytes sent per category (``dp``, ``tp``, ``sp``, ``pp``, ``ep``,
+    ``cp``) and ``comm_bytes`` (:func:`layout_comm`), ``comm_time_s`` (serial alpha-beta time on
+    ``hardware`` with groups placed by :func:`placement`), ``tp_in_node``, and ``fits`` (peak at
+    most the GPU's memory).
+    """
+    from dataclasses import replace
+
+    from .memory import ParallelConfig, estimate
+
+    _int("world_size", world_size, 1)
+    _int("global_batch", global_batch, 1)
+    hw = hardware_preset(hardware) if isinstance(hardware, str) else hardware
+    divisors = [k for k in range(1, world_size + 1) if world_size % k == 0]
+    rows = []
+    for t in tps or divisors:
+        for p in pps or divisors:
+            if world_size % (t * p * cp):
+                continue
+            d = world_size // (t * p * cp)
+            if global_batch % (d * setup.micro_batch):
+                continue
+            m = global_batch // (d * setup.micro_batch)
+            try:
+                par = ParallelConfig(dp=d, tp=t, pp=p, ep=ep, cp=cp, sp=sp and t > 1, zero=zero)
+                st = replace(setup, num_microbatches=m)
+                est = estimate(spec, par, st)
+                com = layout_comm(spec, par, st)
+            except ValueError:
+                continue
+            where = placement(par, gpus_per_node)
+            rows.append({"d": d, "t": t, "p": p, "m": m, "peak_bytes": est.peak_bytes,
+                         "peak_stage": est.peak.stage, **com.as_dict(), "comm_bytes": com.total,
+                         "comm_time_s": com.time(hw, **where), "tp_in_node": where["tp_intra"],
+                         "fits": est.peak_bytes <= hw.memory_bytes})
+    return rows
