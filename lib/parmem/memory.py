@@ -463,7 +463,9 @@ def estimate(spec: ModelSpec, parallel: ParallelConfig | None = None,
     expert_group = zero_group // par.ep
     tp_buffer = e_act * s_local * b * h if t > 1 else 0  # TP all-reduce / SP all-gather output
     p2p_buffers = 2 * boundary if p > 1 else 0          # p2p send and receive buffers
-    a2a_buffers = 2 * e_act * s_local * b * spec.top_k * h if spec.is_moe and par.ep > 1 else 0
+    a2a_buffers = 0  # MoE dispatch send + receive, padded to the capacity factor
+    if spec.is_moe and par.ep > 1:
+        a2a_buffers = int(2 * e_act * s_local * b * spec.top_k * h * setup.capacity_factor)
     zero3_gather = 0
     if par.zero == 3 and zero_group > 1:  # gathered current layer + prefetched next layer
         zero3_gather = 2 * prec["param"] * sum(_stage_params(spec, par, 1, False, False))
