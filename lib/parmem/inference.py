@@ -16,7 +16,8 @@ from __future__ import annotations
 from .model import ModelSpec
 
 __all__ = ["KV_DTYPES", "WEIGHT_DTYPES", "kv_cache_bytes", "kv_cache_bytes_per_token",
-           "weight_bytes", "linear_shapes"]
+           "weight_bytes", "linear_shapes", "shard_spec", "serving_weight_bytes",
+           "max_concurrency", "Request", "random_requests", "KVCacheSim", "simulate_kv_cache"]
 
 KV_DTYPES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
 WEIGHT_DTYPES = {"fp32": 32, "fp16": 16, "bf16": 16, "int8": 8, "int4": 4}
@@ -101,3 +102,254 @@ def weight_bytes(spec: ModelSpec, dtype: str = "fp16", group_size: int | None = 
         quant_params += n_in * n_out * count
         quant_bytes += count * (-(-n_in * n_out * bits // 8) + n_out * groups_per_row * per_group)
     return quant_bytes + 2 * (total - quant_params)
+
+
+# ---------------------------------------------------------------------------- serving capacity
+def shard_spec(spec: ModelSpec, tp: int = 1) -> ModelSpec:
+    """The shapes one GPU holds under t-way tensor parallelism, as a (narrower) ModelSpec.
+
+    Megatron-style sharding (Shoeybi et al. 2019 §3), as vLLM serves: a/t query heads,
+    max(kv_heads/t, 1) key/value heads (a kv head is duplicated when t > kv_heads), f/t MLP (and
+    expert) width, ⌈V/t⌉ vocabulary rows; norms, learned positions and row-parallel biases stay
+    whole. ``weight_bytes(shard_spec(spec, t))`` is then one GPU's weights, quantisation groups
+    included (row-parallel matrices keep their groups when the group size divides n_in/t).
+    """
+    kv_local = _kv_heads_local(spec, tp)
+    for name, width in (("ffn_hidden", spec.ffn_hidden), ("expert_ffn_hidden",
+                                                         spec.expert_ffn_hidden or tp)):
+        if width % tp:
+            raise ValueError(f"tp={tp} must divide {name}={width}")
+    if tp == 1:
+        return spec
+    return spec.with_(name=f"{spec.name}/tp{tp}", heads=spec.heads // tp, kv_heads=kv_local,
+                      head_dim=spec.head_dim, ffn_hidden=spec.ffn_hidden // tp,
+                      expert_ffn_hidden=(spec.expert_ffn_hidden // tp
+                                         if spec.expert_ffn_hidden else None),
+                      vocab_size=-(-spec.vocab_size // tp))
+
+
+def serving_weight_bytes(spec: ModelSpec, dtype: str = "fp16", tp: int = 1,
+                         group_size: int | None = 128, zero_point: bool | None = None) -> int:
+    """Weight bytes on one GPU when serving with t-way tensor parallelism:
+    :func:`weight_bytes` of :func:`shard_spec` (replicated norms and biases counted on every GPU).
+    """
+    return weight_bytes(shard_spec(spec, tp), dtype, group_size, zero_point)
+
+
+def _memory_bytes(gpu) -> int:
+    if isinstance(gpu, str):
+        from .hardware import hardware_preset
+
+        return hardware_preset(gpu).memory_bytes
+    if hasattr(gpu, "memory_bytes"):
+        return int(gpu.memory_bytes)
+    if isinstance(gpu, bool) or not isinstance(gpu, int) or gpu <= 0:
+        raise ValueError(f"gpu={gpu!r} must be bytes (int > 0), a Hardware or a preset name")
+    return gpu
+
+
+def max_concurrency(spec: ModelSpec, seq_len: int, gpu, tp: int = 1, weight_dtype: str = "fp16",
+                    kv_dtype: str = "fp16", utilization: float = 1.0, reserved: int = 0,
+                    group_size: int | None = 128) -> int:
+    """How many sequences of ``seq_len`` tokens fit in the KV cache next to the weights on one
+    GPU of a t-way tensor-parallel group.
+
+    ``gpu``: bytes, a :class:`~parmem.hardware.Hardware` or a preset name (``"h100-sxm"``).
+    The KV budget is ⌊memory · ``utilization``⌋ − ``reserved`` − :func:`serving_weight_bytes`;
+    the answer is ⌊budget / :func:`kv_cache_bytes` (one sequence)⌋, 0 when the weights alone do
+    not fit. ``utilization`` is the fraction of memory the server may use (vLLM's
+    ``gpu_memory_utilization``, 0.9 by default there); ``reserved`` is what else you set aside
+    (activations of the largest prefill, CUDA context, communication buffers). Every sequence is
+    counted at its full length, as a server that reserves whole sequences must; with
+    PagedAttention (:func:`simulate_kv_cache`) the average length is what matters.
+    """
+    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
+        raise ValueError(f"seq_len={seq_len!r} must be an integer >= 1")
+    if not 0 < utilization <= 1:
+        raise ValueError(f"utilization={utilization!r} must be in (0, 1]")
+    if isinstance(reserved, bool) or not isinstance(reserved, int) or reserved < 0:
+        raise ValueError(f"reserved={reserved!r} must be an integer >= 0 (bytes)")
+    budget = (int(_memory_bytes(gpu) * utilization) - reserved
+              - serving_weight_bytes(spec, weight_dtype, tp, group_size))
+    if budget <= 0:
+        return 0
+    return budget // kv_cache_bytes(spec, seq_len, 1, kv_dtype, tp)
+
+
+# ---------------------------------------------------------------------------- PagedAttention
+from dataclasses import dataclass  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Request:
+    """A generation request: it arrives at step ``arrival`` with ``prompt`` tokens and generates
+    ``output`` tokens."""
+
+    arrival: int
+    prompt: int
+    output: int
+
+    @property
+    def length(self) -> int:
+        return self.prompt + self.output
+
+
+def random_requests(n: int, seed: int = 0, prompt: tuple[int, int] = (16, 1024),
+                    output: tuple[int, int] = (16, 1024), rate: float | None = None
+                    ) -> list[Request]:
+    """``n`` requests with prompt and output lengths drawn uniformly from the inclusive ranges;
+    all arrive at step 0, or, with ``rate``, as a Poisson stream of ``rate`` requests per step
+    (exponential gaps, rounded down to whole steps). Deterministic for a given ``seed``."""
+    import random
+
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ValueError(f"n={n!r} must be an integer >= 0")
+    for name, (lo, hi) in (("prompt", prompt), ("output", output)):
+        if not 1 <= lo <= hi:
+            raise ValueError(f"{name}={(lo, hi)!r} must satisfy 1 <= low <= high")
+    if rate is not None and not rate > 0:
+        raise ValueError(f"rate={rate!r} must be > 0 requests per step")
+    rng = random.Random(seed)
+    t, out = 0.0, []
+    for _ in range(n):
+        if rate is not None:
+            t += rng.expovariate(rate)
+        out.append(Request(int(t), rng.randint(*prompt), rng.randint(*output)))
+    return out
+
+
+@dataclass(frozen=True)
+class KVCacheSim:
+    """The result of :func:`simulate_kv_cache`. Per step: ``stored`` tokens whose keys and values
+    are in the cache, ``allocated`` token slots set aside for the running requests, ``running``
+    requests. ``capacity`` is in tokens."""
+
+    policy: str
+    capacity: int
+    stored: tuple[int, ...]
+    allocated: tuple[int, ...]
+    running: tuple[int, ...]
+    generated: int
+    preemptions: int
+
+    @property
+    def steps(self) -> int:
+        return len(self.stored)
+
+    @property
+    def utilization(self) -> float:
+        """Σ stored / Σ allocated: the share of set-aside KV memory that holds a token."""
+        total = sum(self.allocated)
+        return sum(self.stored) / total if total else 1.0
+
+    @property
+    def waste(self) -> float:
+        """1 − :attr:`utilization`."""
+        return 1.0 - self.utilization
+
+    @property
+    def mean_running(self) -> float:
+        return sum(self.running) / self.steps if self.steps else 0.0
+
+    @property
+    def peak_running(self) -> int:
+        return max(self.running, default=0)
+
+    @property
+    def throughput(self) -> float:
+        """Generated tokens per step."""
+        return self.generated / self.steps if self.steps else 0.0
+
+
+def simulate_kv_cache(requests, capacity: int, policy: str = "paged", block_size: int = 16,
+                      max_len: int = 2048) -> KVCacheSim:
+    """Serve ``requests`` (:class:`Request`) with a KV cache of ``capacity`` tokens, one decoding
+    step at a time, and count how much of the cache holds real tokens.
+
+    Each step every running request adds one token: in the step it is admitted (its prefill) it
+    holds ``prompt + 1`` tokens, ``k`` steps later ``prompt + 1 + k``; after ``output`` steps it
+    holds ``prompt + output`` and leaves, freeing its memory. Running requests go first; then
+    waiting requests that have arrived are admitted in arrival order while they fit (the first
+    that does not fit blocks the ones behind it).
+
+    * ``policy="contiguous"``: each request is given ``max_len`` contiguous slots when admitted,
+      the pre-allocation to the maximum length that Kwon et al. 2023 (§3, Fig. 3) measure in
+      earlier systems: the slots for tokens not generated yet are reserved, and those beyond the
+      request's final length never hold anything (internal fragmentation).
+    * ``policy="paged"``: PagedAttention (Kwon et al. 2023, §4): the cache is split into blocks of
+      ``block_size`` tokens and a request holds ⌈tokens / block_size⌉ blocks, taking a new block
+      only when its last one is full, so at most ``block_size − 1`` slots per request are empty.
+      When a running request needs a block and none is free, the most recently admitted request
+      is preempted (its blocks freed; it waits at the head of the queue and later resumes with the
+      tokens it had, as vLLM's recomputation does; the recomputation time is not modelled).
+
+    Returns a :class:`KVCacheSim`.
+    """
+    if policy not in ("paged", "contiguous"):
+        raise ValueError(f"policy={policy!r} must be 'paged' or 'contiguous'")
+    for name, v in (("capacity", capacity), ("block_size", block_size), ("max_len", max_len)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name}={v!r} must be an integer >= 1")
+    reqs = sorted(requests, key=lambda r: r.arrival)
+    for r in reqs:
+        if r.prompt < 1 or r.output < 1 or r.arrival < 0:
+            raise ValueError(f"{r}: prompt and output must be >= 1 and arrival >= 0")
+        if policy == "contiguous" and r.length > max_len:
+            raise ValueError(f"{r}: prompt + output = {r.length} exceeds max_len={max_len}")
+    unit = block_size if policy == "paged" else max_len
+    slots = capacity // unit * unit          # whole blocks (or whole max_len reservations)
+    if policy == "contiguous" and slots < max_len:
+        raise ValueError(f"capacity={capacity} holds no request of max_len={max_len}")
+    if policy == "paged" and reqs and -(-max(r.length for r in reqs) // unit) * unit > slots:
+        raise ValueError(f"capacity={capacity} cannot hold the longest request alone")
+
+    def need(tokens: int) -> int:  # slots a request holding `tokens` tokens occupies
+        return max_len if policy == "contiguous" else -(-tokens // unit) * unit
+
+    waiting = [[r, 0] for r in reqs]         # [request, tokens generated so far]
+    running: list[list] = []                 # admission order; entries [request, generated]
+    used = 0
+    stored, allocated, n_running = [], [], []
+    generated = preemptions = 0
+    step = 0
+    while waiting or running:
+        # 1. running requests add one token each (oldest first); preempt the newest if needed
+        i = 0
+        while i < len(running):
+            r, k = running[i]
+            grow = need(r.prompt + k + 1) - need(r.prompt + k)
+            while grow > slots - used and running[-1] is not running[i]:
+                victim = running.pop()
+                used -= need(victim[0].prompt + victim[1])
+                waiting.insert(0, victim)
+                preemptions += 1
+            if grow > slots - used:          # it is the newest itself: it waits
+                victim = running.pop(i)
+                used -= need(r.prompt + k)
+                waiting.insert(0, victim)
+                preemptions += 1
+                continue
+            used += grow
+            running[i][1] += 1
+            i += 1
+        # 2. admit arrived requests in order while they fit
+        while waiting and waiting[0][0].arrival <= step:
+            r, k = waiting[0]
+            cost = need(r.prompt + k + 1)
+            if cost > slots - used:
+                break
+            waiting.pop(0)
+            used += cost
+            running.append([r, k + 1])
+        # 3. record, then retire finished requests
+        stored.append(sum(r.prompt + k for r, k in running))
+        allocated.append(used)
+        n_running.append(len(running))
+        generated += len(running)
+        done = [e for e in running if e[1] >= e[0].output]
+        for r, k in done:
+            used -= need(r.prompt + k)
+        running = [e for e in running if e[1] < e[0].output]
+        step += 1
+    return KVCacheSim(policy, capacity, tuple(stored), tuple(allocated), tuple(n_running),
+                      generated, preemptions)

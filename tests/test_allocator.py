@@ -1,0 +1,310 @@
+"""The caching-allocator simulator against PyTorch's documented rules, case by case by hand.
+
+Constants: c10/cuda/CUDACachingAllocator.cpp (kMinBlockSize 512, kSmallSize 1 MiB, kSmallBuffer
+2 MiB, kLargeBuffer 20 MiB, kMinLargeAlloc 10 MiB, kRoundLarge 2 MiB). Every expected number below
+is worked out from those rules in the comment next to it, not taken from the simulator.
+"""
+
+import random
+
+import pytest
+
+from parmem import ModelSpec, ParallelConfig, TrainingSetup
+from parmem.activations import per_layer_bytes
+from parmem.allocator import (
+    CachingAllocator,
+    OutOfMemory,
+    pool_of,
+    replay,
+    round_size,
+    segment_size,
+    stage_weight_tensors,
+    training_step_events,
+)
+from parmem.memory import estimate
+
+KiB, MiB = 2**10, 2**20
+
+
+@pytest.mark.parametrize("n,rounded", [(0, 512), (1, 512), (512, 512), (513, 1024),
+                                       (1000, 1024), (MiB, MiB), (MiB + 1, MiB + 512)])
+def test_round_size(n, rounded):
+    assert round_size(n) == rounded
+
+
+def test_pool_boundary_is_one_mib_after_rounding():
+    assert pool_of(MiB) == "small"
+    assert pool_of(MiB - 100) == "small"   # rounds to exactly 1 MiB
+    assert pool_of(MiB + 1) == "large"     # rounds to 1 MiB + 512
+
+
+@pytest.mark.parametrize("n,seg", [
+    (1, 2 * MiB),                 # small: a 2 MiB segment
+    (MiB, 2 * MiB),
+    (MiB + 1, 20 * MiB),          # large and < 10 MiB: a 20 MiB segment
+    (10 * MiB - 512, 20 * MiB),
+    (10 * MiB, 10 * MiB),         # >= 10 MiB: its own size, rounded up to 2 MiB
+    (10 * MiB + 1, 12 * MiB),     # 10 MiB + 512 -> 12 MiB
+    (21 * MiB, 22 * MiB),
+])
+def test_segment_size(n, seg):
+    assert segment_size(n) == seg
+
+
+def test_small_pool_packs_four_500k_tensors_per_2mib_segment():
+    # 500 KiB = 512,000 bytes, a multiple of 512; 4 of them = 2,048,000 <= 2,097,152: one segment.
+    a = CachingAllocator()
+    for _ in range(4):
+        a.malloc(500 * KiB)
+    assert (a.allocated, a.reserved, a.segments) == (4 * 512_000, 2 * MiB, 1)
+    a.malloc(500 * KiB)  # the fifth opens a second segment
+    assert (a.allocated, a.reserved, a.segments) == (5 * 512_000, 4 * MiB, 2)
+
+
+def test_unsplit_large_remainder_is_counted_as_allocated():
+    # 19.5 MiB >= 10 MiB: segment = ceil(19.5, 2) = 20 MiB; remainder 0.5 MiB is not > 1 MiB,
+    # so the block is not split and the whole 20 MiB is "allocated".
+    a = CachingAllocator()
+    a.malloc(19 * MiB + 512 * KiB)
+    assert a.allocated == 20 * MiB
+    assert a.requested == 19 * MiB + 512 * KiB
+    assert a.reserved == 20 * MiB
+
+
+def test_split_reuse_and_new_segment():
+    a = CachingAllocator()
+    a.malloc(3 * MiB)            # 20 MiB segment, split: 3 used, 17 free
+    a.malloc(17 * MiB)           # best fit is the 17 MiB remainder: no new segment
+    assert (a.allocated, a.reserved, a.segments) == (20 * MiB, 20 * MiB, 1)
+    a.malloc(MiB + 1)            # nothing free: a second 20 MiB segment
+    assert (a.allocated, a.reserved, a.segments) == (21 * MiB + 512, 40 * MiB, 2)
+
+
+def test_remainder_of_an_own_size_segment_serves_a_later_request():
+    # 12 MiB + 1 -> 12 MiB + 512, segment 14 MiB, remainder 2 MiB - 512 > 1 MiB: split.
+    a = CachingAllocator()
+    a.malloc(12 * MiB + 1)
+    assert (a.allocated, a.reserved) == (12 * MiB + 512, 14 * MiB)
+    a.malloc(MiB + 512 * KiB)    # 1.5 MiB, large pool, fits the 2 MiB - 512 remainder
+    assert (a.reserved, a.segments) == (14 * MiB, 1)
+
+
+def test_free_merges_neighbours_then_unsplit_rule():
+    a = CachingAllocator()
+    h = [a.malloc(5 * MiB) for _ in range(4)]   # four 5 MiB blocks fill one 20 MiB segment
+    assert (a.reserved, a.segments) == (20 * MiB, 1)
+    a.free(h[1])
+    a.free(h[2])                                 # merged into one free 10 MiB block
+    assert a.inactive_split == 10 * MiB
+    a.malloc(9 * MiB)                            # remainder 1 MiB is not > 1 MiB: unsplit
+    assert a.allocated == 5 * MiB + 10 * MiB + 5 * MiB
+    assert a.reserved == 20 * MiB
+    a.empty_cache()                              # the segment is in use: nothing released
+    assert a.reserved == 20 * MiB
+
+
+def test_growing_sizes_strand_cached_segments():
+    # The "N+1" case of PyTorch's expandable-segments note: ten 10 MiB tensors (ten 10 MiB
+    # segments), freed, then ten 11 MiB tensors: no cached block is large enough, so ten new
+    # 12 MiB segments (11 MiB rounds to 12, remainder 1 MiB unsplit: allocated 12 each).
+    a = CachingAllocator()
+    for h in [a.malloc(10 * MiB) for _ in range(10)]:
+        a.free(h)
+    for _ in range(10):
+        a.malloc(11 * MiB)
+    assert (a.allocated, a.reserved) == (120 * MiB, 220 * MiB)
+    # with 200 MiB of capacity the 9th segment (100 + 9*12 = 208 > 200) triggers one release of
+    # the ten free 10 MiB segments and a retry; no out-of-memory
+    b = CachingAllocator(capacity=200 * MiB)
+    for h in [b.malloc(10 * MiB) for _ in range(10)]:
+        b.free(h)
+    for _ in range(10):
+        b.malloc(11 * MiB)
+    assert (b.reserved, b.num_alloc_retries, b.num_ooms) == (120 * MiB, 1, 0)
+
+
+def test_expandable_segments_tile_the_growing_sizes():
+    # Expandable: 100 MiB of 10 MiB tensors map five 20 MiB pages. Freed, they merge into one
+    # 100 MiB free block that holds nine 11 MiB tensors (99 MiB); the tenth uses the 1 MiB tail
+    # and maps one more page: 120 MiB reserved, 110 MiB allocated (splits down to 512 bytes).
+    a = CachingAllocator(expandable_segments=True)
+    for h in [a.malloc(10 * MiB) for _ in range(10)]:
+        a.free(h)
+    assert a.reserved == 100 * MiB
+    for _ in range(10):
+        a.malloc(11 * MiB)
+    assert (a.allocated, a.reserved, a.segments) == (110 * MiB, 120 * MiB, 1)
+
+
+def test_expandable_small_pool_pages():
+    # three 1 MiB tensors: small pool, 2 MiB pages; two fill the first page, the third maps a
+    # second page
+    a = CachingAllocator(expandable_segments=True)
+    for _ in range(3):
+        a.malloc(MiB)
+    assert (a.allocated, a.reserved) == (3 * MiB, 4 * MiB)
+
+
+def test_expandable_without_frees_wastes_less_than_one_page_per_pool():
+    rng = random.Random(0)
+    sizes = [rng.choice([rng.randrange(1, MiB), rng.randrange(MiB + 1, 64 * MiB)])
+             for _ in range(300)]
+    a = CachingAllocator(expandable_segments=True)
+    for n in sizes:
+        a.malloc(n)
+    small = sum(round_size(n) for n in sizes if pool_of(n) == "small")
+    large = sum(round_size(n) for n in sizes if pool_of(n) == "large")
+    ceil = lambda n, u: -(-n // u) * u  # noqa: E731
+    assert a.allocated == small + large
+    assert a.reserved == ceil(small, 2 * MiB) + ceil(large, 20 * MiB)
+
+
+def test_empty_cache_unmaps_only_whole_free_pages():
+    a = CachingAllocator(expandable_segments=True)
+    h = [a.malloc(15 * MiB) for _ in range(4)]   # 60 MiB: three 20 MiB pages
+    assert a.reserved == 60 * MiB
+    a.free(h[1])
+    a.free(h[2])                                 # free [15, 45) MiB: page [20, 40) is empty
+    a.empty_cache()
+    assert a.reserved == 40 * MiB
+    a.malloc(30 * MiB)                           # the lowest gap that fits: maps the page back
+    assert (a.reserved, a.segments) == (60 * MiB, 1)
+
+
+def test_out_of_memory_after_retry():
+    a = CachingAllocator(capacity=30 * MiB)
+    a.malloc(20 * MiB)                           # segment of 20 MiB
+    with pytest.raises(OutOfMemory) as err:
+        a.malloc(12 * MiB)                       # needs a 12 MiB segment: 32 > 30 MiB
+    assert (err.value.allocated, err.value.reserved, err.value.capacity) == (20 * MiB, 20 * MiB,
+                                                                            30 * MiB)
+    assert (a.num_alloc_retries, a.num_ooms) == (1, 1)
+
+
+def test_replay_timeline_and_errors():
+    events = [("alloc", "x", 3 * MiB), ("alloc", "y", 100), ("alloc", "z", 0), ("free", "x"),
+              ("free", "z")]
+    r = replay(events)
+    assert r.allocated == (3 * MiB, 3 * MiB + 512, 3 * MiB + 512, 512, 512)
+    assert r.reserved == (20 * MiB, 22 * MiB, 22 * MiB, 22 * MiB, 22 * MiB)
+    assert r.requested[-1] == 100
+    assert (r.peak_requested, r.peak_reserved, r.oom_at) == (3 * MiB + 100, 22 * MiB, None)
+    assert replay([("alloc", 1, 20 * MiB), ("alloc", 2, 20 * MiB)],
+                  capacity=30 * MiB).oom_at == 1
+    for bad, msg in [([("alloc", 1, 1), ("alloc", 1, 1)], "allocated twice"),
+                     ([("free", 1)], "not allocated"), ([("grow", 1)], "kind='grow'")]:
+        with pytest.raises(ValueError, match=msg):
+            replay(bad)
+    with pytest.raises(ValueError, match="nbytes=-1"):
+        CachingAllocator().malloc(-1)
+    with pytest.raises(ValueError, match="not a live allocation"):
+        CachingAllocator().free(7)
+
+
+def test_training_step_events_model_states_are_16_bytes_per_param():
+    # Llama-2-7B, one GPU: the parameter tensors sum to 2 bytes x 6,738,415,616 (the published
+    # count); after the step, weights + gradients + fp32 master + two Adam moments = 16 bytes per
+    # parameter (Rajbhandari et al. 2020, §3.1) are all that is left.
+    spec = ModelSpec.preset("llama-2-7b")
+    ev = training_step_events(spec, ParallelConfig(), TrainingSetup(seq_len=256))
+    live: dict = {}
+    for e in ev:
+        if e[0] == "alloc":
+            live[e[1]] = e[2]
+        else:
+            del live[e[1]]
+    n_weights = spec.layers * 9 + 3          # 7 matrices + 2 norms per layer, emb, norm, head
+    assert sum(e[2] for e in ev[:n_weights]) == 2 * 6_738_415_616
+    assert sum(live.values()) == 16 * 6_738_415_616
+
+
+def test_training_step_events_activations_match_table2_at_the_end_of_forward():
+    # GPT-3 175B shapes at t = 8, one micro-batch: just before the first backward the live bytes
+    # are the stage's 16-bit weights plus L layers of sbh(10 + 24/t + 5as/(ht)) (Korthikanti et
+    # al. 2022, Table 2).
+    spec = ModelSpec.preset("gpt3-175b").with_(bias=False, norm="rmsnorm", position="rotary",
+                                              tied_embeddings=False)
+    s, b, t = 2048, 1, 8
+    ev = training_step_events(spec, ParallelConfig(tp=t), TrainingSetup(seq_len=s,
+                                                                         micro_batch=b))
+    n_weights = spec.layers * 8 + 3          # 6 matrices + 2 norms per layer, emb, norm, head
+    weights = sum(e[2] for e in ev[:n_weights])
+    # live bytes after the forward: every allocation before the first free, less the two
+    # gradient buffers the last layer's backward allocates just before it
+    first_free = next(i for i, e in enumerate(ev) if e[0] == "free")
+    allocated_before = sum(e[2] for e in ev[:first_free - 2])
+    table2 = spec.layers * per_layer_bytes(s, b, spec.hidden, spec.heads, tp=t)
+    assert allocated_before - weights == table2
+
+
+@pytest.mark.parametrize("name,par", [
+    ("gpt2", ParallelConfig(pp=2)),                       # tied embedding copied to the last stage
+    ("gpt3-175b", ParallelConfig(tp=8, pp=4)),            # biases, learned positions
+    ("llama-3-70b", ParallelConfig(tp=16)),               # t > kv_heads: one kv head per GPU
+    ("mixtral-8x7b", ParallelConfig(dp=8, ep=2, pp=4)),   # experts and router
+])
+def test_stage_weight_tensors_are_the_estimates_parameters(name, par):
+    # two independent codings of Shoeybi et al. 2019 §3 sharding must agree on every stage
+    spec = ModelSpec.preset(name)
+    est = estimate(spec, par, TrainingSetup(seq_len=256))
+    for i, st in enumerate(est.stages):
+        assert 2 * sum(stage_weight_tensors(spec, par, i)) == st.params
+
+
+def test_training_step_events_rejects_what_it_does_not_model():
+    spec = ModelSpec.preset("llama-2-7b")
+    with pytest.raises(ValueError, match="zero=3"):
+        training_step_events(spec, ParallelConfig(dp=2, zero=3), TrainingSetup(seq_len=128))
+    with pytest.raises(ValueError, match="stage=2"):
+        training_step_events(spec, ParallelConfig(pp=2), TrainingSetup(seq_len=128), stage=2)
+
+
+def test_record_allocations_sees_new_storages_and_their_death():
+    torch = pytest.importorskip("torch")
+    from parmem.allocator import record_allocations
+
+    with record_allocations() as rec:
+        x = torch.empty(1000, dtype=torch.uint8)
+        v = x.view(10, 100)          # a view: no allocation
+        y = x + 1                    # a new 1000-byte storage
+        y.add_(1)                    # in place: no allocation
+        del x, v                     # x's storage dies; seen after the next operator
+        z = y * 2
+    kinds = [(e[0], e[2] if e[0] == "alloc" else None) for e in rec.events]
+    assert kinds == [("alloc", 1000), ("alloc", 1000), ("free", None), ("alloc", 1000)]
+    assert rec.events[2][1] == rec.events[0][1]      # the first storage is the one freed
+    assert rec.live == 2 and z.shape == (1000,)
+
+
+@pytest.mark.parametrize("expandable", [False, True])
+def test_random_traffic_keeps_the_books_balanced(expandable):
+    # Invariants of any allocator state: live blocks never overlap, allocated is the sum of the
+    # live blocks (each at least its rounded request), reserved covers them, reserved is whole
+    # segments (multiples of 2 MiB) and, once everything is freed and the cache emptied, zero.
+    rng = random.Random(1 if expandable else 2)
+    a = CachingAllocator(expandable_segments=expandable, capacity=400 * MiB)
+    live: dict[int, int] = {}
+    for _ in range(2000):
+        if live and rng.random() < 0.45:
+            h = rng.choice(list(live))
+            a.free(h)
+            del live[h]
+        else:
+            n = rng.choice([rng.randrange(1, 4096), rng.randrange(1, 2 * MiB),
+                            rng.randrange(MiB, 30 * MiB)])
+            try:
+                live[a.malloc(n)] = n
+            except OutOfMemory:
+                continue
+        blocks = sorted((b.addr, b.size) for b in a._live.values())
+        assert all(x + s <= y for (x, s), (y, _) in zip(blocks, blocks[1:], strict=False))
+        assert a.allocated == sum(s for _, s in blocks)
+        assert all(b.size >= round_size(live[h]) for h, b in a._live.items())
+        assert a.requested == sum(live.values())
+        assert a.allocated <= a.reserved <= 400 * MiB
+        assert a.reserved % (2 * MiB) == 0
+    for h in list(live):
+        a.free(h)
+    assert (a.allocated, a.requested) == (0, 0)
+    a.empty_cache()
+    assert (a.reserved, a.segments) == (0, 0)
