@@ -44,6 +44,7 @@ __all__ = [
     "bubble_fraction",
     "bubble_ratio",
     "in_flight",
+    "in_flight_timeline",
 ]
 
 #: Schedule names accepted by :func:`simulate` and :func:`in_flight`.
@@ -355,3 +356,38 @@ def in_flight(schedule: str, p: int, m: int, v: int = 1, stage: int = 0) -> floa
     if m == p:
         return m
     return min(2 * (p - stage - 1) + (v - 1) * p + 1, m * v) / v
+
+
+def in_flight_timeline(result: PipelineResult, stage: int) -> list[tuple[float, float]]:
+    """Micro-batches whose activations ``stage`` holds, over time: ``[(time, count), ...]``.
+
+    A micro-batch (of one chunk) starts to occupy memory when its forward starts and is released
+    when its backward ends. The count is in units of a whole stage's micro-batch (chunks count
+    ``1/v``). The list starts at ``(0.0, 0)``, has one point per change (releases at an instant
+    are applied before arrivals at the same instant) and ends at ``(step_time, 0)``; its largest
+    count equals ``result.peak_in_flight[stage]``. Use it to draw memory against time
+    (:func:`parmem.plots.plot_in_flight`).
+    """
+    if not isinstance(result, PipelineResult):
+        raise ValueError(f"result must be a PipelineResult, got {type(result).__name__}")
+    if isinstance(stage, bool) or not isinstance(stage, int) or not 0 <= stage < result.p:
+        raise ValueError(f"stage={stage!r} must be an integer in 0..{result.p - 1}")
+    changes: list[tuple[float, int]] = []
+    for e in result.stage_events(stage):
+        if e.kind == "F":
+            changes.append((e.start, +1))
+        else:
+            changes.append((e.end, -1))
+    changes.sort()  # at equal times -1 sorts before +1: a release before an arrival
+    points: list[tuple[float, float]] = [(0.0, 0)]
+    count = 0
+    for t, delta in changes:
+        count += delta
+        value = count if result.v == 1 else count / result.v
+        if points[-1][0] == t:
+            points[-1] = (t, value)
+        else:
+            points.append((t, value))
+    if points[-1][0] != result.step_time:
+        points.append((result.step_time, points[-1][1]))
+    return points

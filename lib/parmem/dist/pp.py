@@ -89,7 +89,8 @@ class StashMeter(nn.Module):
 
 
 def demo(schedule: str = "1f1b", microbatches: int | None = None, v: int = 2,
-         layers: int | None = None, hidden: int = 32, microbatch_size: int = 4) -> dict:
+         layers: int | None = None, hidden: int = 32, microbatch_size: int = 4,
+         delay_ms: tuple[float, float] | None = None) -> dict:
     """Train one step of the pipelined model; compare with the unpipelined model and simulate().
 
     ``schedule``: ``"gpipe"``, ``"1f1b"`` or ``"interleaved"`` (``v`` chunks per rank). Defaults:
@@ -102,6 +103,11 @@ def demo(schedule: str = "1f1b", microbatches: int | None = None, v: int = 2,
     ``sim_idle_s``, ``sim_idle_fraction``). With ``hidden=1024, microbatch_size=128, layers=8``
     (about 1 s per schedule at p = 2) compute outweighs gloo's latency and the measured idle
     fraction comes within a few points of the simulator's.
+
+    ``delay_ms=(t_fwd, t_bwd)`` adds that much time (milliseconds, split over the v chunks) to
+    every micro-batch's forward and backward on every stage by sleeping (:class:`Delay`): the
+    emulated compute of a GPU, which makes the timing independent of how many CPU cores the
+    ranks share. Default ``None``: no delay.
     """
     import torch.distributed as dist
     from torch.distributed.pipelining import (
@@ -139,6 +145,8 @@ def demo(schedule: str = "1f1b", microbatches: int | None = None, v: int = 2,
         idx = c * p + r
         part = make_model(per, hidden).to(dev)
         part.load_state_dict(nn.Sequential(*full[idx * per:(idx + 1) * per]).state_dict())
+        if delay_ms is not None:
+            part = nn.Sequential(part, Delay(delay_ms[0] / v, delay_ms[1] / v))
         mod = StashMeter(part, c, shared)
         metered.append((idx, mod))
         shape = (microbatch_size, hidden)  # outputs (and non-first inputs) carry gradients
@@ -186,3 +194,298 @@ def demo(schedule: str = "1f1b", microbatches: int | None = None, v: int = 2,
     if r == p - 1:
         out["loss_err"] = abs(torch.stack(losses).mean().item() - ref_loss.item())
     return out
+
+
+# ---------------------------------------------------------------------------- emulated compute
+class _Sleep(torch.autograd.Function):
+    """Identity that sleeps ``t_fwd`` seconds in forward and ``t_bwd`` in backward."""
+
+    @staticmethod
+    def forward(ctx, x, t_fwd: float, t_bwd: float):
+        ctx.t_bwd = t_bwd
+        time.sleep(t_fwd)
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        time.sleep(ctx.t_bwd)
+        return grad, None, None
+
+
+class Delay(nn.Module):
+    """Emulated compute: an identity that takes ``fwd_ms`` in forward and ``bwd_ms`` in backward
+    (sleeping, so ranks that share CPU cores do not slow each other down)."""
+
+    def __init__(self, fwd_ms: float, bwd_ms: float):
+        super().__init__()
+        if not (fwd_ms >= 0 and bwd_ms >= 0):
+            raise ValueError(f"delay_ms=({fwd_ms}, {bwd_ms}) must be >= 0")
+        self.t_fwd, self.t_bwd = fwd_ms / 1e3, bwd_ms / 1e3
+
+    def forward(self, x):
+        return _Sleep.apply(x, self.t_fwd, self.t_bwd)
+
+
+# ---------------------------------------------------------------------------- a pipelined GPT
+class _LiveSaved:
+    """Live bytes of the tensors autograd saves on this rank (each storage once) and their peak.
+
+    Every saved tensor is wrapped in a :class:`_SavedRef` while its graph lives; a storage counts
+    from its first save until its last reference is released (after its micro-batch's backward).
+    Parameters are excluded: they are model state.
+    """
+
+    def __init__(self, exclude=()):
+        from parmem.measure import _storage_key_and_bytes
+
+        self._key = _storage_key_and_bytes
+        self.exclude = {_storage_key_and_bytes(p)[0] for p in exclude}
+        self.refs: dict = {}
+        self.sizes: dict = {}
+        self.live = self.peak = 0
+
+    def _pack(self, t):
+        key, n = self._key(t)
+        return t if key in self.exclude else _SavedRef(t, self, key, n)
+
+    @staticmethod
+    def _unpack(h):
+        return h.t if isinstance(h, _SavedRef) else h
+
+    def hooks(self):
+        return torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+
+
+class _SavedRef:
+    __slots__ = ("t", "meter", "key")
+
+    def __init__(self, t, meter: _LiveSaved, key, n: int):
+        self.t, self.meter, self.key = t, meter, key
+        if key not in meter.refs:
+            meter.refs[key] = 0
+            meter.sizes[key] = n
+            meter.live += n
+            meter.peak = max(meter.peak, meter.live)
+        meter.refs[key] += 1
+
+    def __del__(self):
+        m = self.meter
+        m.refs[self.key] -= 1
+        if not m.refs[self.key]:
+            del m.refs[self.key]
+            m.live -= m.sizes.pop(self.key)
+
+
+class GPTStage(nn.Module):
+    """Layers ``lo:hi`` of a :class:`parmem.reference.TinyGPT` as one pipeline stage; the first
+    stage also holds the token and position embeddings (input: token ids ``[b, s]``), the last the
+    final LayerNorm and the LM head (output: fp32 logits ``[s, b, V]``), as in Megatron-LM.
+    ``sent_bytes`` is the size of the activation a non-last stage sends per micro-batch."""
+
+    def __init__(self, full, lo: int, hi: int, first: bool, last: bool):
+        super().__init__()
+        self.first, self.last = first, last
+        if first:
+            self.tok, self.pos = full.tok, full.pos
+        self.layers = nn.ModuleList(full.layers[lo:hi])
+        if last:
+            self.ln_f, self.head = full.ln_f, full.head
+        self.sent_bytes = 0
+
+    def forward(self, x):
+        if self.first:
+            # the schedule splits [b, s] on dim 0; layers use [s, b, h]. A copy in its own storage:
+            # at b = 1 the transpose is already contiguous and would share the whole batch's
+            ids = x.t().clone(memory_format=torch.contiguous_format)
+            pos = torch.arange(ids.shape[0], device=ids.device)
+            x = self.tok(ids) + self.pos(pos)[:, None, :]
+        for layer in self.layers:
+            x = layer(x)
+        if self.last:
+            return self.head(self.ln_f(x)).float()
+        self.sent_bytes = x.numel() * x.element_size()
+        return x
+
+
+def _gpt_loss(logits, labels):
+    target = labels.t().clone(memory_format=torch.contiguous_format).view(-1)  # own storage
+    return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target)
+
+
+def gpt_stage_extras(n_layers: int, first: bool, last: bool, seq: int, batch: int, units: int,
+                     max_positions: int, stat_bytes: int = 2, n_param_tensors: int = 0,
+                     elem: int = 2) -> dict:
+    """Bytes a :class:`GPTStage` holds that :func:`parmem.estimate` leaves out on purpose, each
+    from its shape, for ``units`` micro-batches in flight (see :mod:`parmem.dist.anatomy`):
+
+    * ``norm_statistics``: each LayerNorm's mean and rstd per token, 2 LayerNorms per layer plus
+      the final one on the last stage (16-bit on CPU, fp32 on CUDA: ``stat_bytes``);
+    * first stage: ``token_ids`` (int64, s·b) and ``position_ids`` (int64, s) the embeddings keep;
+    * last stage: ``labels`` (int64, s·b) and the 0-d fp32 ``loss_weight`` the NLL loss keeps;
+    * ``adam_steps``: one 0-d fp32 step counter per parameter tensor (optimizer states);
+    * ``causal_mask_buffers``: each layer's additive causal mask (a buffer, not model state).
+    """
+    sb = seq * batch
+    norms = 2 * n_layers + (1 if last else 0)
+    return {"norm_statistics": units * norms * 2 * sb * stat_bytes,
+            "token_ids": units * 8 * sb if first else 0,
+            "position_ids": units * 8 * seq if first else 0,
+            "labels": units * 8 * sb if last else 0,
+            "loss_weight": units * 4 if last else 0,
+            "adam_steps": 4 * n_param_tensors,
+            "causal_mask_buffers": n_layers * max_positions ** 2 * elem}
+
+
+def demo_gpt(schedule: str = "1f1b", microbatches: int | None = None, layers_per_stage=None,
+             vocab: int = 512, hidden: int = 64, layers: int | None = None, heads: int = 4,
+             seq: int = 32, microbatch_size: int = 2) -> dict:
+    """One training step of a GPT cut into p = world-size pipeline stages; measured bytes per stage.
+
+    The model is :class:`parmem.reference.TinyGPT` (bf16, no dropout) of
+    :func:`parmem.dist.anatomy.tiny_spec`, split by ``layers_per_stage`` (default: even; L defaults
+    to 2p) into :class:`GPTStage` modules and run by ``torch.distributed.pipelining``
+    (``"gpipe"`` or ``"1f1b"``, m = ``microbatches``, default 2p, of ``microbatch_size``
+    sequences). Each rank then takes a mixed-precision AdamW step on its stage.
+
+    Measured on each rank: parameters, gradients, optimizer states and buffers
+    (:func:`parmem.measure.state_bytes`), the peak of the live bytes autograd saves
+    (activations and logits of every micro-batch in flight), the bytes sent per micro-batch. Beside
+    them: :func:`parmem.estimate` for the same spec, ``pp = p`` and split, and
+    :func:`gpt_stage_extras`. Returned: ``measured``, ``estimate``, ``extras`` (dicts of bytes),
+    ``in_flight`` (``in_flight_units``), ``layers``, ``sent_bytes``, ``grad_err`` (max abs
+    difference from one process running the same micro-batches with gradient accumulation: 0,
+    bit for bit), ``loss_err`` on the last stage, and from that single process
+    ``layer_saved_bytes`` (one layer, one micro-batch) and ``all_layers_saved_bytes`` (all L
+    layers, one micro-batch).
+    """
+    import copy
+
+    import torch.distributed as dist
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    from parmem import ParallelConfig, TrainingSetup, estimate
+    from parmem.activations import in_flight_units
+    from parmem.dist.anatomy import tiny_spec
+    from parmem.measure import SavedTensorsMeter, state_bytes
+    from parmem.reference import MixedPrecisionAdamW, TinyGPT
+
+    classes = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+    if schedule not in classes:
+        raise ValueError(f"schedule={schedule!r} must be one of {tuple(classes)}")
+    p, r, dev = world_size(), rank(), device()
+    m = microbatches or 2 * p
+    b = microbatch_size
+    spec = tiny_spec(vocab, hidden, layers or 2 * p, heads, seq)
+    setup = TrainingSetup(seq_len=seq, micro_batch=b, num_microbatches=m, schedule=schedule,
+                          dropout=False)
+    est = estimate(spec, ParallelConfig(pp=p), setup, layers_per_stage=layers_per_stage)
+    lps = [s.layers for s in est.stages]
+    first, last = r == 0, r == p - 1
+    torch.manual_seed(0)
+    full = TinyGPT(spec, dropout_p=0.0).to(dev).train()
+    g = torch.Generator().manual_seed(1234)
+    ids = torch.randint(0, vocab, (m * b, seq), generator=g).to(dev)
+    labels = torch.randint(0, vocab, (m * b, seq), generator=g).to(dev)
+
+    # the single-process reference: the same micro-batches, gradients accumulated, then / m
+    ref = copy.deepcopy(full)
+    ref_losses = []
+    for k in range(m):
+        lk = ref(ids[k * b:(k + 1) * b].t().contiguous(), labels[k * b:(k + 1) * b].t().contiguous())
+        lk.backward()
+        ref_losses.append(lk.detach().float())
+    for prm in ref.parameters():
+        prm.grad.div_(m)
+    x = torch.randn(seq, b, hidden, dtype=torch.bfloat16, device=dev, requires_grad=True)
+    with SavedTensorsMeter(exclude=ref.parameters()) as one:
+        ref.layers[0](x)
+    with SavedTensorsMeter(exclude=ref.parameters()) as all_layers:
+        y = x
+        for layer in ref.layers:
+            y = layer(y)
+
+    lo = sum(lps[:r])
+    names = {id(prm): n for n, prm in full.named_parameters()}
+    mod = GPTStage(full, lo, lo + lps[r], first, last).to(dev)
+    ref_params = dict(ref.named_parameters())
+    act = torch.bfloat16
+    inp = (torch.empty(b, seq, dtype=torch.long, device=dev) if first else
+           torch.empty(seq, b, hidden, dtype=act, device=dev, requires_grad=True))
+    out = (torch.empty(seq, b, vocab, dtype=torch.float32, device=dev, requires_grad=True) if last
+           else torch.empty(seq, b, hidden, dtype=act, device=dev, requires_grad=True))
+    stage = PipelineStage(mod, r, p, dev, input_args=inp, output_args=out)
+    sched = classes[schedule](stage, m, loss_fn=_gpt_loss)
+    meter = _LiveSaved(exclude=mod.parameters())
+    losses: list = []
+    dist.barrier()
+    with meter.hooks():
+        if first:
+            sched.step(ids)
+        elif last:
+            sched.step(target=labels, losses=losses)
+        else:
+            sched.step()
+    dist.barrier()
+    grad_err = max(float((prm.grad.float() - ref_params[names[id(prm)]].grad.float()).abs().max())
+                   for prm in mod.parameters())
+    opt = MixedPrecisionAdamW(mod.parameters())
+    opt.step()
+    st = state_bytes(mod, opt)
+    e = est.stages[r]
+    units = in_flight_units(schedule, p, m, r)
+    res = {
+        "stage": r, "layers": lps[r], "microbatches": m, "in_flight": units,
+        "measured": {"params": st.params, "grads": st.grads, "optimizer": st.optimizer,
+                     "activations_and_logits": meter.peak, "buffers": st.buffers},
+        "estimate": {"params": e.params, "grads": e.grads, "optimizer": e.optimizer,
+                     "activations": e.activations, "logits": e.logits, "total": e.total},
+        "extras": gpt_stage_extras(lps[r], first, last, seq, b, units, spec.max_positions,
+                                   stat_bytes=4 if dev.type == "cuda" else 2,
+                                   n_param_tensors=st.detail["num_param_tensors"]),
+        "sent_bytes": mod.sent_bytes, "grad_err": grad_err, "saved_after_step": meter.live,
+        "layer_saved_bytes": one.bytes, "all_layers_saved_bytes": all_layers.bytes,
+        "num_params": e.num_params,
+    }
+    if last:
+        res["loss_err"] = abs(torch.stack(losses).float().mean().item()
+                              - torch.stack(ref_losses).mean().item())
+    return res
+
+
+def compare_gpt(result: dict) -> list[dict]:
+    """Rows of measured vs estimated bytes for one stage of :func:`demo_gpt`, with the named extras
+    that explain each difference; ``unexplained`` is what is left (0 when the estimate holds)."""
+    m, e, x = result["measured"], result["estimate"], result["extras"]
+    act_extra = (x["norm_statistics"] + x["token_ids"] + x["position_ids"] + x["labels"]
+                 + x["loss_weight"])
+    rows = [
+        ("parameters", m["params"], e["params"], 0, ""),
+        ("gradients", m["grads"], e["grads"], 0, ""),
+        ("optimizer states", m["optimizer"], e["optimizer"], x["adam_steps"],
+         "Adam step counters"),
+        ("activations + logits (peak)", m["activations_and_logits"],
+         e["activations"] + e["logits"], act_extra,
+         "norm statistics, token/position ids, labels, loss weight"),
+        ("buffers", m["buffers"], 0, x["causal_mask_buffers"], "causal masks"),
+    ]
+    return [{"term": t, "measured": mv, "estimate": ev, "named extras": xv,
+             "unexplained": mv - ev - xv, "what the extras are": why}
+            for t, mv, ev, xv, why in rows]
+
+
+def bubble_rows(results: list[dict]) -> list[dict]:
+    """Per-stage idle time of one :func:`demo` run, on one clock for the whole pipeline.
+
+    Each rank times its own ``step_s`` from a common barrier to the end of its last operation, so
+    the last stage stops its clock before the first stage's final backward. The pipeline's step is
+    the longest of them; a stage's idle time is that step minus its busy time, which is how
+    :func:`parmem.pipeline.simulate` counts it (``sim_idle_fraction``: the simulator with
+    t_b = 2 t_f, the ratio ``delay_ms`` should keep)."""
+    step = max(r["step_s"] for r in results)
+    return [{"stage": r["stage"], "step_s": step, "busy_s": r["busy_s"],
+             "idle_s": step - r["busy_s"], "idle_fraction": (step - r["busy_s"]) / step,
+             "sim_idle_fraction": r["sim_idle_fraction"], "peak_stashed": r["peak_stashed"],
+             "sim_peak_stashed": r["sim_peak_stashed"]} for r in results]
+
+
+__all__ += ["Delay", "GPTStage", "bubble_rows", "compare_gpt", "demo_gpt", "gpt_stage_extras"]
