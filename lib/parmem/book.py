@@ -11,11 +11,11 @@ from __future__ import annotations
 __all__ = ["glue"]
 
 
-def glue(name: str, value, display: bool = False):
-    """Record ``value`` under ``name`` for the book's text; returns ``value``."""
+def glue(name: str, value, display: bool = False) -> None:
+    """Record ``value`` under ``name`` for the book's text (returns nothing, so a cell that ends
+    with a glue call shows no output)."""
     try:
         from myst_nb import glue as _glue
     except ImportError:  # pragma: no cover - a reader's kernel without myst-nb
-        return value
+        return
     _glue(name, value, display=display)
-    return value

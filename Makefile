@@ -1,0 +1,124 @@
+# Parallelism & GPU Memory: build, test and explore the book.
+#
+#   make book    the site, in _build/html (executes every chapter; cached afterwards)
+#   make test    lint, unit tests, every chapter under nbval, the book with -W, a browser test
+#   make lab     JupyterLab on the chapters, with parmem installed in the kernel
+#   make bench   run every benchmarks/bench_*.py
+#   make clean   remove the build (keeps .venv and node_modules); make distclean removes those too
+#
+# Setup is shared and incremental: the virtual environment is (re)installed only when
+# requirements.txt or pyproject.toml change, the npm assets only when package-lock.json does.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+.DELETE_ON_ERROR:
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+PY := $(BIN)/python
+JOBS ?= 2
+BUILD := _build
+HTML := $(BUILD)/html
+STAMP_PY := $(VENV)/.installed
+STAMP_NPM := node_modules/.installed
+STAMP_ASSETS := _assets/vendor/.copied
+
+# The chapters' torch.distributed demos start this many ranks; one BLAS thread per process keeps
+# two notebooks of two ranks each from fighting over two cores.
+export PARMEM_WORLD_SIZE ?= 2
+export OMP_NUM_THREADS ?= 1
+export PYDEVD_DISABLE_FILE_VALIDATION := 1
+
+# pytest exits 5 when it collected no test: say so, and fail (a stage that tests nothing is broken)
+no_tests = { rc=$$?; [ $$rc -ne 5 ] || echo "$(1): pytest collected no tests (exit 5); the stage must run tests" >&2; exit $$rc; }
+
+# Append "stage seconds" to $(BUILD)/stage-times.txt while running a stage: $(call timed,NAME) CMD
+timed = bash -c 's=$$SECONDS; "$$@"; rc=$$?; printf "  %-22s %5d s\n" "$(1)" $$((SECONDS - s)) >> $(BUILD)/stage-times.txt; exit $$rc' _
+
+.PHONY: help setup book execute build-html test lint unit notebooks browser lab bench clean distclean
+
+help:
+	@sed -n 's/^#   //p' Makefile
+
+# ---------------------------------------------------------------------------------------- setup
+$(STAMP_PY): requirements.txt pyproject.toml
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python >= 3.11 is needed, found " + sys.version.split()[0]'
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
+	$(PY) -m pip install --quiet --disable-pip-version-check -e .
+	touch $@
+
+$(STAMP_NPM): package.json package-lock.json
+	npm ci --ignore-scripts --no-audit --no-fund --loglevel=error
+	touch $@
+
+$(STAMP_ASSETS): $(STAMP_NPM) scripts/vendor_assets.py
+	$(PYTHON) scripts/vendor_assets.py
+	touch $@
+
+setup: $(STAMP_PY) $(STAMP_ASSETS)
+
+# ----------------------------------------------------------------------------------------- book
+# Run the chapters that changed, $(JOBS) at a time, into the execution cache; then build.
+execute: setup
+	$(PY) scripts/execute_notebooks.py --jobs $(JOBS)
+
+# Sphinx re-reads only changed pages, so a warning from an unchanged page is not repeated: after
+# a failed build the next one re-reads everything (--all), so it cannot pass by forgetting.
+build-html: setup
+	@mkdir -p $(BUILD)
+	$(BIN)/jupyter-book build . -W -n --keep-going --quiet $(if $(wildcard $(BUILD)/.build-failed),--all) \
+	  || { touch $(BUILD)/.build-failed; exit 1; }
+	@rm -f $(BUILD)/.build-failed
+	@echo "Site: $(HTML)/index.html"
+
+book: execute
+	@$(MAKE) --no-print-directory build-html
+
+# ----------------------------------------------------------------------------------------- test
+lint: setup
+	$(BIN)/ruff check .
+
+unit: setup
+	$(PY) -m pytest tests -m "not browser" -n $(JOBS) -q || $(call no_tests,unit)
+
+# Every chapter is a test (nbval-lax: cells must run; outputs are not compared). One notebook
+# per worker (--dist loadfile); conftest.py prints each notebook's seconds at the end.
+notebooks: setup
+	@if find chapters -name '*.ipynb' -not -path '*/.ipynb_checkpoints/*' | grep -q .; then \
+	  PARMEM_NB_TIMES=$(BUILD)/notebook-times.txt $(PY) -m pytest --nbval-lax --nbval-cell-timeout=120 \
+	    -n $(JOBS) --dist loadfile chapters || $(call no_tests,notebooks); \
+	else echo "notebooks: no chapters/**/*.ipynb yet, nothing to run"; fi
+
+browser: setup
+	$(PY) -m pytest tests/browser -m browser -q || $(call no_tests,browser)
+
+test: setup
+	@mkdir -p $(BUILD) && : > $(BUILD)/stage-times.txt
+	@echo "== lint" && $(call timed,lint (ruff)) $(MAKE) --no-print-directory lint
+	@echo "== unit tests" && $(call timed,unit tests) $(MAKE) --no-print-directory unit
+	@echo "== chapters (nbval)" && $(call timed,chapters (nbval)) $(MAKE) --no-print-directory notebooks
+	@echo "== book (execute + build -W)" && $(call timed,book build) $(MAKE) --no-print-directory book
+	@echo "== browser" && $(call timed,browser test) $(MAKE) --no-print-directory browser
+	@echo; echo "Seconds per notebook (nbval):"; cat $(BUILD)/notebook-times.txt 2>/dev/null || echo "  (no notebooks)"
+	@echo; echo "Seconds per stage:"; cat $(BUILD)/stage-times.txt
+
+# ------------------------------------------------------------------------------------ the rest
+# LAB_ARGS="--no-browser --port 8899" for a remote machine; root (a container) needs --allow-root
+LAB_ARGS ?= $(if $(filter 0,$(shell id -u)),--allow-root)
+lab: setup
+	$(BIN)/jupyter lab --notebook-dir=chapters $(LAB_ARGS)
+
+bench: setup
+	@shopt -s nullglob; files=(benchmarks/bench_*.py); \
+	if [ $${#files[@]} -eq 0 ]; then echo "bench: no benchmarks/bench_*.py yet"; fi; \
+	for f in "$${files[@]}"; do echo "== $$f"; $(PY) "$$f"; done
+
+clean:
+	rm -rf $(BUILD) _assets .pytest_cache .ruff_cache .hypothesis .jupyter_cache
+	find . -name __pycache__ -type d -not -path './.venv/*' -not -path './node_modules/*' -prune -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV) node_modules

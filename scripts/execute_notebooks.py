@@ -1,0 +1,120 @@
+"""Execute the book's chapters into Jupyter Book's execution cache, several at a time.
+
+Jupyter Book (execute_notebooks: cache) runs each outdated notebook one after another while
+Sphinx reads the sources. This script runs them first, in parallel (default: two at a time),
+exactly as myst-nb would (same jupyter-cache call, the notebook's folder as working directory,
+the same per-cell timeout, errors not allowed), and stores the results in the same cache. The
+build then finds every notebook cached and only renders.
+
+Usage: python scripts/execute_notebooks.py [--jobs N] [--timeout S] [--cache DIR] [NOTEBOOK ...]
+With no notebook given: every chapters/**/*.ipynb listed in _toc.yml.
+Exit status 1 if a notebook failed (its traceback is printed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def toc_notebooks() -> list[Path]:
+    """Notebooks under chapters/ that _toc.yml lists, in toc order."""
+    import yaml
+
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    found: list[Path] = []
+
+    def walk(node) -> None:
+        if isinstance(node, dict):
+            if "file" in node:
+                path = ROOT / (str(node["file"]) + ".ipynb")
+                if path.is_file():
+                    found.append(path)
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item)
+
+    walk(toc)
+    return found
+
+
+def execute(path: str, timeout: int):
+    """Run one notebook in a child process; return (path, notebook, seconds, traceback)."""
+    import nbformat
+    from jupyter_cache.executors.utils import single_nb_execution
+
+    nb = nbformat.read(path, as_version=4)
+    result = single_nb_execution(
+        nb, cwd=str(Path(path).parent), timeout=timeout, allow_errors=False, meta_override=True
+    )
+    return path, result.nb, result.time, result.exc_string if result.err else None
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("notebooks", nargs="*", type=Path)
+    parser.add_argument("--jobs", type=int, default=int(os.environ.get("JOBS", "2")))
+    parser.add_argument("--timeout", type=int, default=None,
+                        help="seconds per cell (default: execute.timeout in _config.yml)")
+    parser.add_argument("--cache", type=Path, default=ROOT / "_build" / ".jupyter_cache")
+    args = parser.parse_args()
+
+    import nbformat
+    from jupyter_cache import get_cache
+    from jupyter_cache.base import CacheBundleIn
+
+    if args.timeout is None:
+        import yaml
+
+        config = yaml.safe_load((ROOT / "_config.yml").read_text())
+        args.timeout = int(config.get("execute", {}).get("timeout", 30))
+    cache = get_cache(str(args.cache))
+    notebooks = [p.resolve() for p in args.notebooks] or toc_notebooks()
+    todo = []
+    for path in notebooks:
+        try:
+            cache.match_cache_notebook(nbformat.read(path, as_version=4))
+        except KeyError:
+            todo.append(str(path))
+    print(f"execute: {len(notebooks) - len(todo)} of {len(notebooks)} notebooks cached, "
+          f"{len(todo)} to run ({args.jobs} at a time)", flush=True)
+    if not todo:
+        return 0
+
+    failed = []
+    start = time.perf_counter()
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=max(1, args.jobs), mp_context=context) as pool:
+        futures = [pool.submit(execute, path, args.timeout) for path in todo]
+        for future in as_completed(futures):
+            path, nb, seconds, traceback = future.result()
+            rel = os.path.relpath(path, ROOT)
+            if traceback:
+                failed.append(rel)
+                print(f"  FAILED {rel} after {seconds:.1f} s\n{traceback}", flush=True)
+                continue
+            cache.cache_notebook_bundle(
+                CacheBundleIn(nb, path, data={"execution_seconds": seconds}),
+                check_validity=False,
+                overwrite=True,
+            )
+            print(f"  {seconds:6.1f} s  {rel}", flush=True)
+    print(f"execute: {len(todo)} notebooks in {time.perf_counter() - start:.1f} s wall time",
+          flush=True)
+    if failed:
+        print("execute: failed: " + ", ".join(failed), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
