@@ -14,7 +14,6 @@ import pytest
 pytest.importorskip("torch")
 
 from parmem import comm  # noqa: E402
-from parmem.dist import Pool  # noqa: E402
 from parmem.pipeline import simulate  # noqa: E402
 
 pytestmark = pytest.mark.dist
@@ -23,10 +22,6 @@ N = int(os.environ.get("PARMEM_WORLD_SIZE", "2"))
 FP32 = 4
 
 
-@pytest.fixture(scope="module")
-def pool():
-    with Pool(world_size=N) as p:
-        yield p
 
 
 # ---------------------------------------------------------------------------- collectives

@@ -14,17 +14,12 @@ import pytest
 
 pytest.importorskip("torch")
 
-from parmem.dist import Pool  # noqa: E402
 
 pytestmark = pytest.mark.dist
 
 N = int(os.environ.get("PARMEM_WORLD_SIZE", "2"))
 
 
-@pytest.fixture(scope="module")
-def pool():
-    with Pool(world_size=N) as p:
-        yield p
 
 
 def tiny_gpt_params(V, h, L, s):

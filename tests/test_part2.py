@@ -96,13 +96,6 @@ def test_explorers_build_headless(name):
 
 
 # ---------------------------------------------------------------------------- dist demos
-@pytest.fixture(scope="module")
-def pool():
-    pytest.importorskip("torch")
-    from parmem.dist import Pool
-
-    with Pool(world_size=N) as p:
-        yield p
 
 
 @pytest.mark.dist

@@ -214,13 +214,6 @@ def test_part4_plots_and_explorers_draw():
 
 
 # ---------------------------------------------------------------------------- real pipelines
-@pytest.fixture(scope="module")
-def pool():
-    pytest.importorskip("torch")
-    from parmem.dist import Pool
-
-    with Pool(world_size=N) as p:
-        yield p
 
 
 @pytest.mark.dist

@@ -208,13 +208,6 @@ def test_figures_and_explorers_render():
 N = int(os.environ.get("PARMEM_WORLD_SIZE", "2"))
 
 
-@pytest.fixture(scope="module")
-def pool():
-    pytest.importorskip("torch")
-    from parmem.dist import Pool
-
-    with Pool(world_size=N) as p:
-        yield p
 
 
 @pytest.mark.dist

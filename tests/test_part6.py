@@ -90,13 +90,6 @@ def test_part6_figures_and_explorers_render():
 
 
 # ---------------------------------------------------------------------------- dist demos
-@pytest.fixture(scope="module")
-def pool():
-    pytest.importorskip("torch")
-    from parmem.dist import Pool
-
-    with Pool(world_size=N) as p:
-        yield p
 
 
 @pytest.mark.dist
