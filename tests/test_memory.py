@@ -154,7 +154,7 @@ def test_str_and_html_and_dict():
     (dict(zero=4), {}, {}, "zero=4 must be 0, 1, 2 or 3"),
     (dict(sp=True), {}, {}, "sp=True needs tp >= 2"),
     (dict(ep=2, dp=2), {}, {}, "needs a mixture-of-experts model"),
-    (dict(dp=3, ep=2), {}, {}, "ep=2 must divide dp=3"),
+    (dict(dp=3, ep=2), {}, {}, r"ep=2 must divide dp\*cp=3"),
     (dict(pp=2, vpp=2), {}, {}, "interleaved schedule needs vpp >= 2"),
     (dict(pp=4, vpp=2), dict(schedule="interleaved", num_microbatches=6), {},
      "num_microbatches=6 must be a multiple of pp=4"),

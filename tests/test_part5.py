@@ -249,17 +249,17 @@ def test_hybrid_rejects_bad_arguments(pool):
         pool.run("parmem.dist.hybrid:demo", tp=1, zero=2)
 
 
-# ---------------------------------------------------------------------------- known gaps (xfail)
-@pytest.mark.xfail(reason="ParallelConfig requires e | d, but Megatron-Core carves expert "
-                          "parallelism out of the d·cp data-parallel ranks (and parmem.comm."
-                          "step_comm already accepts e | d·cp): d=2, cp=4, e=8 is a valid layout",
-                   strict=False)
+# ---------------------------------------------------------------------------- EP across d·cp
 def test_expert_parallelism_may_span_context_parallel_ranks():
+    # Megatron-Core carves expert parallelism out of the d·cp ranks: d=2, cp=4, e=8 is valid and
+    # each rank keeps one of Mixtral's 8 experts per layer (3 h f parameters each, h=4096,
+    # f=14336), the rest of the model whole.
     par = ParallelConfig(dp=2, cp=4, ep=8)
     est = estimate(MIXTRAL, par, TrainingSetup(seq_len=4096))
-    # one full set of experts per 8 ranks: the expert-data-parallel group is d·cp/e = 1
-    assert est.stages[0].params < estimate(MIXTRAL, ParallelConfig(dp=8),
-                                           TrainingSetup(seq_len=4096)).stages[0].params
+    dense = MIXTRAL.num_params() - 32 * 8 * 3 * 4096 * 14336
+    assert est.stages[0].num_params == dense + 32 * 1 * 3 * 4096 * 14336
+    with pytest.raises(ValueError, match=r"ep=8 must divide dp\*cp=6"):
+        ParallelConfig(dp=2, cp=3, ep=8)
 
 
 def test_all_to_all_buffers_grow_with_the_capacity_factor():

@@ -64,7 +64,8 @@ class ParallelConfig:
     """A parallel layout: data (d), tensor (t), pipeline (p), expert (e) and context (cp)
     parallel sizes, sequence parallelism, the ZeRO stage and v virtual stages per pipeline rank.
 
-    The world size is d·t·p·cp; expert parallelism reuses data-parallel ranks, so e must divide d.
+    The world size is d·t·p·cp; expert parallelism reuses the d·cp data- and context-parallel
+    ranks (Megatron-Core), so e must divide d·cp.
     """
 
     dp: int = 1
@@ -85,9 +86,10 @@ class ParallelConfig:
             raise ValueError(f"sp={self.sp!r} must be True or False")
         if self.sp and self.tp == 1:
             raise ValueError("sp=True needs tp >= 2 (sequence parallelism splits over the TP group)")
-        if self.dp % self.ep:
-            raise ValueError(f"ep={self.ep} must divide dp={self.dp} (experts are sharded over "
-                             "data-parallel ranks)")
+        if (self.dp * self.cp) % self.ep:
+            raise ValueError(f"ep={self.ep} must divide dp*cp={self.dp * self.cp} (experts are "
+                             "sharded over the data- and context-parallel ranks, as in "
+                             "Megatron-Core)")
         if self.vpp > 1 and self.pp == 1:
             raise ValueError(f"vpp={self.vpp} needs pp >= 2")
 
