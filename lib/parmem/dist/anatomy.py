@@ -90,9 +90,10 @@ def demo(vocab: int = 512, hidden: int = 64, layers: int = 2, heads: int = 4, se
     }
 
 
-def compare(result: dict) -> list[dict]:
-    """Rows of measured vs estimated bytes for one rank's :func:`demo` result, with the named
-    extras that explain every difference; ``unexplained`` is what is left (0 when theory holds)."""
+def compare(result: dict, activations_label: str = "activations + logits") -> list[dict]:
+    """Rows of measured vs estimated bytes for one rank's :func:`demo` result (or one stage of
+    :func:`parmem.dist.pp.demo_gpt`, which reports the same keys), with the named extras that
+    explain every difference; ``unexplained`` is what is left (0 when theory holds)."""
     m, e, x = result["measured"], result["estimate"], result["extras"]
     act_extra = (x["norm_statistics"] + x["token_ids"] + x["labels"] + x["position_ids"]
                  + x["loss_weight"])
@@ -101,7 +102,7 @@ def compare(result: dict) -> list[dict]:
         ("gradients", m["grads"], e["grads"], 0, ""),
         ("optimizer states", m["optimizer"], e["optimizer"], x["adam_steps"],
          "Adam step counters"),
-        ("activations + logits", m["activations_and_logits"], e["activations"] + e["logits"],
+        (activations_label, m["activations_and_logits"], e["activations"] + e["logits"],
          act_extra, "norm statistics, token/label/position ids, loss weight"),
         ("buffers", m["buffers"], 0, x["causal_mask_buffers"], "causal masks"),
     ]

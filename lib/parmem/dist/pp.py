@@ -454,23 +454,11 @@ def demo_gpt(schedule: str = "1f1b", microbatches: int | None = None, layers_per
 
 def compare_gpt(result: dict) -> list[dict]:
     """Rows of measured vs estimated bytes for one stage of :func:`demo_gpt`, with the named extras
-    that explain each difference; ``unexplained`` is what is left (0 when the estimate holds)."""
-    m, e, x = result["measured"], result["estimate"], result["extras"]
-    act_extra = (x["norm_statistics"] + x["token_ids"] + x["position_ids"] + x["labels"]
-                 + x["loss_weight"])
-    rows = [
-        ("parameters", m["params"], e["params"], 0, ""),
-        ("gradients", m["grads"], e["grads"], 0, ""),
-        ("optimizer states", m["optimizer"], e["optimizer"], x["adam_steps"],
-         "Adam step counters"),
-        ("activations + logits (peak)", m["activations_and_logits"],
-         e["activations"] + e["logits"], act_extra,
-         "norm statistics, token/position ids, labels, loss weight"),
-        ("buffers", m["buffers"], 0, x["causal_mask_buffers"], "causal masks"),
-    ]
-    return [{"term": t, "measured": mv, "estimate": ev, "named extras": xv,
-             "unexplained": mv - ev - xv, "what the extras are": why}
-            for t, mv, ev, xv, why in rows]
+    that explain each difference (the accounting of :func:`parmem.dist.anatomy.compare`; here the
+    activations are the stage's peak over the schedule); ``unexplained`` is what is left."""
+    from parmem.dist.anatomy import compare
+
+    return compare(result, activations_label="activations + logits (peak)")
 
 
 def bubble_rows(results: list[dict]) -> list[dict]:
