@@ -191,6 +191,11 @@ def in_flight_units(schedule: str, p: int, m: int, stage: int, v: int = 1) -> in
     _check_pos(p=p, m=m, v=v)
     if not 0 <= stage < p:
         raise ValueError(f"stage={stage} must be in [0, p={p})")
+    return _in_flight_units(schedule, p, m, stage, v)
+
+
+def _in_flight_units(schedule: str, p: int, m: int, stage: int, v: int) -> int:
+    """:func:`in_flight_units` without argument checks (for callers that validated already)."""
     if schedule == "gpipe":
         return m * v
     if schedule == "1f1b":

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from .activations import RECOMPUTE, SCHEDULES, in_flight_units, layer_terms
+from .activations import RECOMPUTE, SCHEDULES, _in_flight_units, in_flight_units, layer_terms
 from .model import ModelSpec
 
 __all__ = ["ParallelConfig", "TrainingSetup", "MemoryBreakdown", "Estimate", "ModelStateBytes",
@@ -486,7 +486,7 @@ def estimate(spec: ModelSpec, parallel: ParallelConfig | None = None,
             states[key] = (dense_n + expert_n, dense.params + expert.params,
                            dense.grads + expert.grads, dense.optimizer + expert.optimizer)
         n_params, p_bytes, g_bytes, o_bytes = states[key]
-        units = in_flight_units(setup.schedule, p, setup.num_microbatches, i, par.vpp)
+        units = _in_flight_units(setup.schedule, p, setup.num_microbatches, i, par.vpp)
         layer_units = units * (n_layers // par.vpp)  # layer-micro-batches held at the peak
         act = kept * layer_units + (full - kept if layer_units else 0)
         notes = [f"{units} micro-batch{'es' if units != 1 else ''} in flight"
