@@ -36,30 +36,38 @@ def _axes(ax, figsize=(7, 3.6)):
     return fig, ax
 
 
-def _stack(ax, labels: Sequence[str], breakdowns: Sequence[MemoryBreakdown],
-           capacity: int | None = None, title: str | None = None):
+def _draw_stack(ax, labels: Sequence[str], series, capacity: int | None = None,
+                title: str | None = None, capacity_label: str | None = None,
+                total_fmt: str = "{:,.1f}"):
+    """Stacked bars: ``series`` is a list of (legend label, colour, byte values, one per bar);
+    GiB on the y axis, the total above each bar, an optional dashed capacity line."""
     import numpy as np
 
-    x = np.arange(len(breakdowns))
-    bottom = np.zeros(len(breakdowns))
-    for f in MemoryBreakdown.FIELDS:
-        vals = np.array([getattr(b, f) / GIB for b in breakdowns])
-        if not vals.any():
-            continue
-        ax.bar(x, vals, bottom=bottom, color=COLORS[f], label=LABELS[f], width=0.65)
+    x = np.arange(len(labels))
+    bottom = np.zeros(len(labels))
+    for name, color, values in series:
+        vals = np.array([v / GIB for v in values])
+        ax.bar(x, vals, bottom=bottom, color=color, label=name, width=0.65)
         bottom += vals
     for xi, total in zip(x, bottom, strict=True):
-        ax.annotate(f"{total:.1f}", (xi, total), ha="center", va="bottom", fontsize=8,
+        ax.annotate(total_fmt.format(total), (xi, total), ha="center", va="bottom", fontsize=8,
                     xytext=(0, 2), textcoords="offset points")
     if capacity:
         ax.axhline(capacity / GIB, color="k", ls="--", lw=1)
-        ax.annotate(f"{capacity / GIB:.0f} GiB GPU", (x[-1] + 0.4, capacity / GIB), ha="right",
-                    va="bottom", fontsize=8)
+        ax.annotate(capacity_label or f"{capacity / GIB:.0f} GiB GPU",
+                    (x[-1] + 0.4, capacity / GIB), ha="right", va="bottom", fontsize=8)
     ax.set_xticks(x, labels, fontsize=8)
     ax.set_ylabel("GiB per GPU")
     ax.margins(y=0.12)
     if title:
         ax.set_title(title, fontsize=10)
+
+
+def _stack(ax, labels: Sequence[str], breakdowns: Sequence[MemoryBreakdown],
+           capacity: int | None = None, title: str | None = None):
+    series = [(LABELS[f], COLORS[f], [getattr(b, f) for b in breakdowns])
+              for f in MemoryBreakdown.FIELDS if any(getattr(b, f) for b in breakdowns)]
+    _draw_stack(ax, labels, series, capacity, title, total_fmt="{:.1f}")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
 
 
@@ -753,32 +761,15 @@ def plot_stacked(rows, ax=None, capacity: int | None = None, title: str | None =
     """Stacked bars of named byte components: ``rows`` maps a bar label to ``{component: bytes}``
     (components in the order of the first row); GiB on the y axis; an optional capacity line,
     labelled ``capacity_label`` (default "<n> GiB GPU")."""
-    import numpy as np
 
     fig, ax = _axes(ax, figsize=(max(5.0, 1.2 * len(rows) + 2.5), 3.6))
     labels = list(rows)
     comps = list(dict.fromkeys(c for r in rows.values() for c in r))
     palette = colors or {}
     default = ("#4C72B0", "#C44E52", "#55A868", "#8172B2", "#CCB974", "#64B5CD", "#8C8C8C")
-    x = np.arange(len(labels))
-    bottom = np.zeros(len(labels))
-    for i, c in enumerate(comps):
-        vals = np.array([rows[k].get(c, 0) / GIB for k in labels])
-        ax.bar(x, vals, bottom=bottom, width=0.65, label=c,
-               color=palette.get(c, default[i % len(default)]))
-        bottom += vals
-    for xi, total in zip(x, bottom, strict=True):
-        ax.annotate(f"{total:,.1f}", (xi, total), ha="center", va="bottom", fontsize=8,
-                    xytext=(0, 2), textcoords="offset points")
-    if capacity:
-        ax.axhline(capacity / GIB, color="k", ls="--", lw=1)
-        ax.annotate(capacity_label or f"{capacity / GIB:.0f} GiB GPU",
-                    (x[-1] + 0.4, capacity / GIB), ha="right", va="bottom", fontsize=8)
-    ax.set_xticks(x, labels, fontsize=8)
-    ax.set_ylabel("GiB per GPU")
-    ax.margins(y=0.12)
-    if title:
-        ax.set_title(title, fontsize=10)
+    series = [(c, palette.get(c, default[i % len(default)]), [rows[k].get(c, 0) for k in labels])
+              for i, c in enumerate(comps)]
+    _draw_stack(ax, labels, series, capacity, title, capacity_label)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
     return fig
 
