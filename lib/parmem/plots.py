@@ -213,17 +213,9 @@ def plot_zero_stages(num_params: int, dp: int, num_microbatches: int = 1,
     stages = [0, 1, 2, 3]
     states = [model_state_bytes(num_params, dp, z, precision, optimizer) for z in stages]
     x = np.arange(4)
-    bottom = np.zeros(4)
-    for f in ("params", "grads", "optimizer"):
-        vals = np.array([getattr(s, f) / GIB for s in states])
-        axes[0].bar(x, vals, bottom=bottom, color=COLORS[f], label=LABELS[f], width=0.65)
-        bottom += vals
-    for xi, total in zip(x, bottom, strict=True):
-        axes[0].annotate(f"{total:.1f}", (xi, total), ha="center", va="bottom", fontsize=8,
-                         xytext=(0, 2), textcoords="offset points")
-    axes[0].set_xticks(x, [f"ZeRO-{z}" for z in stages], fontsize=8)
-    axes[0].set_ylabel("GiB per GPU")
-    axes[0].margins(y=0.12)
+    _draw_stack(axes[0], [f"ZeRO-{z}" for z in stages],
+                [(LABELS[f], COLORS[f], [getattr(st, f) for st in states])
+                 for f in ("params", "grads", "optimizer")], total_fmt="{:.1f}")
     axes[0].legend(fontsize=7, frameon=False)
     unit = 2 * num_params  # one 16-bit copy of the parameters
     sent = [step_comm(params_per_gpu=num_params, seq_len=1, micro_batch=1, hidden=1,

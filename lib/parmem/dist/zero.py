@@ -60,6 +60,16 @@ def _full(t):
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
+def _start(layers: int, hidden: int, batch: int):
+    """World size, rank, device, the seeded reference model and a copy of its initial weights."""
+    d, r, dev = world_size(), rank(), device()
+    if batch % d:
+        raise ValueError(f"batch={batch} must be divisible by world size={d}")
+    torch.manual_seed(0)
+    ref = make_model(layers, hidden).to(dev)
+    return d, r, dev, ref, {k: v.clone() for k, v in ref.state_dict().items()}
+
+
 def demo(layers: int = 4, hidden: int = 64, steps: int = 3, batch: int = 16,
          lr: float = 1e-2) -> dict:
     """DDP, ZeRO-1 and FSDP2 against single-process Adam; per-rank state bytes vs. the estimate.
@@ -80,12 +90,7 @@ def demo(layers: int = 4, hidden: int = 64, steps: int = 3, batch: int = 16,
     from parmem import model_state_bytes
     from parmem.measure import cuda_peak_bytes
 
-    d, r, dev = world_size(), rank(), device()
-    if batch % d:
-        raise ValueError(f"batch={batch} must be divisible by world size={d}")
-    torch.manual_seed(0)
-    ref = make_model(layers, hidden).to(dev)
-    init = {k: v.clone() for k, v in ref.state_dict().items()}
+    d, r, dev, ref, init = _start(layers, hidden, batch)
     n_params = sum(p.numel() for p in ref.parameters())
     n_tensors = len(list(ref.parameters()))
     data = _batches(steps, batch, hidden, dev)
@@ -199,12 +204,7 @@ def demo_losses(layers: int = 4, hidden: int = 64, steps: int = 5, batch: int = 
     from torch.distributed.optim import ZeroRedundancyOptimizer
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    d, r, dev = world_size(), rank(), device()
-    if batch % d:
-        raise ValueError(f"batch={batch} must be divisible by world size={d}")
-    torch.manual_seed(0)
-    ref = make_model(layers, hidden).to(dev)
-    init = {k: v.clone() for k, v in ref.state_dict().items()}
+    d, r, dev, ref, init = _start(layers, hidden, batch)
     data = _batches(steps, batch, hidden, dev)
 
     def curve(model, opt, distributed: bool) -> list[float]:
