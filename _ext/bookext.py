@@ -3,7 +3,7 @@
 The library's docstrings refer to its public API the way users call it, ``parmem.estimate`` or
 ``parmem.ModelSpec.mlp_params``, and within a package by short name (``Pool`` in
 ``parmem.dist``). The API page documents each object once, where it is defined
-(``parmem.memory.estimate``). When a Python cross-reference finds no target, this looks the
+(``parmem.estimate.estimate``). When a Python cross-reference finds no target, this looks the
 name up by importing it, and retries with the object's canonical ``module.qualname``.
 
 Second, napoleon reads the first line of a constant's ``#:`` comment or of a property's

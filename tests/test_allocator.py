@@ -21,7 +21,7 @@ from parmem.allocator import (
     stage_weight_tensors,
     training_step_events,
 )
-from parmem.memory import estimate
+from parmem.estimate import estimate
 
 KiB, MiB = 2**10, 2**20
 

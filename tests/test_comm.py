@@ -13,6 +13,7 @@ from parmem.comm import (
     CATEGORIES,
     COLLECTIVES,
     CommBreakdown,
+    StageShape,
     all_gather_bytes,
     all_reduce_bytes,
     all_to_all_bytes,
@@ -20,11 +21,14 @@ from parmem.comm import (
     collective_bytes,
     collective_steps,
     collective_time,
+    collectives,
     reduce_scatter_bytes,
     send_recv_bytes,
     step_comm,
 )
+from parmem.config import ParallelConfig, TrainingSetup
 from parmem.hardware import Link, hardware_preset, link_preset
+from parmem.model import ModelSpec
 
 GiB, MiB = 2**30, 2**20
 L16 = lcm(*range(1, 17))  # 720720: divisible by every n in 1..16, so no rounding
@@ -98,9 +102,9 @@ def test_alpha_beta_by_hand():
 @pytest.mark.parametrize(
     ("call", "message"),
     [
-        (lambda: all_reduce_bytes(-1, 4), r"size=-1 must be >= 0"),
+        (lambda: all_reduce_bytes(-1, 4), r"size=-1 must be an integer >= 0"),
         (lambda: all_reduce_bytes(1.5, 4), r"size=1.5 must be an integer"),
-        (lambda: all_gather_bytes(8, 0), r"n=0 must be >= 1"),
+        (lambda: all_gather_bytes(8, 0), r"n=0 must be an integer >= 1"),
         (lambda: collective_bytes("allreduce", 8, 2), r"unknown collective op 'allreduce'"),
         (lambda: collective_steps("all_reduce", 4, "tree"), r"algorithm='tree' is not supported"),
         (lambda: collective_time("all_reduce", 8, 2, 3), r"link=3 must be a Link"),
@@ -114,12 +118,18 @@ def test_invalid_collective_input(call, message):
 
 # --- a training step ---------------------------------------------------------------------
 
-BASE = {"seq_len": 4096, "micro_batch": 1, "hidden": 4096, "layers_on_stage": 32}
+BASE = {"seq_len": 4096, "micro_batch": 1, "hidden": 4096, "layers": 32}
+
+
+def comm(**kw) -> CommBreakdown:
+    """The collectives of one stage given its quantities directly (a :class:`StageShape`)."""
+    kw.setdefault("kv_hidden", kw["hidden"])
+    return collectives(StageShape(**kw))
 
 
 def test_dp_by_hand():
     # Psi = 1e9 params, bf16 grads (2 B): all-reduce 2 * 7/8 * 2e9 B = 3.5e9 B.
-    b = step_comm(params_per_gpu=10**9, dp=8, **BASE)
+    b = comm(params=10**9, dp=8, **BASE)
     assert b.dp == 3_500_000_000
     assert b.total == b.dp
     assert b.as_dict() == {"dp": 3_500_000_000, "tp": 0, "sp": 0, "pp": 0, "ep": 0, "cp": 0}
@@ -128,7 +138,7 @@ def test_dp_by_hand():
 @given(st.integers(2, 64), st.integers(1, 10**6))
 def test_zero_ratios(d, k):
     psi = d * k  # 2 Psi divisible by d: no rounding
-    by_stage = [step_comm(params_per_gpu=psi, dp=d, zero=z, **BASE).dp for z in range(4)]
+    by_stage = [comm(params=psi, dp=d, zero=z, **BASE).dp for z in range(4)]
     # Rajbhandari et al. 2020, §7: ZeRO-1/2 move the same volume as DP (2 Psi), ZeRO-3 3 Psi
     assert by_stage[1] == by_stage[0]
     assert by_stage[2] == by_stage[0]  # m = 1
@@ -139,24 +149,24 @@ def test_zero_with_gradient_accumulation():
     # m = 4, d = 8, Psi = 8e8. One unit U = 7/8 * 2 Psi = 1.4e9 B (one RS or one AG).
     # ZeRO-1: RS + AG once per step = 2U; ZeRO-2: RS every micro-batch + AG once = 5U;
     # ZeRO-3: per micro-batch AG (fwd) + AG (bwd) + RS = 12U.
-    kw = dict(params_per_gpu=8 * 10**8, dp=8, num_microbatches=4, **BASE)
+    kw = dict(params=8 * 10**8, dp=8, num_microbatches=4, **BASE)
     u = 1_400_000_000
-    assert step_comm(zero=0, **kw).dp == 2 * u
-    assert step_comm(zero=1, **kw).dp == 2 * u
-    assert step_comm(zero=2, **kw).dp == 5 * u
-    assert step_comm(zero=3, **kw).dp == 12 * u
+    assert comm(zero=0, **kw).dp == 2 * u
+    assert comm(zero=1, **kw).dp == 2 * u
+    assert comm(zero=2, **kw).dp == 5 * u
+    assert comm(zero=3, **kw).dp == 12 * u
 
 
 def test_tp_by_hand():
     # X = s b h * 2 B = 4096 * 4096 * 2 = 32 MiB. Ring all-reduce over t=4: 2 * 3/4 * 32 = 48 MiB.
     # 4 per layer (2 fwd + 2 bwd, Korthikanti 2022 §4.2.2) * 32 layers * 48 MiB = 6144 MiB.
-    b = step_comm(params_per_gpu=0, tp=4, **BASE)
+    b = comm(params=0, tp=4, **BASE)
     assert b.tp == 6144 * MiB
-    assert step_comm(params_per_gpu=0, tp=4, recompute="selective", **BASE).tp == 6144 * MiB
+    assert comm(params=0, tp=4, recompute="selective", **BASE).tp == 6144 * MiB
     # full recompute repeats the 2 forward all-reduces: 6 per layer -> 9216 MiB
-    assert step_comm(params_per_gpu=0, tp=4, recompute="full", **BASE).tp == 9216 * MiB
+    assert comm(params=0, tp=4, recompute="full", **BASE).tp == 9216 * MiB
     # m micro-batches: m times as much
-    assert step_comm(params_per_gpu=0, tp=4, num_microbatches=3, **BASE).tp == 3 * 6144 * MiB
+    assert comm(params=0, tp=4, num_microbatches=3, **BASE).tp == 3 * 6144 * MiB
 
 
 @given(
@@ -169,23 +179,23 @@ def test_tp_by_hand():
 )
 def test_sp_same_bytes_as_tp(t, s_per_t, b, h, layers, recompute):
     kw = dict(
-        params_per_gpu=0,
+        params=0,
         seq_len=s_per_t * t,
         micro_batch=b,
         hidden=h * 64,
-        layers_on_stage=layers,
+        layers=layers,
         tp=t,
         recompute=recompute,
         num_microbatches=2,
     )
-    tp_only = step_comm(**kw)
-    with_sp = step_comm(sp=True, **kw)
+    tp_only = comm(**kw)
+    with_sp = comm(sp=True, **kw)
     # Korthikanti et al. 2022 §4.2.2: all-reduce = reduce-scatter + all-gather, same volume
     assert with_sp.sp == tp_only.tp
     assert with_sp.tp == 0
     # Megatron-LM's backward re-gather of the saved input: 2 more all-gathers per layer,
     # each half an all-reduce's volume: 4 AR-units + 1 -> x 5/4 (none/selective).
-    regather = step_comm(sp=True, sp_regather=True, **kw).sp
+    regather = comm(sp=True, sp_regather=True, **kw).sp
     units = 6 if recompute == "full" else 4
     assert Fraction(regather, tp_only.tp) == Fraction(units + 1, units)
 
@@ -193,40 +203,39 @@ def test_sp_same_bytes_as_tp(t, s_per_t, b, h, layers, recompute):
 def test_pp_by_hand():
     # boundary tensor X = s b h * 2 B = 2048 * 4 * 8192 * 2 = 128 MiB; m = 8
     kw = dict(
-        params_per_gpu=0,
+        params=0,
         seq_len=2048,
         micro_batch=4,
         hidden=8192,
-        layers_on_stage=8,
+        layers=8,
         num_microbatches=8,
         pp=4,
     )
     # a middle stage sends X forward and a gradient X backward per micro-batch: 2 * 8 * 128 MiB
-    assert step_comm(**kw).pp == 2 * GiB
-    assert step_comm(stage=1, **kw).pp == 2 * GiB
+    assert comm(stage=1, **kw).pp == 2 * GiB
     # first stage sends no gradient backward, last stage no activation forward
-    assert step_comm(stage=0, **kw).pp == GiB
-    assert step_comm(stage=3, **kw).pp == GiB
+    assert comm(stage=0, **kw).pp == GiB
+    assert comm(stage=3, **kw).pp == GiB
     # SP (t = 8): the boundary is already sequence-sharded -> / 8 (Narayanan 2021 §4.1)
-    assert step_comm(tp=8, sp=True, **kw).pp == 2 * GiB // 8
+    assert comm(tp=8, sp=True, stage=1, **kw).pp == 2 * GiB // 8
     # interleaved v = 2: each micro-batch crosses every stage twice per direction;
     # stage 0 sends v backward minus the first chunk's = 1, and v forward = 2 -> 3 * 8 * 128 MiB
-    assert step_comm(v=2, **kw).pp == 4 * GiB
-    assert step_comm(v=2, stage=0, **kw).pp == 3 * GiB
-    assert step_comm(**{**kw, "pp": 1}).pp == 0
+    assert comm(v=2, stage=1, **kw).pp == 4 * GiB
+    assert comm(v=2, stage=0, **kw).pp == 3 * GiB
+    assert comm(**{**kw, "pp": 1}).pp == 0
 
 
 def test_ep_by_hand():
     # tokens = s b = 4096, top-2, h = 4096, bf16: buffer 4096*2*4096*2 B = 64 MiB;
     # all-to-all over e = 8 sends 7/8 -> 56 MiB; dispatch + combine, fwd + bwd = 4 per layer.
-    kw = dict(params_per_gpu=0, dp=16, ep=8, moe_layers_on_stage=32, top_k=2, **BASE)
-    assert step_comm(**kw).ep == 32 * 4 * 56 * MiB
-    assert step_comm(recompute="full", **kw).ep == 32 * 6 * 56 * MiB
+    kw = dict(params=0, dp=16, ep=8, moe_layers=32, top_k=2, **BASE)
+    assert comm(**kw).ep == 32 * 4 * 56 * MiB
+    assert comm(recompute="full", **kw).ep == 32 * 6 * 56 * MiB
     # capacity factor 1.25: buffers of ceil(1.25 * 4096 * 2) = 10240 slots -> 80 MiB, 70 MiB sent
-    assert step_comm(capacity_factor=1.25, **kw).ep == 32 * 4 * 70 * MiB
+    assert comm(capacity_factor=1.25, **kw).ep == 32 * 4 * 70 * MiB
     # expert gradients reduce over the expert-data-parallel group dp/ep = 16/8 = 2:
     # all-reduce of 2 * 1e9 B over 2 ranks = 2 * 1/2 * 2e9 = 2e9 B
-    assert step_comm(expert_params_per_gpu=10**9, **kw).dp == 2 * 10**9
+    assert comm(expert_params=10**9, **kw).dp == 2 * 10**9
 
 
 def test_cp_by_hand():
@@ -234,23 +243,23 @@ def test_cp_by_hand():
     # full K+V = 2 * 8192 * 1024 * 2 B = 32 MiB; a ring all-gather over 2 sends 16 MiB.
     # Per layer per micro-batch: AG fwd, AG + RS bwd = 3 * 16 MiB = 48 MiB.
     kw = dict(
-        params_per_gpu=0,
+        params=0,
         seq_len=8192,
         micro_batch=1,
         hidden=8192,
-        layers_on_stage=10,
+        layers=10,
         cp=2,
         kv_hidden=1024,
     )
-    assert step_comm(**kw).cp == 10 * 48 * MiB
+    assert comm(**kw).cp == 10 * 48 * MiB
     # CP ranks hold the same weights: gradients reduce over dp * cp = 8 ranks
-    assert step_comm(**{**kw, "params_per_gpu": 10**9, "dp": 4}).dp == 3_500_000_000
+    assert comm(**{**kw, "params": 10**9, "dp": 4}).dp == 3_500_000_000
     # TP shards the K/V heads: t = 2 halves the exchange
-    assert step_comm(tp=2, **kw).cp == 10 * 24 * MiB
+    assert comm(tp=2, **kw).cp == 10 * 24 * MiB
 
 
 def test_nothing_to_send_on_one_gpu():
-    b = step_comm(params_per_gpu=10**9, **BASE)
+    b = comm(params=10**9, **BASE)
     assert b.ops == ()
     assert b.total == 0
     assert b.time("h100-sxm") == 0.0
@@ -258,7 +267,7 @@ def test_nothing_to_send_on_one_gpu():
 
 def test_time_uses_links():
     hw = hardware_preset("h100-sxm")
-    b = step_comm(params_per_gpu=10**9, dp=8, tp=4, **BASE)
+    b = comm(params=10**9, dp=8, tp=4, **BASE)
     times = b.times(hw)
     # DP on IB NDR: 14 steps * 8 us + 3.5e9 B / 50e9 B/s
     assert times["dp"] == pytest.approx(14 * 8e-6 + 3.5e9 / 50e9)
@@ -272,7 +281,7 @@ def test_time_uses_links():
 
 
 def test_breakdown_rows_and_categories():
-    b = step_comm(params_per_gpu=10**9, dp=2, tp=2, pp=2, **BASE)
+    b = comm(params=10**9, dp=2, tp=2, pp=2, **BASE)
     rows = b.to_rows()
     assert sum(r["bytes"] for r in rows) == b.total
     assert {r["category"] for r in rows} == {"dp", "tp", "pp"}
@@ -283,25 +292,42 @@ def test_breakdown_rows_and_categories():
         b.times(3)
 
 
+LLAMA = ModelSpec.preset("llama-2-7b")
+MIXTRAL = ModelSpec.preset("mixtral-8x7b")
+
+
 @pytest.mark.parametrize(
-    ("kwargs", "message"),
+    ("call", "message"),
     [
-        ({"zero": 4}, r"zero=4 must be 0, 1, 2 or 3"),
-        ({"recompute": "partial"}, r"recompute='partial' must be one of none, selective, full"),
-        ({"dp": 0}, r"dp=0 must be >= 1"),
-        ({"params_per_gpu": -1}, r"params_per_gpu=-1 must be >= 0"),
-        ({"cp": 3}, r"seq_len=4096 must be divisible by cp=3"),
-        ({"tp": 3, "sp": True}, r"seq_len / cp = 4096 must be divisible by tp=3"),
-        ({"ep": 4, "dp": 2}, r"ep=4 must divide dp \* cp = 2"),
-        ({"moe_layers_on_stage": 33}, r"moe_layers_on_stage=33 must be <= layers_on_stage=32"),
-        ({"pp": 2, "stage": 2}, r"stage=2 must be None or an integer in 0..1"),
-        ({"cp": 2, "tp": 3, "kv_hidden": 1024}, r"kv_hidden=1024 must be divisible by tp=3"),
-        (
-            {"ep": 2, "dp": 2, "moe_layers_on_stage": 1, "capacity_factor": 0},
-            r"capacity_factor=0 must be a number > 0",
-        ),
+        (lambda: step_comm(LLAMA, ParallelConfig(zero=4)), r"zero=4 must be an integer in 0..3"),
+        (lambda: step_comm(LLAMA, None, TrainingSetup(4096, recompute="partial")),
+         r"recompute='partial' must be one of 'none', 'selective', 'full'"),
+        (lambda: step_comm(LLAMA, ParallelConfig(dp=0)), r"dp=0 must be an integer >= 1"),
+        (lambda: step_comm(LLAMA, ParallelConfig(cp=3), TrainingSetup(4096)),
+         r"cp=3 must divide seq_len=4096"),
+        (lambda: step_comm(LLAMA, ParallelConfig(tp=2, sp=True), TrainingSetup(4095)),
+         r"seq_len / cp = 4095 must be divisible by tp=2"),
+        (lambda: step_comm(MIXTRAL, ParallelConfig(ep=4, dp=2)), r"ep=4 must divide dp\*cp=2"),
+        (lambda: step_comm(LLAMA, ParallelConfig(pp=2), stage=2), r"stage=2 must be an integer in 0..1"),
+        (lambda: step_comm(LLAMA, ParallelConfig(tp=3)), r"tp=3 must divide heads=32"),
+        (lambda: step_comm("llama-2-7b"), r"spec must be a ModelSpec"),
+        (lambda: step_comm(LLAMA, sp_regather="yes"), r"sp_regather='yes' must be True or False"),
     ],
 )
-def test_invalid_step_input(kwargs, message):
+def test_invalid_step_input(call, message):
     with pytest.raises(ValueError, match=message):
-        step_comm(**{"params_per_gpu": 10**6, **BASE, **kwargs})
+        call()
+
+
+def test_step_comm_of_a_model_equals_its_stage_shapes():
+    # step_comm reads the stage's parameters off the sharding table: Llama-2-7B at t=4, d=8 on
+    # one stage holds 6,738,415,616 / 4 of the matrices plus the replicated norms.
+    par = ParallelConfig(dp=8, tp=4, sp=True, zero=1)
+    c = step_comm(LLAMA, par, TrainingSetup(seq_len=4096))
+    params = 32 * (4 * 4096 * 4096 // 4 + 3 * 4096 * 11008 // 4 + 2 * 4096) \
+        + 2 * 32000 * 4096 // 4 + 4096
+    # ZeRO-1: reduce-scatter of bf16 gradients + all-gather of bf16 parameters over 8 ranks
+    assert c.dp == 2 * 7 * -(-2 * params // 8)
+    # SP: each of TP's 4 all-reduces per layer (2 forward, 2 backward) becomes an all-gather and
+    # a reduce-scatter of s*b*h*2 bytes, each sending (t-1)/t of it: 8 x 3/4 x 32 MiB per layer
+    assert c.sp == 32 * 8 * 3 * (4096 * 4096 * 2 // 4)

@@ -3,7 +3,7 @@
 import pytest
 
 from parmem import ModelSpec, kv_cache_bytes, kv_cache_bytes_per_token, weight_bytes
-from parmem.inference import linear_shapes
+from parmem.sharding import linear_shapes
 
 
 def test_llama2_7b_kv_is_512_kib_per_token():

@@ -13,10 +13,10 @@ from parmem.inference import (
     max_concurrency,
     random_requests,
     serving_weight_bytes,
-    shard_spec,
     simulate_kv_cache,
     weight_bytes,
 )
+from parmem.sharding import kv_heads_local, tp_param_counts
 
 GiB = 2**30
 
@@ -48,14 +48,17 @@ def test_llama3_70b_tp8_on_h100_by_hand():
     assert max_concurrency(spec, 8192, "h100-sxm", tp=1) == 0
 
 
-def test_shard_spec_duplicates_kv_heads_beyond_kv_heads():
+def test_kv_heads_are_duplicated_beyond_kv_heads():
+    # Llama-3-70B has 8 kv heads: at t = 16 each GPU keeps 64/16 = 4 query heads and one whole
+    # kv head (held by two GPUs), 28,672/16 = 1,792 MLP columns, 128,256/16 = 8,016 vocab rows.
     spec = ModelSpec.preset("llama-3-70b")
-    s16 = shard_spec(spec, 16)
-    assert (s16.heads, s16.kv_heads, s16.head_dim, s16.ffn_hidden) == (4, 1, 128, 1792)
-    assert s16.vocab_size == 8016            # 128,256 / 16
-    assert shard_spec(spec, 1) is spec
+    assert kv_heads_local(spec, 16) == 1
+    rows = {r.component: r for r in tp_param_counts(spec, 16)}
+    assert rows["attention K, V"].per_rank == 80 * 2 * 8192 * 128
+    assert rows["MLP"].per_rank == 80 * 3 * 8192 * 1792
+    assert rows["embedding"].per_rank == 8016 * 8192
     with pytest.raises(ValueError, match="tp=3"):
-        shard_spec(spec, 3)
+        serving_weight_bytes(spec, "fp16", 3)
 
 
 def test_sharded_weights_add_up_to_the_whole_plus_replicated_norms():

@@ -151,7 +151,7 @@ def test_str_and_html_and_dict():
     (dict(tp=3), {}, {}, "tp=3 must divide heads=32"),
     (dict(pp=48), {}, {}, "pp=48 > layers=32"),
     (dict(dp=0), {}, {}, "dp=0 must be an integer >= 1"),
-    (dict(zero=4), {}, {}, "zero=4 must be 0, 1, 2 or 3"),
+    (dict(zero=4), {}, {}, "zero=4 must be an integer in 0..3"),
     (dict(sp=True), {}, {}, "sp=True needs tp >= 2"),
     (dict(ep=2, dp=2), {}, {}, "needs a mixture-of-experts model"),
     (dict(dp=3, ep=2), {}, {}, r"ep=2 must divide dp\*cp=3"),

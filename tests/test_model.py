@@ -125,8 +125,8 @@ def test_from_hf_config_malformed(tmp_path):
 
 
 @pytest.mark.parametrize("kw,msg", [
-    ({"hidden": 0}, "hidden=0 must be >= 1"),
-    ({"layers": -2}, "layers=-2 must be >= 1"),
+    ({"hidden": 0}, "hidden=0 must be an integer >= 1"),
+    ({"layers": -2}, "layers=-2 must be an integer >= 1"),
     ({"heads": 3}, "heads=3 must divide hidden=64"),
     ({"kv_heads": 3}, "kv_heads=3 must divide heads=4"),
     ({"ffn_kind": "relu"}, "ffn_kind='relu' must be one of"),

@@ -19,7 +19,7 @@ matplotlib.use("Agg")
 
 from parmem import ModelSpec, ParallelConfig, TrainingSetup, estimate  # noqa: E402
 from parmem.activations import kept_terms  # noqa: E402
-from parmem.memory import tp_param_counts  # noqa: E402
+from parmem.sharding import tp_param_counts  # noqa: E402
 
 N = int(os.environ.get("PARMEM_WORLD_SIZE", "2"))
 

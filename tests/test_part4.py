@@ -1,7 +1,7 @@
 """Part IV (pipeline parallelism): the library functions its chapters use.
 
-* :func:`parmem.memory.balance_layers` against brute force over every split of small models;
-* :func:`parmem.memory.microbatch_sweep` against Korthikanti et al. 2022 Table 2 times the
+* :func:`parmem.analyses.balance_layers` against brute force over every split of small models;
+* :func:`parmem.analyses.microbatch_sweep` against Korthikanti et al. 2022 Table 2 times the
   in-flight counts of Narayanan et al. 2021 §2.2, and the bubble (p-1)/(m+p-1);
 * :func:`parmem.pipeline.in_flight_timeline` against a timeline worked out by hand;
 * the real pipelines of :mod:`parmem.dist.pp` on gloo ranks (marked ``dist``): a GPT cut into
@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from parmem import ModelSpec, ParallelConfig, TrainingSetup, estimate
 from parmem.activations import per_layer_bytes
-from parmem.memory import balance_layers, microbatch_sweep
+from parmem.analyses import balance_layers, microbatch_sweep
 from parmem.pipeline import in_flight_timeline, simulate
 
 N = int(os.environ.get("PARMEM_WORLD_SIZE", "2"))

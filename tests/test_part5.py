@@ -13,17 +13,16 @@ import os
 import pytest
 
 from parmem import ModelSpec, ParallelConfig, TrainingSetup, estimate, hardware_preset
+from parmem.analyses import axis_by_axis, layout_sweep
 from parmem.comm import (
     all_gather_bytes,
     all_reduce_bytes,
     all_to_all_bytes,
-    layout_comm,
-    layout_sweep,
     placement,
     reduce_scatter_bytes,
     send_recv_bytes,
+    step_comm,
 )
-from parmem.memory import axis_by_axis
 
 GiB = 2**30
 LLAMA7 = ModelSpec.preset("llama-2-7b")
@@ -57,7 +56,7 @@ def test_placement_rejects_bad_node_size():
         placement(ParallelConfig(), gpus_per_node=0)
 
 
-# ---------------------------------------------------------------------------- layout_comm
+# ---------------------------------------------------------------------------- step_comm
 def _llama7_local_params(t: int) -> int:
     """Llama-2-7B parameters on one GPU at tensor-parallel size t, p = 1 (Shoeybi et al. §3):
     attention 4h²/t (MHA), SwiGLU 3hf/t, two RMSNorms h each (replicated), vocab-parallel
@@ -70,7 +69,7 @@ def test_layout_comm_dense_tp_dp_by_hand():
     t, d, m, s = 4, 2, 4, 1024
     par = ParallelConfig(dp=d, tp=t)
     setup = TrainingSetup(seq_len=s, num_microbatches=m)
-    com = layout_comm(LLAMA7, par, setup)
+    com = step_comm(LLAMA7, par, setup)
     x = s * 1 * 4096 * 2  # one bf16 s·b·h tensor
     # 2 all-reduces forward (attention out, MLP out) + 2 backward, per layer per micro-batch
     assert com.tp == 4 * 32 * m * all_reduce_bytes(x, t)
@@ -82,7 +81,7 @@ def test_layout_comm_dense_tp_dp_by_hand():
 def test_layout_comm_zero1_and_pipeline_by_hand():
     d, p, m, s = 4, 4, 8, 2048
     par = ParallelConfig(dp=d, pp=p, zero=1)
-    com = layout_comm(LLAMA7, par, TrainingSetup(seq_len=s, num_microbatches=m), stage=1)
+    com = step_comm(LLAMA7, par, TrainingSetup(seq_len=s, num_microbatches=m), stage=1)
     x = s * 4096 * 2
     # a middle stage sends its output forward and its input gradient backward per micro-batch
     assert com.pp == 2 * m * send_recv_bytes(x)
@@ -95,7 +94,7 @@ def test_layout_comm_zero1_and_pipeline_by_hand():
 def test_layout_comm_moe_all_to_all_and_expert_group_by_hand():
     d, e, p, m, s = 16, 8, 4, 16, 4096
     par = ParallelConfig(dp=d, pp=p, ep=e, zero=1)
-    com = layout_comm(MIXTRAL, par, TrainingSetup(seq_len=s, num_microbatches=m), stage=1)
+    com = step_comm(MIXTRAL, par, TrainingSetup(seq_len=s, num_microbatches=m), stage=1)
     # per MoE layer per micro-batch: dispatch + combine, forward and backward: 4 all-to-alls
     # of top_k · s · b · h bf16 values (Lepikhin et al. 2021 §3)
     buf = 2 * s * 4096 * 2
@@ -110,15 +109,15 @@ def test_layout_comm_moe_all_to_all_and_expert_group_by_hand():
 def test_layout_comm_default_stage_is_the_busiest():
     par = ParallelConfig(dp=2, pp=4, zero=1)
     setup = TrainingSetup(seq_len=1024, num_microbatches=8)
-    each = [layout_comm(LLAMA7, par, setup, stage=i).total for i in range(4)]
-    assert layout_comm(LLAMA7, par, setup).total == max(each)
+    each = [step_comm(LLAMA7, par, setup, stage=i).total for i in range(4)]
+    assert step_comm(LLAMA7, par, setup).total == max(each)
     with pytest.raises(ValueError, match="stage"):
-        layout_comm(LLAMA7, par, setup, stage=4)
+        step_comm(LLAMA7, par, setup, stage=4)
 
 
 def test_layout_comm_rejects_invalid_layout():
     with pytest.raises(ValueError, match="tp=3"):
-        layout_comm(LLAMA7, ParallelConfig(tp=3), TrainingSetup(seq_len=1024))
+        step_comm(LLAMA7, ParallelConfig(tp=3), TrainingSetup(seq_len=1024))
 
 
 # ---------------------------------------------------------------------------- layout_sweep
@@ -150,7 +149,7 @@ def test_tp_across_nodes_is_slower_than_inside():
     """The same TP traffic on InfiniBand instead of NVLink: the bandwidth ratio, 450/50."""
     spec = ModelSpec.preset("llama-3-70b")
     par = ParallelConfig(dp=2, tp=8, pp=4, sp=True, zero=1)
-    com = layout_comm(spec, par, TrainingSetup(seq_len=4096, num_microbatches=64))
+    com = step_comm(spec, par, TrainingSetup(seq_len=4096, num_microbatches=64))
     inside = com.times("h100-sxm", **placement(par))["sp"]
     outside = com.times("h100-sxm", **{**placement(par), "tp_intra": False})["sp"]
     assert 7 < outside / inside < 9.5

@@ -16,10 +16,11 @@ import pytest
 
 from parmem import Cluster, ModelSpec, ParallelConfig, TrainingSetup, estimate, plan
 from parmem.cli import main
+from parmem.flops import narayanan_flops, step_flops
 from parmem.hardware import hardware_preset
-from parmem.memory import GIB
 from parmem.pipeline import simulate
-from parmem.planner import Assumptions, evaluate, narayanan_flops, step_flops
+from parmem.planner import Assumptions, evaluate
+from parmem.units import GIB
 
 
 def gpt(name: str, heads: int, hidden: int, layers: int, vocab: int = 51200) -> ModelSpec:

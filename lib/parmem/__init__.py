@@ -4,30 +4,28 @@ Exact, sourced estimators of per-GPU memory under data, tensor, sequence, pipeli
 context parallelism and ZeRO; measurements that check them; and real ``torch.distributed`` demos.
 Everything here except :mod:`parmem.measure`, :mod:`parmem.reference` and :mod:`parmem.dist`
 is plain Python: importing ``parmem`` does not import torch.
+
+Layers (each module imports only from the layers below it; ``tests/test_layers.py`` checks it):
+``units``, ``_check``, ``_data`` → ``sharding``, ``hardware`` → ``model`` → ``config`` →
+``states``, ``pipeline``, ``activations`` → ``comm``, ``flops``, ``inference`` → ``estimate`` →
+``allocator``, ``analyses`` → ``planner`` → ``book`` → ``cli``.
 """
 
 from . import activations, comm, pipeline
+from .config import ParallelConfig, TrainingSetup
+from .estimate import Estimate, MemoryBreakdown, estimate
 from .hardware import Hardware, Link, hardware_preset, hardware_presets, link_preset
 from .inference import kv_cache_bytes, kv_cache_bytes_per_token, weight_bytes
-from .memory import (
-    GIB,
-    Estimate,
-    MemoryBreakdown,
-    ModelStateBytes,
-    ParallelConfig,
-    TrainingSetup,
-    estimate,
-    model_state_bytes,
-)
 from .model import ModelSpec, presets
 from .planner import Cluster, plan
+from .states import ModelStateBytes, model_state_bytes
+from .units import GIB
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "GIB", "Estimate", "Hardware", "Link", "comm", "hardware_preset", "hardware_presets",
-    "link_preset", "pipeline", "MemoryBreakdown", "ModelSpec", "ModelStateBytes", "ParallelConfig",
-    "TrainingSetup", "activations", "estimate", "kv_cache_bytes", "kv_cache_bytes_per_token",
-    "model_state_bytes", "presets", "weight_bytes",
+    "GIB", "Cluster", "Estimate", "Hardware", "Link", "MemoryBreakdown", "ModelSpec",
+    "ModelStateBytes", "ParallelConfig", "TrainingSetup", "activations", "comm", "estimate",
+    "hardware_preset", "hardware_presets", "kv_cache_bytes", "kv_cache_bytes_per_token",
+    "link_preset", "model_state_bytes", "pipeline", "plan", "presets", "weight_bytes",
 ]
-__all__ += ["Cluster", "plan"]

@@ -20,26 +20,24 @@ term, generalised to the shapes of a :class:`~parmem.model.ModelSpec` (grouped-q
 SwiGLU MLPs, RMSNorm, no dropout, mixture of experts, context parallelism, FlashAttention); for a
 GPT-shaped layer its sum equals :func:`per_layer_bytes` exactly (tested).
 
-The pipeline multiplies per-layer bytes by the micro-batches a stage holds at once
-(:func:`in_flight_units`): GPipe m, 1F1B min(p - i, m) on stage i (Narayanan et al. 2021
-§2.2), interleaved 1F1B with v chunks per stage (Korthikanti et al. 2022 §4.2.3: the first stage
-holds (1 + (p-1)/(pv)) times the 1F1B amount).
+The estimator multiplies per-layer bytes by the micro-batches a stage holds at once, which is
+the schedule's business: :func:`parmem.pipeline.in_flight_units`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["per_layer_bytes", "layer_terms", "Term", "in_flight_units", "RECOMPUTE", "SCHEDULES"]
+from ._check import boolean, choice, integer
+from .config import RECOMPUTE
+from .model import ModelSpec
 
-RECOMPUTE = ("none", "selective", "full")
-SCHEDULES = ("gpipe", "1f1b", "interleaved")
+__all__ = ["per_layer_bytes", "layer_terms", "kept_terms", "Term"]
 
 
-def _check_pos(**kw) -> None:
+def _check_pos(**kw: int) -> None:
     for k, v in kw.items():
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{k}={v!r} must be an integer >= 1")
+        integer(k, v)
 
 
 def per_layer_bytes(seq_len: int, micro_batch: int, hidden: int, heads: int, tp: int = 1,
@@ -57,8 +55,9 @@ def per_layer_bytes(seq_len: int, micro_batch: int, hidden: int, heads: int, tp:
     the log-sum-exp.
     """
     _check_pos(seq_len=seq_len, micro_batch=micro_batch, hidden=hidden, heads=heads, tp=tp)
-    if recompute not in RECOMPUTE:
-        raise ValueError(f"recompute={recompute!r} must be one of {RECOMPUTE}")
+    choice("recompute", recompute, RECOMPUTE)
+    boolean("sp", sp)
+    boolean("flash", flash)
     if heads % tp:
         raise ValueError(f"tp={tp} must divide heads={heads}")
     if sp and tp == 1:
@@ -112,8 +111,6 @@ def layer_terms(spec, seq_len: int, micro_batch: int, tp: int = 1, sp: bool = Fa
     the norm/dropout region; ``cp`` divides the sequence (queries); the score matrix is (s/cp)×s.
     ``act_bytes`` is the activation element size (2 for 16-bit, 4 for fp32); masks are 1 byte.
     """
-    from .model import ModelSpec
-
     if not isinstance(spec, ModelSpec):
         raise ValueError(f"spec must be a ModelSpec, got {type(spec).__name__}")
     _check_pos(seq_len=seq_len, micro_batch=micro_batch, tp=tp, cp=cp, act_bytes=act_bytes)
@@ -176,35 +173,6 @@ def layer_terms(spec, seq_len: int, micro_batch: int, tp: int = 1, sp: bool = Fa
     return terms
 
 
-def in_flight_units(schedule: str, p: int, m: int, stage: int, v: int = 1) -> int:
-    """How many (micro-batch, model chunk) activations stage ``stage`` holds at its peak.
-
-    With v = 1 a chunk is the whole stage, so this is the number of micro-batches in flight:
-    GPipe holds all m; 1F1B holds min(p - stage, m) (Narayanan et al. 2021 §2.2). The interleaved
-    schedule holds min(2(p - stage - 1) + (v - 1)p + 1, m·v) chunks of L/(pv) layers each, which is
-    Megatron-LM's warm-up count plus one (``forward_backward_pipelining_with_interleaving``; when
-    m == p every forward runs first and all m·v chunks are held); on
-    stage 0 with m ≥ p this is p(1 + (p-1)/(pv)) stage-equivalents, Korthikanti et al. 2022 §4.2.3.
-    """
-    if schedule not in SCHEDULES:
-        raise ValueError(f"schedule={schedule!r} must be one of {SCHEDULES}")
-    _check_pos(p=p, m=m, v=v)
-    if not 0 <= stage < p:
-        raise ValueError(f"stage={stage} must be in [0, p={p})")
-    return _in_flight_units(schedule, p, m, stage, v)
-
-
-def _in_flight_units(schedule: str, p: int, m: int, stage: int, v: int) -> int:
-    """:func:`in_flight_units` without argument checks (for callers that validated already)."""
-    if schedule == "gpipe":
-        return m * v
-    if schedule == "1f1b":
-        return min(p - stage, m) * v
-    if m == p:  # Megatron-LM runs every forward first when m == p (all_warmup_microbatches)
-        return m * v
-    return min(2 * (p - stage - 1) + (v - 1) * p + 1, m * v)
-
-
 def kept_terms(spec, seq_len: int, micro_batch: int, tp: int = 1, sp: bool = False,
                recompute: str = "none", **kw) -> list[Term]:
     """The :func:`layer_terms` one layer keeps for backward under activation recomputation.
@@ -216,8 +184,7 @@ def kept_terms(spec, seq_len: int, micro_batch: int, tp: int = 1, sp: bool = Fal
     arguments go to :func:`layer_terms`. For a GPT-shaped layer the sum equals
     :func:`per_layer_bytes` in all six cases of Table 2 (tested).
     """
-    if recompute not in RECOMPUTE:
-        raise ValueError(f"recompute={recompute!r} must be one of {RECOMPUTE}")
+    choice("recompute", recompute, RECOMPUTE)
     terms = layer_terms(spec, seq_len, micro_batch, tp=tp, sp=sp, **kw)
     if recompute == "none":
         return terms
@@ -228,5 +195,3 @@ def kept_terms(spec, seq_len: int, micro_batch: int, tp: int = 1, sp: bool = Fal
     n = e * s * micro_batch * spec.hidden // (tp if sp else 1)
     return [Term("layer input", n, "the only tensor kept; the layer runs again in backward")]
 
-
-__all__ += ["kept_terms"]

@@ -71,12 +71,19 @@ import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from ._check import integer
+from .activations import layer_terms
+from .config import OPTIMIZERS, PRECISIONS, ParallelConfig, TrainingSetup, even_split
+from .model import ModelSpec
+from .pipeline import simulate
+from .sharding import stage_tensor_numels
+from .units import MIB
+
 __all__ = ["K_MIN_BLOCK_SIZE", "K_SMALL_SIZE", "K_SMALL_BUFFER", "K_LARGE_BUFFER",
            "K_MIN_LARGE_ALLOC", "K_ROUND_LARGE", "round_size", "pool_of", "segment_size",
            "CachingAllocator", "OutOfMemory", "ReplayResult", "replay", "record_allocations",
            "training_step_events", "stage_weight_tensors"]
 
-MIB = 2**20
 K_MIN_BLOCK_SIZE = 512          # all sizes are rounded to at least 512 bytes
 K_SMALL_SIZE = 1 * MIB          # largest "small" allocation
 K_SMALL_BUFFER = 2 * MIB        # small allocations are packed in 2 MiB segments
@@ -88,9 +95,8 @@ _VA_SIZE = 5 * 2**48            # virtual addresses of one expandable segment: n
                                 # a multiple of both page sizes so pages stay aligned
 
 
-def _check_bytes(name: str, n) -> None:
-    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-        raise ValueError(f"{name}={n!r} must be an integer >= 0 (bytes)")
+def _check_bytes(name: str, n: object) -> None:
+    integer(name, n, 0)
 
 
 def _ceil(n: int, unit: int) -> int:
@@ -606,22 +612,16 @@ def training_step_events(spec, parallel=None, setup=None, stage: int = 0,
     Only the shapes matter to the allocator; :func:`replay` turns the events into reserved and
     allocated bytes.
     """
-    from .activations import layer_terms
-    from .memory import OPTIMIZERS, PRECISIONS, ParallelConfig, TrainingSetup
-    from .pipeline import simulate
-
     par = parallel or ParallelConfig()
     setup = setup or TrainingSetup(seq_len=2048)
     if par.zero == 3:
         raise ValueError("zero=3 is not modelled by training_step_events (use zero <= 2)")
     if par.vpp > 1 or setup.schedule == "interleaved":
         raise ValueError("the interleaved schedule is not modelled by training_step_events")
-    if not 0 <= stage < par.pp:
-        raise ValueError(f"stage={stage} must be in [0, pp={par.pp})")
+    integer("stage", stage, 0, par.pp - 1)
     prec = PRECISIONS[setup.precision]
     t, d = par.tp, par.dp * par.cp
-    base, extra = divmod(spec.layers, par.pp)
-    n_layers = base + (1 if stage < extra else 0)
+    n_layers = even_split(spec.layers, par.pp)[stage]
     h = spec.hidden
     weights = stage_weight_tensors(spec, par, stage)
     ev: list[tuple] = []
@@ -666,47 +666,12 @@ def training_step_events(spec, parallel=None, setup=None, stage: int = 0,
     return ev
 
 
-def stage_weight_tensors(spec, parallel=None, stage: int = 0) -> list[int]:
+def stage_weight_tensors(spec: ModelSpec, parallel: ParallelConfig | None = None,
+                         stage: int = 0) -> list[int]:
     """Element counts of the weight tensors one GPU of pipeline stage ``stage`` holds, one entry
-    per tensor, in layer order: Q, K, V, output projection (and their biases), the MLP matrices
-    (every local expert's, and the router, for MoE), two norms per layer; the embedding (and
-    learned positions) on the first stage, the final norm and LM head on the last. Sharded as
-    :func:`parmem.estimate` shards them (Shoeybi et al. 2019 §3), so 2 bytes times the sum is the
-    estimate's ``params`` for 16-bit weights (shared experts are not listed)."""
-    from .memory import ParallelConfig
-
+    per tensor, in layer order (:func:`parmem.sharding.stage_tensor_numels` for the stage's layers
+    of the even split): 2 bytes times the sum is the estimate's ``params`` for 16-bit weights."""
     par = parallel or ParallelConfig()
-    if not 0 <= stage < par.pp:
-        raise ValueError(f"stage={stage} must be in [0, pp={par.pp})")
-    t = par.tp
-    base, extra = divmod(spec.layers, par.pp)
-    n_layers = base + (1 if stage < extra else 0)
-    h, hd = spec.hidden, spec.head_dim
-    q_local = spec.heads // t * hd
-    kv_local = max(spec.kv_heads // t, 1) * hd
-    ffn = (spec.expert_ffn_hidden if spec.is_moe else spec.ffn_hidden) // t
-    mats = [h * q_local, h * kv_local, h * kv_local, q_local * h]
-    if spec.bias or spec.qkv_bias:
-        mats += [q_local, kv_local, kv_local]
-    if spec.bias:
-        mats.append(h)
-    mlp = [h * ffn] * (3 if spec.ffn_kind == "swiglu" else 2)
-    if spec.bias:
-        mlp += [ffn] * (len(mlp) - 1) + [h]
-    if spec.is_moe:
-        mats += mlp * (spec.num_experts // par.ep) + [h * spec.num_experts]
-    else:
-        mats += mlp
-    weights: list[int] = []
-    for _ in range(n_layers):
-        weights += mats + [spec.norm_params()] * 2
-    vocab_local = -(-spec.vocab_size // t)
-    if stage == 0:
-        weights.append(vocab_local * h)
-        if spec.position == "learned":
-            weights.append(spec.max_positions * h)
-    if stage == par.pp - 1:
-        weights.append(spec.norm_params())
-        if not spec.tied_embeddings or par.pp > 1:
-            weights.append(vocab_local * h)
-    return weights
+    integer("stage", stage, 0, par.pp - 1)
+    n_layers = even_split(spec.layers, par.pp)[stage]
+    return stage_tensor_numels(spec, par.tp, par.ep, n_layers, stage == 0, stage == par.pp - 1)

@@ -19,11 +19,12 @@ import json
 import sys
 from pathlib import Path
 
-from .activations import RECOMPUTE, SCHEDULES
+from .config import OPTIMIZERS, PRECISIONS, RECOMPUTE, SCHEDULES, ParallelConfig, TrainingSetup
+from .estimate import estimate
 from .inference import KV_DTYPES, WEIGHT_DTYPES, kv_cache_bytes, kv_cache_bytes_per_token
 from .inference import weight_bytes as _weight_bytes
-from .memory import GIB, OPTIMIZERS, PRECISIONS, ParallelConfig, TrainingSetup, estimate
 from .model import ModelSpec, presets
+from .units import GIB
 
 
 def _model(name: str) -> ModelSpec:

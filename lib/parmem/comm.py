@@ -32,16 +32,22 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
-from parmem.hardware import Hardware, Link, hardware_preset, link_preset
+from ._check import boolean, integer
+from .config import PRECISIONS, ParallelConfig, TrainingSetup, check_layout
+from .hardware import Hardware, Link, hardware_preset, link_preset
+from .model import ModelSpec
+from .sharding import stage_params
 
 __all__ = [
-    "COLLECTIVES", "CATEGORIES", "RECOMPUTE", "all_reduce_bytes", "reduce_scatter_bytes",
+    "COLLECTIVES", "CATEGORIES", "all_reduce_bytes", "reduce_scatter_bytes",
     "all_gather_bytes", "all_to_all_bytes", "broadcast_bytes", "send_recv_bytes",
     "collective_bytes", "collective_steps", "collective_time", "CommOp", "CommBreakdown",
-    "step_comm",
+    "StageShape", "stage_shape", "collectives", "step_comm", "placement",
+    "category_times",
 ]  # fmt: skip
 
 #: Collective names accepted by :func:`collective_bytes` and :func:`collective_time`.
@@ -50,21 +56,9 @@ COLLECTIVES: tuple[str, ...] = (
 )  # fmt: skip
 #: Categories of a :class:`CommBreakdown`.
 CATEGORIES: tuple[str, ...] = ("dp", "tp", "sp", "pp", "ep", "cp")
-#: Activation recomputation modes (Korthikanti et al. 2022, §5).
-RECOMPUTE: tuple[str, ...] = ("none", "selective", "full")
-
-
-def _int(name: str, value: object, minimum: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise ValueError(f"{name}={value!r} must be an integer")
-    if value < minimum:
-        raise ValueError(f"{name}={value} must be >= {minimum}")
-    return value
-
-
 def _chunk(size: int, n: int) -> int:
-    _int("size", size, 0)
-    _int("n", n, 1)
+    integer("size", size, 0)
+    integer("n", n, 1)
     return -(-size // n)
 
 
@@ -106,7 +100,7 @@ def broadcast_bytes(size: int, n: int) -> int:
 
 def send_recv_bytes(size: int) -> int:
     """Point-to-point send: ``size`` bytes (pipeline stage boundaries, Narayanan et al. 2021)."""
-    return _int("size", size, 0)
+    return integer("size", size, 0)
 
 
 def _send_recv(size: int, n: int) -> int:
@@ -145,7 +139,7 @@ def collective_steps(op: str, n: int, algorithm: str = "ring") -> int:
     chain broadcast ``n-1``; send/recv 1; 0 when ``n == 1`` (Thakur et al. 2005, §4).
     """
     _check_op(op)
-    _int("n", n, 1)
+    integer("n", n, 1)
     if algorithm != "ring":
         raise ValueError(f"algorithm={algorithm!r} is not supported; known: ring")
     if n == 1:
@@ -259,24 +253,77 @@ class CommBreakdown:
         hw = hardware_preset(hardware) if isinstance(hardware, str) else hardware
         if not isinstance(hw, Hardware):
             raise ValueError(f"hardware={hardware!r} must be a Hardware or a preset name")
-        intra = dict(dp=dp_intra, tp=tp_intra, sp=tp_intra, pp=pp_intra, ep=ep_intra, cp=cp_intra)
-        out = dict.fromkeys(CATEGORIES, 0.0)
-        for o in self.ops:
-            out[o.category] += o.time(hw.intra_node if intra[o.category] else hw.inter_node)
-        return out
+        where = dict(dp_intra=dp_intra, tp_intra=tp_intra, pp_intra=pp_intra, ep_intra=ep_intra,
+                     cp_intra=cp_intra)
+        return category_times(self.ops, hw, where)
 
     def time(self, hardware: Hardware | str, **placement: bool) -> float:
         """Total alpha-beta seconds, serial sum of :meth:`times` (same keywords)."""
         return sum(self.times(hardware, **placement).values())
 
 
-# integer arguments of step_comm: those that must be >= 1, and those that may be 0
-_COUNTS = ("seq_len", "micro_batch", "hidden", "num_microbatches", "dp", "tp", "pp", "v", "cp",
-           "ep", "top_k", "grad_bytes_per_param", "param_bytes", "act_bytes")  # fmt: skip
-_SIZES = ("params_per_gpu", "layers_on_stage", "moe_layers_on_stage", "expert_params_per_gpu")
+@dataclass(frozen=True)
+class StageShape:
+    """What the communication of one GPU of one pipeline stage depends on: the quantities
+    :func:`step_comm` reads off a model, a layout and a setup (built by :func:`stage_shape`).
+
+    ``params`` and ``expert_params``: parameters this GPU holds before ZeRO sharding (after TP,
+    EP and PP; :func:`parmem.sharding.stage_params`). ``layers`` and ``moe_layers``: transformer
+    (and MoE) layers on the stage. ``kv_hidden``: kv_heads · head_dim. ``grad_bytes``,
+    ``param_bytes``, ``act_bytes``: bytes of one reduced gradient, one gathered parameter, one
+    activation element. ``capacity_factor``: ``None`` (the all-to-all carries exactly
+    ``top_k`` slots per token) or the GShard/Switch factor that pads its buffers.
+    """
+
+    params: int
+    seq_len: int
+    micro_batch: int
+    hidden: int
+    layers: int
+    num_microbatches: int = 1
+    dp: int = 1
+    zero: int = 0
+    grad_bytes: int = 2
+    param_bytes: int = 2
+    tp: int = 1
+    sp: bool = False
+    pp: int = 1
+    v: int = 1
+    stage: int = 0
+    cp: int = 1
+    kv_hidden: int = 0
+    ep: int = 1
+    moe_layers: int = 0
+    expert_params: int = 0
+    top_k: int = 1
+    capacity_factor: float | None = None
+    act_bytes: int = 2
+    recompute: str = "none"
+    sp_regather: bool = False
 
 
-def _zero_ops(add, params: int, n: int, zero: int, m: int, gbytes: int, pbytes: int, tag: str):
+def stage_shape(spec: ModelSpec, parallel: ParallelConfig, setup: TrainingSetup, stage: int,
+                layers_per_stage: Sequence[int], *, sp_regather: bool = False) -> StageShape:
+    """The :class:`StageShape` of pipeline stage ``stage`` (layers per stage already checked by
+    :func:`parmem.config.check_layout`): parameters from the sharding table, element sizes from
+    the setup's precision, every layer of an MoE model an MoE layer."""
+    prec = PRECISIONS[setup.precision]
+    p = parallel.pp
+    n = layers_per_stage[stage]
+    dense, expert = stage_params(spec, parallel.tp, parallel.ep, n, stage == 0, stage == p - 1)
+    cf = setup.capacity_factor if spec.is_moe and setup.capacity_factor != 1.0 else None
+    return StageShape(
+        params=dense, seq_len=setup.seq_len, micro_batch=setup.micro_batch, hidden=spec.hidden,
+        layers=n, num_microbatches=setup.num_microbatches, dp=parallel.dp, zero=parallel.zero,
+        grad_bytes=prec["grad"], param_bytes=prec["param"], tp=parallel.tp, sp=parallel.sp, pp=p,
+        v=parallel.vpp, stage=stage, cp=parallel.cp, kv_hidden=spec.kv_dim, ep=parallel.ep,
+        moe_layers=n if spec.is_moe else 0, expert_params=expert, top_k=spec.top_k or 1,
+        capacity_factor=cf, act_bytes=prec["act"], recompute=setup.recompute,
+        sp_regather=sp_regather)
+
+
+def _zero_ops(add: Callable[..., None], params: int, n: int, zero: int, m: int, gbytes: int,
+              pbytes: int, tag: str) -> None:
     """DP / ZeRO collectives for ``params`` parameters reduced over ``n`` ranks."""
     grads, weights = params * gbytes, params * pbytes
     if zero == 0:
@@ -289,179 +336,126 @@ def _zero_ops(add, params: int, n: int, zero: int, m: int, gbytes: int, pbytes: 
         add("dp", f"{tag}updated-parameter all-gather", "all_gather", weights, n, 1)
 
 
-def step_comm(
-    *,
-    params_per_gpu: int,
-    seq_len: int,
-    micro_batch: int,
-    hidden: int,
-    layers_on_stage: int,
-    num_microbatches: int = 1,
-    dp: int = 1,
-    zero: int = 0,
-    grad_bytes_per_param: int = 2,
-    param_bytes: int = 2,
-    tp: int = 1,
-    sp: bool = False,
-    sp_regather: bool = False,
-    pp: int = 1,
-    v: int = 1,
-    stage: int | None = None,
-    cp: int = 1,
-    kv_hidden: int | None = None,
-    ep: int = 1,
-    moe_layers_on_stage: int = 0,
-    expert_params_per_gpu: int = 0,
-    top_k: int = 1,
-    moe_tokens: int | None = None,
-    capacity_factor: float | None = None,
-    act_bytes: int = 2,
-    recompute: str = "none",
-) -> CommBreakdown:
-    """Collectives of one GPU in one optimizer step of ``m = num_microbatches`` micro-batches.
+def collectives(x: StageShape) -> CommBreakdown:
+    """Every collective one GPU of the stage described by ``x`` takes part in during one
+    optimizer step of ``m = x.num_microbatches`` micro-batches. The terms (X = (s/cp)·b·h·
+    act_bytes, the layer's input on this GPU):
 
-    Args:
-        params_per_gpu: Ψ held by this GPU before DP/ZeRO sharding (after TP and
-            PP), excluding expert parameters.
-        seq_len, micro_batch, hidden: s, b, h. layers_on_stage: transformer layers here.
-        dp, zero: data-parallel size and ZeRO stage 0..3.
-        grad_bytes_per_param, param_bytes: bytes of one reduced gradient and one
-            gathered parameter (2 for bf16).
-        tp, sp: tensor-parallel size; Megatron sequence parallelism on/off.
-        sp_regather: also count the all-gather that Megatron-LM repeats in backward
-            (``LinearWithGradAccumulationAndAsyncCommunication`` saves only the
-            sequence shard of a column-parallel input and re-gathers it for the
-            weight gradient): 2 per layer per micro-batch. Off by default, as in
-            the paper's accounting.
-        pp, v, stage: pipeline size, chunks per stage (interleaved), and which
-            stage (``None``: the one that sends the most).
-        cp, kv_hidden: context-parallel size; K/V width ``kv_heads * head_dim``
-            (default ``hidden``, i.e. multi-head attention).
-        ep, moe_layers_on_stage, expert_params_per_gpu, top_k: expert parallelism.
-        moe_tokens: tokens this GPU routes per micro-batch (default
-            ``s b / cp``, divided by ``tp`` with SP).
-        capacity_factor: if set, all-to-all buffers hold ``ceil(cf * tokens * top_k)``
-            slots (GShard/Switch token dropping, Fedus et al. 2021 §2.1).
-        act_bytes: bytes per activation element. recompute: ``"none"``,
-            ``"selective"`` or ``"full"``.
+    * **dp** (Rajbhandari et al. 2020, §7): over ``dp * cp`` ranks (CP ranks hold the same
+      weights). ZeRO-0: one all-reduce of the gradients, ``2(d-1)/d * 2Ψ``; ZeRO-1: reduce-scatter
+      of gradients + all-gather of updated parameters, the same bytes; ZeRO-2: the reduce-scatter
+      runs every micro-batch (DeepSpeed ``engine.allreduce_gradients``: "ZeRO stage >= 2
+      communicates during non gradient accumulation boundaries as well"); ZeRO-3: also
+      all-gathers parameters in each micro-batch's forward and backward, ``3Ψ``-equivalent, 1.5x
+      DP when m = 1 (§7.2.2). Expert parameters reduce over the expert-data-parallel group of
+      ``dp * cp / ep`` ranks.
+    * **tp** (Shoeybi et al. 2019, §3; Korthikanti et al. 2022, §4.2.2): per layer per
+      micro-batch 2 all-reduces of X forward (after attention and MLP), 2 in backward, +2 with full
+      recomputation (the forward runs again); selective recomputation (Korthikanti et al. 2022, §5)
+      redoes only the attention core, which needs no collective.
+    * **sp** (Korthikanti et al. 2022, §4.2.2): each all-reduce becomes an all-gather +
+      reduce-scatter of X: the same bytes. ``sp_regather`` also counts the all-gather Megatron-LM
+      repeats in backward (``LinearWithGradAccumulationAndAsyncCommunication`` saves only the
+      sequence shard of a column-parallel input and re-gathers it for the weight gradient): 2 per
+      layer per micro-batch.
+    * **pp** (Narayanan et al. 2021, §2.2 and §4.1): per micro-batch and chunk a stage sends its
+      output X (/t with SP: scatter-gather) forward unless it holds the model's last chunk, and the
+      input gradient backward unless it holds the first: ``v`` sends per direction, ``v - 1`` at
+      the ends.
+    * **cp** (Liu et al. 2023, Ring Attention; Megatron-Core context parallelism): per layer per
+      micro-batch, K and V (``2 s b kv_hidden act_bytes / t`` in full) go round the ring: an
+      all-gather forward, an all-gather of K/V and a reduce-scatter of dK/dV backward, +1
+      all-gather with full recomputation.
+    * **ep** (Lepikhin et al. 2020, §3.2; Fedus et al. 2021, §2.2): per MoE layer per
+      micro-batch, dispatch + combine all-to-alls of ``tokens * top_k * h * act_bytes`` forward
+      (tokens = s·b/cp, divided by t under SP), the same backward, +2 with full recomputation;
+      with a capacity factor the buffers hold ``ceil(cf * tokens * top_k)`` slots.
 
-    Terms (X = (s/cp) b h act_bytes, the layer's input on this GPU):
-
-    * **dp** (Rajbhandari et al. 2020, §7): over ``dp * cp`` ranks (CP ranks hold
-      the same weights). ZeRO-0: one all-reduce of the gradients, ``2(d-1)/d * 2Ψ``;
-      ZeRO-1: reduce-scatter of gradients + all-gather of updated parameters, the
-      same bytes; ZeRO-2: the reduce-scatter runs every micro-batch (DeepSpeed
-      ``engine.allreduce_gradients``: "ZeRO stage >= 2 communicates during non
-      gradient accumulation boundaries as well"); ZeRO-3: also all-gathers
-      parameters in each micro-batch's forward and backward, ``3Ψ``-equivalent,
-      1.5x DP when m = 1 (§7.2.2). Expert parameters reduce over the
-      expert-data-parallel group of ``dp * cp / ep`` ranks.
-    * **tp** (Shoeybi et al. 2019, §3; Korthikanti et al. 2022, §4.2.2): per layer
-      per micro-batch 2 all-reduces of X forward (after attention and MLP), 2 in
-      backward, +2 with full recomputation (the forward runs again); selective
-      recomputation (Korthikanti et al. 2022, §5) redoes only the attention core,
-      which needs no collective.
-    * **sp** (Korthikanti et al. 2022, §4.2.2): each all-reduce becomes an
-      all-gather + reduce-scatter of X: the same bytes (plus ``sp_regather``).
-    * **pp** (Narayanan et al. 2021, §2.2 and §4.1): per micro-batch and chunk a
-      stage sends its output X (/t with SP: scatter-gather) forward unless it holds
-      the model's last chunk, and the input gradient backward unless it holds the
-      first: ``v`` sends per direction, ``v - 1`` at the ends.
-    * **cp** (Liu et al. 2023, Ring Attention; Megatron-Core context parallelism):
-      per layer per micro-batch, K and V (``2 s b kv_hidden act_bytes / t`` in
-      full) go round the ring: an all-gather forward, an all-gather of K/V and a
-      reduce-scatter of dK/dV backward, +1 all-gather with full recomputation.
-    * **ep** (Lepikhin et al. 2020, §3.2; Fedus et al. 2021, §2.2): per MoE layer
-      per micro-batch, dispatch + combine all-to-alls of ``tokens * top_k * h *
-      act_bytes`` forward, the same backward, +2 with full recomputation.
-
-    Not counted: embedding / LM-head collectives (vocab-parallel all-reduce,
-    tied-embedding gradient all-reduce between first and last stage), loss
-    all-reduces, and scalars.
+    Not counted: embedding / LM-head collectives (vocab-parallel all-reduce, tied-embedding
+    gradient all-reduce between first and last stage), loss all-reduces, and scalars.
     """
-    given = locals()  # the arguments, for validation by name
-    for name in _COUNTS:
-        _int(name, given[name], 1)
-    for name in _SIZES:
-        _int(name, given[name], 0)
-    if zero not in (0, 1, 2, 3):
-        raise ValueError(f"zero={zero!r} must be 0, 1, 2 or 3")
-    if recompute not in RECOMPUTE:
-        raise ValueError(f"recompute={recompute!r} must be one of {', '.join(RECOMPUTE)}")
-    if moe_layers_on_stage > layers_on_stage:
-        raise ValueError(
-            f"moe_layers_on_stage={moe_layers_on_stage} must be <= layers_on_stage={layers_on_stage}"
-        )
-    if seq_len % cp:
-        raise ValueError(f"seq_len={seq_len} must be divisible by cp={cp}")
-    s_local = seq_len // cp
-    if sp and s_local % tp:
-        raise ValueError(f"seq_len / cp = {s_local} must be divisible by tp={tp} with sp=True")
-    kv_hidden = hidden if kv_hidden is None else _int("kv_hidden", kv_hidden, 1)
-    if cp > 1 and kv_hidden % tp:
-        raise ValueError(f"kv_hidden={kv_hidden} must be divisible by tp={tp}")
-    if (dp * cp) % ep:
-        raise ValueError(f"ep={ep} must divide dp * cp = {dp * cp} (experts shard the DP group)")
-    if stage is not None and not (isinstance(stage, int) and 0 <= stage < pp):
-        raise ValueError(f"stage={stage!r} must be None or an integer in 0..{pp - 1}")
-
-    m, L = num_microbatches, layers_on_stage
-    fwd = 2 if recompute == "full" else 1  # forward passes per micro-batch
-    x = s_local * micro_batch * hidden * act_bytes
+    m, L, tp = x.num_microbatches, x.layers, x.tp
+    s_local = x.seq_len // x.cp
+    fwd = 2 if x.recompute == "full" else 1  # forward passes per micro-batch
+    act = s_local * x.micro_batch * x.hidden * x.act_bytes
     ops: list[CommOp] = []
 
     def add(cat: str, what: str, op: str, size: int, n: int, count: int) -> None:
-        ops.append(CommOp(cat, what, op, size, n, count))
+        if n > 1 and size and count:
+            ops.append(CommOp(cat, what, op, size, n, count))
 
-    _zero_ops(add, params_per_gpu, dp * cp, zero, m, grad_bytes_per_param, param_bytes, "")
-    if expert_params_per_gpu:
-        e_dp = dp * cp // ep
-        _zero_ops(add, expert_params_per_gpu, e_dp, zero, m, grad_bytes_per_param, param_bytes,
-                  "expert ")  # fmt: skip
-
+    _zero_ops(add, x.params, x.dp * x.cp, x.zero, m, x.grad_bytes, x.param_bytes, "")
+    if x.expert_params:
+        _zero_ops(add, x.expert_params, x.dp * x.cp // x.ep, x.zero, m, x.grad_bytes,
+                  x.param_bytes, "expert ")
     if tp > 1 and L:
         per = 2 * L * m
-        if not sp:
-            add("tp", "forward all-reduce (attention + MLP)", "all_reduce", x, tp, per * fwd)
-            add("tp", "backward all-reduce", "all_reduce", x, tp, per)
+        if not x.sp:
+            add("tp", "forward all-reduce (attention + MLP)", "all_reduce", act, tp, per * fwd)
+            add("tp", "backward all-reduce", "all_reduce", act, tp, per)
         else:
-            add("sp", "forward all-gather", "all_gather", x, tp, per * fwd)
-            add("sp", "forward reduce-scatter", "reduce_scatter", x, tp, per * fwd)
-            add("sp", "backward reduce-scatter", "reduce_scatter", x, tp, per)
-            add("sp", "backward all-gather", "all_gather", x, tp, per)
-            if sp_regather:
-                add("sp", "backward re-gather of saved input", "all_gather", x, tp, per)
+            add("sp", "forward all-gather", "all_gather", act, tp, per * fwd)
+            add("sp", "forward reduce-scatter", "reduce_scatter", act, tp, per * fwd)
+            add("sp", "backward reduce-scatter", "reduce_scatter", act, tp, per)
+            add("sp", "backward all-gather", "all_gather", act, tp, per)
+            if x.sp_regather:
+                add("sp", "backward re-gather of saved input", "all_gather", act, tp, per)
+    if x.pp > 1:
+        i, v = x.stage, x.v
+        boundary = act // tp if x.sp else act
+        add("pp", "forward activation send", "send_recv", boundary, 2, (v - (i == x.pp - 1)) * m)
+        add("pp", "backward gradient send", "send_recv", boundary, 2, (v - (i == 0)) * m)
+    if x.cp > 1 and L:
+        kv = 2 * x.seq_len * x.micro_batch * (x.kv_hidden // tp) * x.act_bytes
+        add("cp", "K/V all-gather (ring), forward", "all_gather", kv, x.cp, L * m * fwd)
+        add("cp", "K/V all-gather (ring), backward", "all_gather", kv, x.cp, L * m)
+        add("cp", "dK/dV reduce-scatter (ring)", "reduce_scatter", kv, x.cp, L * m)
+    if x.ep > 1 and x.moe_layers:
+        slots = s_local * x.micro_batch // (tp if x.sp else 1) * x.top_k
+        if x.capacity_factor is not None:
+            slots = math.ceil(Fraction(repr(x.capacity_factor)) * slots)
+        buf, n = slots * x.hidden * x.act_bytes, x.moe_layers * m
+        add("ep", "dispatch + combine all-to-all, forward", "all_to_all", buf, x.ep, 2 * n * fwd)
+        add("ep", "dispatch + combine all-to-all, backward", "all_to_all", buf, x.ep, 2 * n)
+    return CommBreakdown(tuple(ops))
 
-    if pp > 1:
-        sends = [(v - (i == pp - 1), v - (i == 0)) for i in range(pp)]  # (forward, backward)
-        fwd_sends, bwd_sends = sends[stage] if stage is not None else max(sends, key=sum)
-        boundary = x // tp if sp else x
-        add("pp", "forward activation send", "send_recv", boundary, 2, fwd_sends * m)
-        add("pp", "backward gradient send", "send_recv", boundary, 2, bwd_sends * m)
 
-    if cp > 1 and L:
-        kv = 2 * seq_len * micro_batch * (kv_hidden // tp) * act_bytes
-        add("cp", "K/V all-gather (ring), forward", "all_gather", kv, cp, L * m * fwd)
-        add("cp", "K/V all-gather (ring), backward", "all_gather", kv, cp, L * m)
-        add("cp", "dK/dV reduce-scatter (ring)", "reduce_scatter", kv, cp, L * m)
+def step_comm(spec: ModelSpec, parallel: ParallelConfig | None = None,
+              setup: TrainingSetup | None = None, *, stage: int | None = None,
+              layers_per_stage: Sequence[int] | None = None,
+              sp_regather: bool = False) -> CommBreakdown:
+    """Collectives of one GPU in one optimizer step of ``spec`` trained with
+    ``parallel``/``setup``, as :func:`parmem.estimate` sees the layout (the terms and their
+    sources: :func:`collectives`).
 
-    if ep > 1 and moe_layers_on_stage:
-        tokens = moe_tokens
-        if tokens is None:
-            tokens = s_local * micro_batch // (tp if sp else 1)
-        slots = _int("moe_tokens", tokens, 0) * top_k
-        if capacity_factor is not None:
-            if not isinstance(capacity_factor, int | float) or not capacity_factor > 0:
-                raise ValueError(f"capacity_factor={capacity_factor!r} must be a number > 0")
-            slots = math.ceil(Fraction(repr(capacity_factor)) * slots)
-        buf, n = slots * hidden * act_bytes, moe_layers_on_stage * m
-        add("ep", "dispatch + combine all-to-all, forward", "all_to_all", buf, ep, 2 * n * fwd)
-        add("ep", "dispatch + combine all-to-all, backward", "all_to_all", buf, ep, 2 * n)
-    return CommBreakdown(tuple(o for o in ops if o.n > 1 and o.size and o.count))
+    ``stage=None`` returns the pipeline stage that sends the most bytes (ties: the first).
+    ``sp_regather=True`` counts the backward re-gather of Megatron-LM's sequence-parallel
+    linear layers (off by default, as in Korthikanti et al. 2022's accounting).
+    """
+    if not isinstance(spec, ModelSpec):
+        raise ValueError(f"spec must be a ModelSpec, got {type(spec).__name__}")
+    par = parallel if parallel is not None else ParallelConfig()
+    if setup is None:
+        setup = TrainingSetup(seq_len=min(2048, spec.max_positions))
+    boolean("sp_regather", sp_regather)
+    lps = check_layout(spec, par, setup, layers_per_stage)
+    p = par.pp
+    if stage is not None:
+        integer("stage", stage, 0, p - 1)
+    if par.sp and (setup.seq_len // par.cp) % par.tp:
+        raise ValueError(f"seq_len / cp = {setup.seq_len // par.cp} must be divisible by "
+                         f"tp={par.tp} with sp=True")
+    best = None
+    for i in range(p) if stage is None else (stage,):
+        out = collectives(stage_shape(spec, par, setup, i, lps, sp_regather=sp_regather))
+        if best is None or out.total > best.total:
+            best = out
+    assert best is not None
+    return best
 
 
 # ---------------------------------------------------------------------------- whole layouts
-def placement(parallel, gpus_per_node: int = 8) -> dict[str, bool]:
+def placement(parallel: ParallelConfig, gpus_per_node: int = 8) -> dict[str, bool]:
     """Which groups of ``parallel`` stay inside one node of ``gpus_per_node`` GPUs.
 
     Ranks are laid out as Megatron-LM does (``--order tp-cp-ep-dp-pp``, tp varying fastest): a
@@ -469,93 +463,22 @@ def placement(parallel, gpus_per_node: int = 8) -> dict[str, bool]:
     ``gpus_per_node``. Returns the keywords of :meth:`CommBreakdown.times`
     (``tp_intra``, ``cp_intra``, ``ep_intra``, ``dp_intra``, ``pp_intra``).
     """
-    _int("gpus_per_node", gpus_per_node, 1)
+    g = integer("gpus_per_node", gpus_per_node, 1)
     t, cp, e, d, p = parallel.tp, parallel.cp, parallel.ep, parallel.dp, parallel.pp
-    g = gpus_per_node
     return {"tp_intra": t <= g, "cp_intra": t * cp <= g, "ep_intra": t * cp * e <= g,
             "dp_intra": t * cp * d <= g, "pp_intra": t * cp * d * p <= g}
 
 
-def layout_comm(spec, parallel, setup, *, stage: int | None = None,
-                layers_per_stage=None) -> CommBreakdown:
-    """:func:`step_comm` for a model, a layout and a training setup, as :func:`parmem.estimate`
-    sees them.
+def category_times(ops: Iterable[CommOp], hardware: Hardware, where: Mapping[str, bool]
+                   ) -> dict[str, float]:
+    """Alpha-beta seconds per category of ``ops``, the one place communication is timed.
 
-    The parameters each GPU holds come from the same TP/PP/EP sharding as the estimate (dense
-    and expert parameters of the stage, before ZeRO); bytes per element from the setup's
-    precision; every layer of an MoE model is an MoE layer; the K/V width is
-    ``kv_heads * head_dim``; a ``capacity_factor`` other than 1 sizes the all-to-all buffers.
-    ``stage=None`` returns the stage that sends the most bytes (ties: the first).
-    """
-    from .memory import PRECISIONS, _stage_params, _validate
-
-    lps = _validate(spec, parallel, setup, layers_per_stage)
-    prec = PRECISIONS[setup.precision]
-    p = parallel.pp
-    if stage is not None and not (isinstance(stage, int) and 0 <= stage < p):
-        raise ValueError(f"stage={stage!r} must be None or an integer in 0..{p - 1}")
-    cf = setup.capacity_factor if spec.is_moe and setup.capacity_factor != 1.0 else None
-    best = None
-    for i in range(p) if stage is None else (stage,):
-        dense, expert = _stage_params(spec, parallel, lps[i], i == 0, i == p - 1)
-        out = step_comm(
-            params_per_gpu=dense, seq_len=setup.seq_len, micro_batch=setup.micro_batch,
-            hidden=spec.hidden, layers_on_stage=lps[i], num_microbatches=setup.num_microbatches,
-            dp=parallel.dp, zero=parallel.zero, grad_bytes_per_param=prec["grad"],
-            param_bytes=prec["param"], tp=parallel.tp, sp=parallel.sp, pp=p, v=parallel.vpp,
-            stage=i, cp=parallel.cp, kv_hidden=spec.kv_dim, ep=parallel.ep,
-            moe_layers_on_stage=lps[i] if spec.is_moe else 0, expert_params_per_gpu=expert,
-            top_k=spec.top_k or 1, capacity_factor=cf, act_bytes=prec["act"],
-            recompute=setup.recompute)
-        if best is None or out.total > best.total:
-            best = out
-    return best
-
-
-def layout_sweep(spec, world_size: int, setup, *, global_batch: int, zero: int = 1,
-                 sp: bool = True, ep: int = 1, cp: int = 1, hardware: Hardware | str = "h100-sxm",
-                 gpus_per_node: int = 8, tps=None, pps=None) -> list[dict]:
-    """Every d·t·p layout of ``world_size`` GPUs: peak memory and communication per GPU.
-
-    For each t in ``tps`` and p in ``pps`` (default: all divisors of the world size) with
-    d = world / (t·p·cp) an integer, the setup gets ``num_microbatches = global_batch / (d·b)``
-    (``global_batch`` sequences per step, b = ``setup.micro_batch``) and ZeRO stage ``zero`` over
-    d; SP is on whenever t > 1 and ``sp``. Layouts that are invalid for the model (t not dividing
-    the heads, p above the layers, the batch not splitting evenly) are left out.
-
-    Each row: ``d``, ``t``, ``p``, ``m``, ``peak_bytes`` and ``peak_stage`` (from
-    :func:`parmem.estimate`), bytes sent per category (``dp``, ``tp``, ``sp``, ``pp``, ``ep``,
-    ``cp``) and ``comm_bytes`` (:func:`layout_comm`), ``comm_time_s`` (serial alpha-beta time on
-    ``hardware`` with groups placed by :func:`placement`), ``tp_in_node``, and ``fits`` (peak at
-    most the GPU's memory).
-    """
-    from dataclasses import replace
-
-    from .memory import ParallelConfig, estimate
-
-    _int("world_size", world_size, 1)
-    _int("global_batch", global_batch, 1)
-    hw = hardware_preset(hardware) if isinstance(hardware, str) else hardware
-    divisors = [k for k in range(1, world_size + 1) if world_size % k == 0]
-    rows = []
-    for t in tps or divisors:
-        for p in pps or divisors:
-            if world_size % (t * p * cp):
-                continue
-            d = world_size // (t * p * cp)
-            if global_batch % (d * setup.micro_batch):
-                continue
-            m = global_batch // (d * setup.micro_batch)
-            try:
-                par = ParallelConfig(dp=d, tp=t, pp=p, ep=ep, cp=cp, sp=sp and t > 1, zero=zero)
-                st = replace(setup, num_microbatches=m)
-                est = estimate(spec, par, st)
-                com = layout_comm(spec, par, st)
-            except ValueError:
-                continue
-            where = placement(par, gpus_per_node)
-            rows.append({"d": d, "t": t, "p": p, "m": m, "peak_bytes": est.peak_bytes,
-                         "peak_stage": est.peak.stage, **com.as_dict(), "comm_bytes": com.total,
-                         "comm_time_s": com.time(hw, **where), "tp_in_node": where["tp_intra"],
-                         "fits": est.peak_bytes <= hw.memory_bytes})
-    return rows
+    ``where`` is :func:`placement`'s answer: a category whose ``<category>_intra`` is true runs
+    on the NVLink ``intra_node`` link, otherwise on the per-GPU ``inter_node`` link; SP runs where
+    TP does."""
+    intra = {c: where[f"{'tp' if c == 'sp' else c}_intra"] for c in CATEGORIES}
+    out = dict.fromkeys(CATEGORIES, 0.0)
+    for o in ops:
+        out[o.category] += o.time(hardware.intra_node if intra[o.category] else
+                                  hardware.inter_node)
+    return out

@@ -13,127 +13,94 @@
 
 from __future__ import annotations
 
+from ._check import boolean, choice, integer, number
 from .model import ModelSpec
+from .sharding import (
+    check_heads,
+    check_tp,
+    kv_heads_local,
+    layer_tensors,
+    local_numel,
+    model_tensors,
+    stage_params,
+)
 
 __all__ = ["KV_DTYPES", "WEIGHT_DTYPES", "kv_cache_bytes", "kv_cache_bytes_per_token",
-           "weight_bytes", "linear_shapes", "shard_spec", "serving_weight_bytes",
+           "weight_bytes", "serving_weight_bytes",
            "max_concurrency", "Request", "random_requests", "KVCacheSim", "simulate_kv_cache"]
 
 KV_DTYPES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
 WEIGHT_DTYPES = {"fp32": 32, "fp16": 16, "bf16": 16, "int8": 8, "int4": 4}
 
 
-def _kv_heads_local(spec: ModelSpec, tp: int) -> int:
-    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
-        raise ValueError(f"tp={tp!r} must be an integer >= 1")
-    if spec.heads % tp:
-        raise ValueError(f"tp={tp} must divide heads={spec.heads}")
-    if spec.kv_heads % tp and tp % spec.kv_heads:
-        raise ValueError(f"tp={tp} and kv_heads={spec.kv_heads}: one must divide the other")
-    return max(spec.kv_heads // tp, 1)
-
-
 def kv_cache_bytes_per_token(spec: ModelSpec, dtype: str = "fp16", tp: int = 1) -> int:
-    """KV-cache bytes one token occupies on one GPU: 2 · L · (kv_heads/t) · head_dim · bytes.
+    """KV-cache bytes one token occupies on one GPU: 2 · L · (kv_heads/t) · head_dim · bytes,
+    with :func:`parmem.sharding.kv_heads_local` heads per GPU.
 
     Llama-2-7B in fp16: 2 · 32 · 32 · 128 · 2 = 524,288 bytes = 512 KiB per token.
     """
-    if dtype not in KV_DTYPES:
-        raise ValueError(f"dtype={dtype!r} must be one of {tuple(KV_DTYPES)}")
-    return 2 * spec.layers * _kv_heads_local(spec, tp) * spec.head_dim * KV_DTYPES[dtype]
+    choice("dtype", dtype, KV_DTYPES)
+    check_heads(spec, tp)
+    return 2 * spec.layers * kv_heads_local(spec, tp) * spec.head_dim * KV_DTYPES[dtype]
 
 
 def kv_cache_bytes(spec: ModelSpec, seq_len: int, batch: int = 1, dtype: str = "fp16",
                    tp: int = 1) -> int:
     """KV-cache bytes on one GPU for ``batch`` sequences of ``seq_len`` tokens each."""
-    for name, v in (("seq_len", seq_len), ("batch", batch)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            raise ValueError(f"{name}={v!r} must be an integer >= 0")
+    _spec(spec)
+    integer("seq_len", seq_len, 0)
+    integer("batch", batch, 0)
     return kv_cache_bytes_per_token(spec, dtype, tp) * seq_len * batch
 
 
-def linear_shapes(spec: ModelSpec) -> list[tuple[str, int, int, int]]:
-    """(name, in_features, out_features, count over all layers) of every transformer-layer
-    weight matrix (the ones quantisation touches)."""
-    h, L = spec.hidden, spec.layers
-    out = [("q", h, spec.q_dim, L), ("k", h, spec.kv_dim, L), ("v", h, spec.kv_dim, L),
-           ("o", spec.q_dim, h, L)]
-
-    def mlp(prefix: str, f: int, n: int) -> list[tuple[str, int, int, int]]:
-        rows = [(f"{prefix}up", h, f, n), (f"{prefix}down", f, h, n)]
-        if spec.ffn_kind == "swiglu":
-            rows.insert(0, (f"{prefix}gate", h, f, n))
-        return rows
-
-    if spec.is_moe:
-        out += mlp("expert_", spec.expert_ffn_hidden, L * spec.num_experts)
-        if spec.shared_experts:
-            out += mlp("shared_", spec.expert_ffn_hidden, L * spec.shared_experts)
-    else:
-        out += mlp("", spec.ffn_hidden, L)
-    return out
+def _spec(spec: object) -> None:
+    if not isinstance(spec, ModelSpec):
+        raise ValueError(f"spec must be a ModelSpec (ModelSpec.preset(name)), got {spec!r}")
 
 
 def weight_bytes(spec: ModelSpec, dtype: str = "fp16", group_size: int | None = 128,
-                 zero_point: bool | None = None) -> int:
-    """Bytes of all model weights for serving (one copy, before any sharding).
+                 zero_point: bool | None = None, tp: int = 1) -> int:
+    """Bytes of the model weights for serving on one GPU of a t-way tensor-parallel group
+    (``tp=1``: one whole copy).
 
     ``dtype`` fp32/fp16/bf16 stores every parameter at that size. int8/int4 quantise the layer
-    weight matrices (:func:`linear_shapes`) with one fp16 scale per ``group_size`` input values of
-    each row (``group_size=None``: one per row, "per-channel") and, if ``zero_point`` (default:
-    True for int4, False for int8), one fp16 zero point too; everything else stays fp16.
+    weight matrices (:func:`parmem.sharding.linear_shapes`) with one fp16 scale per
+    ``group_size`` input values of each row (``group_size=None``: one per row, "per-channel")
+    and, if ``zero_point`` (default: True for int4, False for int8), one fp16 zero point too;
+    everything else stays fp16. Under tensor parallelism each GPU holds its shard of every tensor
+    as the sharding table splits it (Shoeybi et al. 2019 §3, as vLLM serves): a row-parallel
+    matrix keeps its quantisation groups when the group size divides its local input width.
     """
-    if dtype not in WEIGHT_DTYPES:
-        raise ValueError(f"dtype={dtype!r} must be one of {tuple(WEIGHT_DTYPES)}")
-    total = spec.num_params()
+    _spec(spec)
+    choice("dtype", dtype, WEIGHT_DTYPES)
+    check_tp(spec, tp)
     bits = WEIGHT_DTYPES[dtype]
     if bits >= 16:
-        return total * bits // 8
-    if group_size is not None and (isinstance(group_size, bool) or not isinstance(group_size, int)
-                                   or group_size < 1):
-        raise ValueError(f"group_size={group_size!r} must be an integer >= 1 or None")
-    zp = (bits == 4) if zero_point is None else zero_point
+        return sum(stage_params(spec, tp)) * bits // 8
+    if group_size is not None:
+        integer("group_size", group_size)
+    zp = (bits == 4) if zero_point is None else boolean("zero_point", zero_point)
     per_group = 2 + (2 if zp else 0)
-    quant_params = 0
-    quant_bytes = 0
-    for _, n_in, n_out, count in linear_shapes(spec):
+    total = 0
+    for x, copies in [(x, spec.layers) for x in layer_tensors(spec)] + \
+            [(x, 1) for x in model_tensors(spec)]:
+        n = local_numel(spec, x, tp)
+        if x.kind != "linear":
+            total += 2 * n * copies
+            continue
+        n_in = x.cols // tp if x.split == "row" else x.cols
+        n_out = n // n_in // x.count
         g = n_in if group_size is None else group_size
-        groups_per_row = -(-n_in // g)
-        quant_params += n_in * n_out * count
-        quant_bytes += count * (-(-n_in * n_out * bits // 8) + n_out * groups_per_row * per_group)
-    return quant_bytes + 2 * (total - quant_params)
-
-
-# ---------------------------------------------------------------------------- serving capacity
-def shard_spec(spec: ModelSpec, tp: int = 1) -> ModelSpec:
-    """The shapes one GPU holds under t-way tensor parallelism, as a (narrower) ModelSpec.
-
-    Megatron-style sharding (Shoeybi et al. 2019 §3), as vLLM serves: a/t query heads,
-    max(kv_heads/t, 1) key/value heads (a kv head is duplicated when t > kv_heads), f/t MLP (and
-    expert) width, ⌈V/t⌉ vocabulary rows; norms, learned positions and row-parallel biases stay
-    whole. ``weight_bytes(shard_spec(spec, t))`` is then one GPU's weights, quantisation groups
-    included (row-parallel matrices keep their groups when the group size divides n_in/t).
-    """
-    kv_local = _kv_heads_local(spec, tp)
-    for name, width in (("ffn_hidden", spec.ffn_hidden), ("expert_ffn_hidden",
-                                                         spec.expert_ffn_hidden or tp)):
-        if width % tp:
-            raise ValueError(f"tp={tp} must divide {name}={width}")
-    if tp == 1:
-        return spec
-    return spec.with_(name=f"{spec.name}/tp{tp}", heads=spec.heads // tp, kv_heads=kv_local,
-                      head_dim=spec.head_dim, ffn_hidden=spec.ffn_hidden // tp,
-                      expert_ffn_hidden=(spec.expert_ffn_hidden // tp
-                                         if spec.expert_ffn_hidden else None),
-                      vocab_size=-(-spec.vocab_size // tp))
+        per_matrix = -(-n_in * n_out * bits // 8) + n_out * -(-n_in // g) * per_group
+        total += copies * x.count * per_matrix
+    return total
 
 
 def serving_weight_bytes(spec: ModelSpec, dtype: str = "fp16", tp: int = 1,
                          group_size: int | None = 128, zero_point: bool | None = None) -> int:
     """Weight bytes on one GPU when serving with t-way tensor parallelism:
-    :func:`weight_bytes` of :func:`shard_spec` (replicated norms and biases counted on every GPU).
-    """
-    return weight_bytes(shard_spec(spec, tp), dtype, group_size, zero_point)
+    :func:`weight_bytes` with ``tp`` (replicated norms and biases counted on every GPU)."""
+    return weight_bytes(spec, dtype, group_size, zero_point, tp=tp)
 
 
 def _memory_bytes(gpu) -> int:
@@ -163,12 +130,9 @@ def max_concurrency(spec: ModelSpec, seq_len: int, gpu, tp: int = 1, weight_dtyp
     counted at its full length, as a server that reserves whole sequences must; with
     PagedAttention (:func:`simulate_kv_cache`) the average length is what matters.
     """
-    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
-        raise ValueError(f"seq_len={seq_len!r} must be an integer >= 1")
-    if not 0 < utilization <= 1:
-        raise ValueError(f"utilization={utilization!r} must be in (0, 1]")
-    if isinstance(reserved, bool) or not isinstance(reserved, int) or reserved < 0:
-        raise ValueError(f"reserved={reserved!r} must be an integer >= 0 (bytes)")
+    integer("seq_len", seq_len)
+    number("utilization", utilization, 0, 1, lo_open=True)
+    integer("reserved", reserved, 0)
     budget = (int(_memory_bytes(gpu) * utilization) - reserved
               - serving_weight_bytes(spec, weight_dtype, tp, group_size))
     if budget <= 0:

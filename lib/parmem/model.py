@@ -18,21 +18,15 @@ from dataclasses import asdict, dataclass, fields, replace
 from os import PathLike
 from pathlib import Path
 
+from ._check import boolean, choice, integer
 from ._data import load_yaml
+from .sharding import layer_tensors, param_counts
 
 __all__ = ["ModelSpec", "presets"]
 
 FFN_KINDS = ("gelu", "swiglu")
 NORM_KINDS = ("layernorm", "rmsnorm")
 POSITION_KINDS = ("learned", "rotary")
-
-
-def _positive(name: str, value, allow_zero: bool = False) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name}={value!r} must be an integer")
-    if value < 0 or (value == 0 and not allow_zero):
-        rule = ">= 0" if allow_zero else ">= 1"
-        raise ValueError(f"{name}={value} must be {rule}")
 
 
 @dataclass(frozen=True)
@@ -71,7 +65,7 @@ class ModelSpec:
 
     def __post_init__(self) -> None:
         for f in ("vocab_size", "hidden", "layers", "heads", "max_positions"):
-            _positive(f, getattr(self, f))
+            integer(f, getattr(self, f))
         if self.kv_heads is None:
             object.__setattr__(self, "kv_heads", self.heads)
         if self.head_dim is None:
@@ -82,25 +76,24 @@ class ModelSpec:
         if self.ffn_hidden is None:
             object.__setattr__(self, "ffn_hidden", 4 * self.hidden)
         for f in ("kv_heads", "head_dim", "ffn_hidden"):
-            _positive(f, getattr(self, f))
+            integer(f, getattr(self, f))
         if self.heads % self.kv_heads:
             raise ValueError(f"kv_heads={self.kv_heads} must divide heads={self.heads}")
-        if self.ffn_kind not in FFN_KINDS:
-            raise ValueError(f"ffn_kind={self.ffn_kind!r} must be one of {FFN_KINDS}")
-        if self.norm not in NORM_KINDS:
-            raise ValueError(f"norm={self.norm!r} must be one of {NORM_KINDS}")
-        if self.position not in POSITION_KINDS:
-            raise ValueError(f"position={self.position!r} must be one of {POSITION_KINDS}")
-        _positive("num_experts", self.num_experts, allow_zero=True)
-        _positive("top_k", self.top_k, allow_zero=True)
-        _positive("shared_experts", self.shared_experts, allow_zero=True)
+        choice("ffn_kind", self.ffn_kind, FFN_KINDS)
+        choice("norm", self.norm, NORM_KINDS)
+        choice("position", self.position, POSITION_KINDS)
+        for f in ("bias", "qkv_bias", "tied_embeddings"):
+            boolean(f, getattr(self, f))
+        integer("num_experts", self.num_experts, 0)
+        integer("top_k", self.top_k, 0)
+        integer("shared_experts", self.shared_experts, 0)
         if self.num_experts:
             if not 1 <= self.top_k <= self.num_experts:
                 raise ValueError(
                     f"top_k={self.top_k} must be between 1 and num_experts={self.num_experts}")
             if self.expert_ffn_hidden is None:
                 object.__setattr__(self, "expert_ffn_hidden", self.ffn_hidden)
-            _positive("expert_ffn_hidden", self.expert_ffn_hidden)
+            integer("expert_ffn_hidden", self.expert_ffn_hidden)
         elif self.top_k or self.shared_experts:
             raise ValueError("top_k and shared_experts need num_experts >= 1")
 
@@ -160,38 +153,12 @@ class ModelSpec:
         """Width of each of the key and value projections, kv_heads · head_dim."""
         return self.kv_heads * self.head_dim
 
-    def norm_params(self) -> int:
-        """Parameters of one norm: LayerNorm has weight and bias (2h), RMSNorm a weight (h)."""
-        return 2 * self.hidden if self.norm == "layernorm" else self.hidden
-
-    def mlp_params(self, ffn: int | None = None) -> int:
-        """Parameters of one dense MLP (or one expert) of inner size ``ffn``."""
-        f = self.ffn_hidden if ffn is None else ffn
-        h = self.hidden
-        if self.ffn_kind == "gelu":
-            return 2 * h * f + ((f + h) if self.bias else 0)
-        return 3 * h * f + ((2 * f + h) if self.bias else 0)
-
-    def attention_params(self) -> int:
-        """Q, K, V and output projections of one layer, with their biases."""
-        h = self.hidden
-        weights = h * self.q_dim + 2 * h * self.kv_dim + self.q_dim * h
-        biases = 0
-        if self.bias or self.qkv_bias:
-            biases += self.q_dim + 2 * self.kv_dim
-        if self.bias:
-            biases += h
-        return weights + biases
-
     def layer_param_counts(self) -> dict[str, int]:
-        """Parameters of one transformer layer by component."""
-        out = {"attention": self.attention_params(), "norms": 2 * self.norm_params()}
-        if self.is_moe:
-            out["experts"] = self.num_experts * self.mlp_params(self.expert_ffn_hidden)
-            out["shared_experts"] = self.shared_experts * self.mlp_params(self.expert_ffn_hidden)
-            out["router"] = self.hidden * self.num_experts
-        else:
-            out["mlp"] = self.mlp_params()
+        """Parameters of one transformer layer by component (:func:`parmem.sharding.param_counts`
+        without the embedding, LM head and final norm, divided by L)."""
+        out = dict.fromkeys(("attention", "norms"), 0)
+        for x in layer_tensors(self):
+            out[x.component] = out.get(x.component, 0) + x.numel
         return out
 
     def param_counts(self) -> dict[str, int]:
@@ -199,24 +166,17 @@ class ModelSpec:
 
         Keys: ``embedding``, ``positions``, ``attention``, ``mlp`` (dense) or ``experts`` /
         ``shared_experts`` / ``router`` (MoE), ``norms`` (every layer's two norms and the final
-        norm), ``lm_head`` (0 when tied to the embedding).
+        norm), ``lm_head`` (0 when tied to the embedding). From the one parameter table,
+        :mod:`parmem.sharding`.
         """
-        per_layer = self.layer_param_counts()
-        out = {"embedding": self.vocab_size * self.hidden,
-               "positions": self.max_positions * self.hidden if self.position == "learned" else 0}
-        for k, v in per_layer.items():
-            out[k] = v * self.layers
-        out["norms"] += self.norm_params()
-        out["lm_head"] = 0 if self.tied_embeddings else self.vocab_size * self.hidden
-        return out
+        return param_counts(self)
 
     def num_params(self, active: bool = False) -> int:
         """Total parameters Ψ. With ``active=True`` only the ``top_k`` routed experts (plus the
         shared ones) of each MoE layer are counted: the parameters one token touches."""
-        counts = self.param_counts()
+        counts = param_counts(self)
         if active and self.is_moe:
-            one = self.mlp_params(self.expert_ffn_hidden)
-            counts["experts"] = self.layers * self.top_k * one
+            counts["experts"] = counts["experts"] // self.num_experts * self.top_k
         return sum(counts.values())
 
     def __str__(self) -> str:

@@ -36,6 +36,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ._check import choice, integer
+from .config import SCHEDULES
+
 __all__ = [
     "SCHEDULES",
     "Event",
@@ -44,26 +47,15 @@ __all__ = [
     "bubble_fraction",
     "bubble_ratio",
     "in_flight",
+    "in_flight_units",
     "in_flight_timeline",
 ]
 
-#: Schedule names accepted by :func:`simulate` and :func:`in_flight`.
-SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved")
-
-
-def _check_int(name: str, value: object, minimum: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise ValueError(f"{name}={value!r} must be an integer")
-    if value < minimum:
-        raise ValueError(f"{name}={value} must be >= {minimum}")
-
-
 def _validate(schedule: str, p: int, m: int, v: int) -> None:
-    if schedule not in SCHEDULES:
-        raise ValueError(f"unknown schedule {schedule!r}; known: {', '.join(SCHEDULES)}")
-    _check_int("p", p, 1)
-    _check_int("m", m, 1)
-    _check_int("v", v, 1)
+    choice("schedule", schedule, SCHEDULES)
+    integer("p", p, 1)
+    integer("m", m, 1)
+    integer("v", v, 1)
     if schedule == "interleaved":
         if v < 2:
             raise ValueError(
@@ -311,9 +303,9 @@ def bubble_fraction(p: int, m: int, v: int = 1) -> float:
     fraction ``((p-1)/v) / (m + (p-1)/v)``. For v = 1 this is GPipe's
     ``(p-1)/(m+p-1)`` (Huang et al. 2019, §2.3); it holds for GPipe and 1F1B alike.
     """
-    _check_int("p", p, 1)
-    _check_int("m", m, 1)
-    _check_int("v", v, 1)
+    integer("p", p, 1)
+    integer("m", m, 1)
+    integer("v", v, 1)
     return (p - 1) / (v * m + p - 1)
 
 
@@ -323,39 +315,47 @@ def bubble_ratio(p: int, m: int, v: int = 1) -> float:
     Source: Narayanan et al. 2021, §2.2.1 ("bubble time fraction" ``(p-1)/m``)
     and §2.2.2 (interleaving divides it by ``v``).
     """
-    _check_int("p", p, 1)
-    _check_int("m", m, 1)
-    _check_int("v", v, 1)
+    integer("p", p, 1)
+    integer("m", m, 1)
+    integer("v", v, 1)
     return (p - 1) / (v * m)
 
 
+def in_flight_units(schedule: str, p: int, m: int, stage: int, v: int = 1) -> int:
+    """How many (micro-batch, model chunk) activations ``stage`` holds at its peak: the one
+    in-flight count of parmem (the estimator, the planner and the allocator trace use it; the
+    event simulator, :func:`simulate`, reproduces it in the tests).
+
+    With v = 1 a chunk is the whole stage, so this is the number of micro-batches in flight:
+
+    * GPipe: all ``m`` (every forward precedes every backward; Huang et al. 2019);
+    * 1F1B: ``min(p - i, m)`` on stage i (Narayanan et al. 2021 §2.2.1: the warm-up of
+      ``p - i - 1`` forwards plus the forward of the first steady step);
+    * interleaved: ``min(2(p - i - 1) + (v - 1)p + 1, m·v)`` chunks of L/(pv) layers, which is
+      Megatron-LM's warm-up count plus one (``forward_backward_pipelining_with_interleaving``);
+      when m == p every forward runs first and all m·v chunks are held. On stage 0 with m > p this
+      is p(1 + (p-1)/(pv)) stage-equivalents, Korthikanti et al. 2022 §4.2.3.
+    """
+    _validate(schedule, p, m, v)
+    integer("stage", stage, 0, p - 1)
+    if schedule == "gpipe":
+        return m * v
+    if schedule == "1f1b":
+        return min(p - stage, m) * v
+    if m == p:  # Megatron-LM runs every forward first when m == p (all_warmup_microbatches)
+        return m * v
+    return min(2 * (p - stage - 1) + (v - 1) * p + 1, m * v)
+
+
 def in_flight(schedule: str, p: int, m: int, v: int = 1, stage: int = 0) -> float:
-    """Peak in-flight micro-batches on ``stage`` (units of a whole stage's micro-batch).
-
-    Activation memory of a stage is this number times one micro-batch's
-    activations for the stage's ``L/p`` layers.
-
-    * GPipe: ``m`` (every forward precedes every backward; Huang et al. 2019).
-    * 1F1B: ``min(p - i, m)`` (Narayanan et al. 2021, §2.2.1: the warm-up of
-      ``p - i - 1`` forwards plus the forward of the first steady step).
-    * Interleaved: ``min(w + 1, m v) / v`` chunks with Megatron-LM's warm-up
-      ``w = 2(p - i - 1) + (v - 1) p`` (``w = m v`` when ``m == p``). For stage 0
-      and ``m > p`` this is ``p (1 + (p - 1)/(p v))``, the factor of Korthikanti
-      et al. 2022, §4.2.3 (end), applied to ``p`` micro-batches of ``L/p`` layers.
+    """Peak in-flight micro-batches on ``stage`` in units of a whole stage's micro-batch:
+    :func:`in_flight_units` divided by v. Activation memory of a stage is this number times one
+    micro-batch's activations for the stage's layers.
 
     Returns an ``int`` for GPipe and 1F1B, a ``float`` for interleaved.
     """
-    _validate(schedule, p, m, v)
-    _check_int("stage", stage, 0)
-    if stage >= p:
-        raise ValueError(f"stage={stage} must be < p={p}")
-    if schedule == "gpipe":
-        return m
-    if schedule == "1f1b":
-        return min(p - stage, m)
-    if m == p:
-        return m
-    return min(2 * (p - stage - 1) + (v - 1) * p + 1, m * v) / v
+    units = in_flight_units(schedule, p, m, stage, v)
+    return units if v == 1 else units / v
 
 
 def in_flight_timeline(result: PipelineResult, stage: int) -> list[tuple[float, float]]:

@@ -2,7 +2,7 @@
 my cluster?
 
 :func:`plan` enumerates every valid layout of a :class:`Cluster`, keeps those whose
-:func:`~parmem.memory.estimate` peak fits the GPU less a headroom, ranks them by a modelled step
+:func:`~parmem.estimate.estimate` peak fits the GPU less a headroom, ranks them by a modelled step
 time, and returns a :class:`Plan`: the ranked :class:`Candidate` list, the reason every rejected
 family failed, the Pareto front of memory against time, and the winner as flags for Megatron-LM,
 DeepSpeed and torchtitan (:meth:`Plan.emit`).
@@ -24,7 +24,7 @@ pipeline stage ``i`` one micro-batch costs, on one GPU::
   (Korthikanti et al. 2022 §5) only the attention core (``4·s²·a·d_head``).
 * For a GPT layer these sums are exactly Narayanan et al. 2021, eq. (3):
   ``96·B·s·L·h²·(1 + s/(6h) + V/(16·L·h))`` FLOPs per iteration with full recomputation and
-  ``72·B·s·L·h²·(1 + s/(6h) + V/(12·L·h))`` without (:func:`narayanan_flops`).
+  ``72·B·s·L·h²·(1 + s/(6h) + V/(12·L·h))`` without (:func:`parmem.flops.narayanan_flops`).
 * **communication**: :func:`parmem.comm.step_comm` lists the collectives; their alpha-beta time is
   taken on NVLink when the group fits in a node and on the per-GPU InfiniBand link otherwise
   (Megatron-LM rank order: t, cp, e, d, p from the fastest-varying). TP/SP, EP and PP transfers
@@ -81,27 +81,20 @@ from __future__ import annotations
 import html
 import json
 import time
-from dataclasses import asdict, dataclass, field, fields
-from fractions import Fraction
+from dataclasses import asdict, dataclass, field, fields, replace
 
-from .activations import RECOMPUTE
-from .comm import CATEGORIES, step_comm
+from .comm import StageShape, category_times, collectives, placement
+from .config import OPTIMIZERS, PRECISIONS, RECOMPUTE, ParallelConfig, TrainingSetup, even_split
+from .estimate import Estimate, estimate
+from .flops import flops_per_sequence, step_flops
 from .hardware import Hardware, hardware_preset, hardware_presets
-from .memory import (
-    GIB,
-    OPTIMIZERS,
-    PRECISIONS,
-    Estimate,
-    ParallelConfig,
-    TrainingSetup,
-    _stage_params,
-    estimate,
-)
 from .model import ModelSpec
 from .pipeline import bubble_ratio
+from .sharding import stage_params
+from .units import GIB
 
-__all__ = ["Assumptions", "Candidate", "Cluster", "Plan", "StepTime", "evaluate",
-           "narayanan_flops", "plan", "step_flops", "ENGINES"]
+__all__ = ["Assumptions", "Candidate", "Cluster", "Plan", "StepTime", "evaluate", "plan",
+           "ENGINES"]
 
 #: Engines :meth:`Plan.emit` writes flags for.
 ENGINES = ("megatron", "deepspeed", "torchtitan")
@@ -184,7 +177,7 @@ class Assumptions:
     that."""
 
     headroom: float = 0.10
-    """Fraction of GPU memory kept free for what :func:`~parmem.memory.estimate` does not count:
+    """Fraction of GPU memory kept free for what :func:`~parmem.estimate.estimate` does not count:
     allocator fragmentation (PyTorch's caching allocator), the CUDA context and kernels, NCCL's
     own buffers, temporaries of fused kernels. A layout fits when its peak stage is at most
     ``(1 − headroom) · memory``."""
@@ -233,55 +226,6 @@ class Assumptions:
                 raise ValueError(f"unknown option {k!r}; planner assumptions are: "
                                  f"{', '.join(sorted(known))}")
         return cls(**kwargs)
-
-
-# ---------------------------------------------------------------------------- FLOPs
-def narayanan_flops(batch: int, seq_len: int, layers: int, hidden: int, vocab: int,
-                    recompute: bool = True) -> Fraction:
-    """FLOPs of one training iteration of a GPT model, Narayanan et al. 2021, eq. (3).
-
-    With activation recomputation: ``96·B·s·L·h²·(1 + s/(6h) + V/(16·L·h))``. Without it, one
-    forward pass fewer through the layers (the LM head is never recomputed):
-    ``72·B·s·L·h²·(1 + s/(6h) + V/(12·L·h))``. Returned exactly, as a ``Fraction``.
-    """
-    B, s, L, h, V = (Fraction(x) for x in (batch, seq_len, layers, hidden, vocab))
-    if recompute:
-        return 96 * B * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
-    return 72 * B * s * L * h * h * (1 + s / (6 * h) + V / (12 * L * h))
-
-
-def _layer_matmul_params(spec: ModelSpec) -> int:
-    """Weights one token multiplies through in one layer (routed experts: ``top_k`` of them)."""
-    h = spec.hidden
-    w = h * spec.q_dim + 2 * h * spec.kv_dim + spec.q_dim * h
-    mlp = 2 if spec.ffn_kind == "gelu" else 3
-    if spec.is_moe:
-        w += h * spec.num_experts
-        w += (spec.top_k + spec.shared_experts) * mlp * h * spec.expert_ffn_hidden
-    else:
-        w += mlp * h * spec.ffn_hidden
-    return w
-
-
-def _flops_per_sequence(spec: ModelSpec, seq_len: int) -> tuple[int, int, int]:
-    """Forward FLOPs of one sequence: (one layer, its attention core, the LM head)."""
-    s = seq_len
-    core = 4 * s * s * spec.q_dim
-    return 2 * s * _layer_matmul_params(spec) + core, core, 2 * s * spec.hidden * spec.vocab_size
-
-
-def step_flops(spec: ModelSpec, global_batch: int, seq_len: int, recompute: str = "none") -> int:
-    """FLOPs of one training step (all GPUs together), any :class:`~parmem.model.ModelSpec`.
-
-    Forward + backward = 3 forward passes; ``"full"`` recomputation adds a forward through the
-    layers, ``"selective"`` the attention core. For a GPT-shaped model this equals
-    :func:`narayanan_flops` (72 form for ``"none"``, 96 form for ``"full"``).
-    """
-    if recompute not in RECOMPUTE:
-        raise ValueError(f"recompute={recompute!r} must be one of {RECOMPUTE}")
-    layer, core, head = _flops_per_sequence(spec, seq_len)
-    extra = {"none": 0, "selective": core, "full": layer}[recompute]
-    return global_batch * (spec.layers * (3 * layer + extra) + 3 * head)
 
 
 # ---------------------------------------------------------------------------- results
@@ -414,7 +358,7 @@ class _Model:
         self.hw = hw
         self.rate = hw.peak_flops_bf16 * a.mfu
         self.usable = int(hw.memory_bytes * (1 - a.headroom))
-        self.f_layer, self.f_core, self.f_head = _flops_per_sequence(spec, seq_len)
+        self.f_layer, self.f_core, self.f_head = flops_per_sequence(spec, seq_len)
         prec = PRECISIONS[setup_kw["precision"]]
         self.act_bytes, self.grad_bytes, self.param_bytes = prec["act"], prec["grad"], prec["param"]
         self._est: dict = {}
@@ -441,89 +385,82 @@ class _Model:
         key = (t, e, n_layers, first, last)
         out = self._params.get(key)
         if out is None:
-            par = ParallelConfig(dp=e, tp=t, ep=e)
-            out = self._params[key] = _stage_params(self.spec, par, n_layers, first, last)
+            out = self._params[key] = stage_params(self.spec, t, e, n_layers, first, last)
         return out
 
-    def intra(self, t: int, cp: int, p: int, d: int, e: int) -> dict[str, bool]:
-        gpn = self.cluster.gpus_per_node
-        tp = t <= gpn
-        return {"tp": tp, "sp": tp, "cp": t * cp <= gpn, "ep": t * cp * e <= gpn,
-                "dp": t * cp * d <= gpn, "pp": t * cp * d * p <= gpn}
+    def intra(self, par: ParallelConfig) -> dict[str, bool]:
+        return placement(par, self.cluster.gpus_per_node)
 
     def _times(self, ops, intra: dict[str, bool]) -> dict[str, float]:
-        out = dict.fromkeys(CATEGORIES, 0.0)
-        for o in ops:
-            link = self.hw.intra_node if intra[o.category] else self.hw.inter_node
-            out[o.category] += o.time(link)
+        out = category_times(ops, self.hw, intra)
         out["tp"] += out.pop("sp")
         return out
 
     @staticmethod
     def _grad_once(ops, intra_dp: bool, hw: Hardware) -> float:
-        link = hw.intra_node if intra_dp else hw.inter_node
+        link = hw.intra_node if intra_dp else hw.inter_node  # placement()["dp_intra"]
         total = 0.0
         for o in ops:
             if o.category == "dp" and "gradient" in o.what:
                 total += o.time(link) / o.count
         return total
 
-    def _comm_args(self, par: ParallelConfig, recompute: str, n_layers: int, stage: int,
-                   first: bool, last: bool) -> dict:
+    def _shape(self, par: ParallelConfig, recompute: str, n_layers: int, stage: int,
+               first: bool, last: bool, b: int = 1, m: int = 1) -> StageShape:
         spec = self.spec
         dense, expert = self.params(par.tp, par.ep, n_layers, first, last)
-        return dict(params_per_gpu=dense, seq_len=self.s, hidden=spec.hidden,
-                    layers_on_stage=n_layers, dp=par.dp, zero=par.zero,
-                    grad_bytes_per_param=self.grad_bytes, param_bytes=self.param_bytes,
-                    tp=par.tp, sp=par.sp, pp=par.pp, v=par.vpp, stage=stage, cp=par.cp,
-                    kv_hidden=spec.kv_dim, ep=par.ep,
-                    moe_layers_on_stage=n_layers if spec.is_moe else 0,
-                    expert_params_per_gpu=expert, top_k=max(spec.top_k, 1),
-                    capacity_factor=(self.setup_kw["capacity_factor"] if spec.is_moe else None),
-                    act_bytes=self.act_bytes, recompute=recompute)
+        return StageShape(params=dense, seq_len=self.s, micro_batch=b, hidden=spec.hidden,
+                          layers=n_layers, num_microbatches=m, dp=par.dp, zero=par.zero,
+                          grad_bytes=self.grad_bytes, param_bytes=self.param_bytes, tp=par.tp,
+                          sp=par.sp, pp=par.pp, v=par.vpp, stage=stage, cp=par.cp,
+                          kv_hidden=spec.kv_dim, ep=par.ep,
+                          moe_layers=n_layers if spec.is_moe else 0, expert_params=expert,
+                          top_k=max(spec.top_k, 1),
+                          capacity_factor=(self.setup_kw["capacity_factor"] if spec.is_moe
+                                           and self.setup_kw["capacity_factor"] != 1.0 else None),
+                          act_bytes=self.act_bytes, recompute=recompute)
 
     def stage_comm_linear(self, par: ParallelConfig, recompute: str, n_layers: int, stage: int,
                           first: bool, last: bool) -> _StageComm:
         """Coefficients from step_comm at (b, m) = (1, 1), (2, 1) for the per-micro-batch part
         and m = 1, 2 for the data-parallel part, each cached on what it depends on."""
-        intra = self.intra(par.tp, par.cp, par.pp, par.dp, par.ep)
+        intra = self.intra(par)
         rc = "full" if recompute == "full" else "none"  # selective adds no collective
         akey = (par.tp, par.cp, par.pp, par.ep, par.sp, rc, par.vpp, n_layers, stage, first,
-                last, intra["cp"], intra["ep"], intra["pp"])
+                last, intra["cp_intra"], intra["ep_intra"], intra["pp_intra"])
         act = self._act.get(akey)
         if act is None:
-            args = self._comm_args(par, rc, n_layers, stage, first, last)
-            args.update(dp=par.ep, zero=0, params_per_gpu=0, expert_params_per_gpu=0)
-            t1 = self._times(step_comm(micro_batch=1, num_microbatches=1, **args).ops, intra)
-            t2 = self._times(step_comm(micro_batch=2, num_microbatches=1, **args).ops, intra)
+            x = replace(self._shape(par, rc, n_layers, stage, first, last), dp=par.ep, zero=0,
+                        params=0, expert_params=0)
+            t1 = self._times(collectives(x).ops, intra)
+            t2 = self._times(collectives(replace(x, micro_batch=2)).ops, intra)
             beta = {c: t2[c] - t1[c] for c in _ACT}
             act = self._act[akey] = ({c: t1[c] - beta[c] for c in _ACT}, beta)
         dense, expert = self.params(par.tp, par.ep, n_layers, first, last)
-        dkey = (par.cp, par.dp, par.ep, par.zero, dense, expert, intra["dp"])
+        dkey = (par.cp, par.dp, par.ep, par.zero, dense, expert, intra["dp_intra"])
         dpc = self._dp.get(dkey)
         if dpc is None:
-            args = dict(params_per_gpu=dense, seq_len=self.s, micro_batch=1, hidden=self.spec.hidden,
-                        layers_on_stage=0, dp=par.dp, zero=par.zero, cp=par.cp, ep=par.ep,
-                        expert_params_per_gpu=expert, grad_bytes_per_param=self.grad_bytes,
-                        param_bytes=self.param_bytes)
-            ops1 = step_comm(num_microbatches=1, **args).ops
+            x = StageShape(params=dense, seq_len=self.s, micro_batch=1, hidden=self.spec.hidden,
+                           layers=0, dp=par.dp, zero=par.zero, cp=par.cp, ep=par.ep,
+                           expert_params=expert, grad_bytes=self.grad_bytes,
+                           param_bytes=self.param_bytes)
+            ops1 = collectives(x).ops
             d1 = self._times(ops1, intra)["dp"]
             if par.zero >= 2:
-                d2 = self._times(step_comm(num_microbatches=2, **args).ops, intra)["dp"]
+                d2 = self._times(collectives(replace(x, num_microbatches=2)).ops, intra)["dp"]
             else:
                 d2 = d1
             dpc = self._dp[dkey] = (2 * d1 - d2, d2 - d1,
-                                    self._grad_once(ops1, intra["dp"], self.hw))
+                                    self._grad_once(ops1, intra["dp_intra"], self.hw))
         return _StageComm(act[0], act[1], *dpc)
 
     def stage_comm_exact(self, par: ParallelConfig, recompute: str, b: int, m: int,
                          n_layers: int, stage: int, first: bool, last: bool) -> _StageComm:
-        intra = self.intra(par.tp, par.cp, par.pp, par.dp, par.ep)
-        ops = step_comm(micro_batch=b, num_microbatches=m,
-                        **self._comm_args(par, recompute, n_layers, stage, first, last)).ops
+        intra = self.intra(par)
+        ops = collectives(self._shape(par, recompute, n_layers, stage, first, last, b, m)).ops
         tot = self._times(ops, intra)
         return _StageComm({c: tot[c] / m for c in _ACT}, dict.fromkeys(_ACT, 0.0), tot["dp"], 0.0,
-                          self._grad_once(ops, intra["dp"], self.hw))
+                          self._grad_once(ops, intra["dp_intra"], self.hw))
 
     # ------------------------------------------------------------------ the step
     def timer(self, par: ParallelConfig, recompute: str, lps: tuple, comm: dict) -> _Timer:
@@ -636,11 +573,6 @@ def _stage_keys(lps: tuple, p: int) -> list[tuple]:
     for i, n in enumerate(lps):
         seen.setdefault((n, i == 0, i == p - 1), i)
     return [(k, i) for k, i in seen.items()]
-
-
-def _split(layers: int, p: int) -> tuple[int, ...]:
-    base, extra = divmod(layers, p)
-    return tuple(base + (1 if i < extra else 0) for i in range(p))
 
 
 # ---------------------------------------------------------------------------- the plan
@@ -962,7 +894,7 @@ def plan(spec: ModelSpec, cluster: Cluster, global_batch: int, seq_len: int, *, 
     (dividing ``global_batch / d``), ``vpp`` (virtual stages; v ≥ 2 needs ``m % p == 0`` and v
     dividing each stage's layers). ``precision``, ``optimizer``, ``flash_attention``,
     ``dropout``, ``capacity_factor`` and ``cuda_context`` go to every
-    :class:`~parmem.memory.TrainingSetup`.
+    :class:`~parmem.config.TrainingSetup`.
 
     ``**assumptions``: the cost model's parameters, see :class:`Assumptions` (``mfu``,
     ``headroom``, ``tp_overlap``, ``dp_overlap``, ``dp_bucket_params``, ``pp_overlap``,
@@ -1071,7 +1003,7 @@ def plan(spec: ModelSpec, cluster: Cluster, global_batch: int, seq_len: int, *, 
                     rejected[fam_tp] = (f"sp=True needs seq_len/cp={seq_len // c} divisible by "
                                         f"tp={t}" if t > 1 else "sp=True needs tp >= 2")
                     continue
-                lps = _split(L, p)
+                lps = even_split(L, p)
                 vs = [1] + [v for v in range(2, min(lps) + 1)
                             if p > 1 and all(n % v == 0 for n in lps)]
                 if v_o is not None:
@@ -1213,7 +1145,7 @@ def evaluate(spec: ModelSpec, cluster: Cluster, parallel: ParallelConfig, setup:
     setup_kw = {k: getattr(setup, k) for k in ("precision", "optimizer", "flash_attention",
                                                 "dropout", "capacity_factor", "cuda_context")}
     model = _Model(spec, cluster, G, setup.seq_len, a, setup_kw)
-    lps = tuple(layers_per_stage) if layers_per_stage is not None else _split(spec.layers,
+    lps = tuple(layers_per_stage) if layers_per_stage is not None else even_split(spec.layers,
                                                                               parallel.pp)
     est = estimate(spec, parallel, setup, layers_per_stage=list(lps))
     return model.exact(parallel, setup, lps, est)

@@ -1,6 +1,6 @@
 """Matplotlib figures for the book, built on the estimators.
 
-Every function takes library objects (an :class:`~parmem.memory.Estimate`, a
+Every function takes library objects (an :class:`~parmem.estimate.Estimate`, a
 :class:`~parmem.pipeline.PipelineResult`, a list of activation terms) and returns the matplotlib
 ``Figure``; pass ``ax=`` to draw into an existing axes. Units on axes are GiB (2**30 bytes) unless
 the label says otherwise. matplotlib is imported lazily.
@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from .memory import GIB, Estimate, MemoryBreakdown
+from .estimate import Estimate, MemoryBreakdown
+from .units import GIB
 
 __all__ = ["COLORS", "plot_breakdown", "plot_compare", "plot_pipeline", "plot_terms",
            "plot_lines"]
@@ -204,8 +205,8 @@ def plot_zero_stages(num_params: int, dp: int, num_microbatches: int = 1,
     import matplotlib.pyplot as plt
     import numpy as np
 
-    from .comm import step_comm
-    from .memory import model_state_bytes
+    from .comm import StageShape, collectives
+    from .states import model_state_bytes
 
     if axes is None:
         fig, axes = plt.subplots(1, 2, figsize=(9, 3.4), layout="constrained")
@@ -218,9 +219,9 @@ def plot_zero_stages(num_params: int, dp: int, num_microbatches: int = 1,
                  for f in ("params", "grads", "optimizer")], total_fmt="{:.1f}")
     axes[0].legend(fontsize=7, frameon=False)
     unit = 2 * num_params  # one 16-bit copy of the parameters
-    sent = [step_comm(params_per_gpu=num_params, seq_len=1, micro_batch=1, hidden=1,
-                      layers_on_stage=0, num_microbatches=num_microbatches, dp=dp,
-                      zero=z).dp / unit for z in stages]
+    sent = [collectives(StageShape(params=num_params, seq_len=1, micro_batch=1, hidden=1,
+                                   layers=0, num_microbatches=num_microbatches, dp=dp,
+                                   zero=z)).dp / unit for z in stages]
     axes[1].bar(x, sent, color="#64B5CD", width=0.65)
     for xi, v in zip(x, sent, strict=True):
         axes[1].annotate(f"{v:.2f}", (xi, v), ha="center", va="bottom", fontsize=8,
@@ -240,7 +241,8 @@ def plot_zero3_vs_tp(spec, seq_len: int, tp: int = 8, dps=(1, 2, 4, 8, 16, 32, 6
     t = ``tp`` with sequence parallelism (b = 1, one sequence of ``seq_len`` tokens per GPU, no
     dropout), from :func:`parmem.estimate`. Model states fall as 1/d; activations are flat in d and
     divided by t only by TP+SP. ``capacity`` draws a GPU's memory in GiB."""
-    from .memory import ParallelConfig, TrainingSetup, estimate
+    from .config import ParallelConfig, TrainingSetup
+    from .estimate import estimate
 
     setup = TrainingSetup(seq_len=seq_len, flash_attention=flash, dropout=False,
                           recompute=recompute)
@@ -338,7 +340,7 @@ def plot_breakdowns(estimates: Mapping[str, Estimate], capacity: int | None = No
 
 def plot_microbatch_sweep(rows, axes=None, title: str | None = None,
                           highlight: int | None = None):
-    """Rows of :func:`parmem.memory.microbatch_sweep` against the micro-batch size b: the peak
+    """Rows of :func:`parmem.analyses.microbatch_sweep` against the micro-batch size b: the peak
     stage's memory and stage 0's activations (left, GiB) and the bubble fraction (right).
     ``highlight`` marks one b."""
     import matplotlib.pyplot as plt
@@ -374,7 +376,7 @@ __all__ += ["plot_in_flight", "plot_schedules", "plot_breakdowns", "plot_microba
 
 
 # ---------------------------------------------------------------------------- part III: TP / SP
-#: one colour per model component (:func:`parmem.memory.tp_param_counts`)
+#: one colour per model component (:func:`parmem.sharding.tp_param_counts`)
 COMPONENT_COLORS = {
     "embedding": "#4C72B0", "positions": "#64B5CD", "attention Q, O": "#DD8452",
     "attention K, V": "#C44E52", "MLP": "#55A868", "experts": "#55A868",
@@ -402,7 +404,7 @@ def plot_tp_shards(spec, tp: int, title: str | None = None):
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch, Rectangle
 
-    from .memory import tp_param_counts
+    from .sharding import tp_param_counts
 
     tp_param_counts(spec, tp)  # validates t against the shapes
     t, h, d = tp, spec.hidden, spec.head_dim
@@ -469,11 +471,11 @@ def plot_tp_components(spec, tps=(1, 2, 4, 8), bytes_per_param: int = 2, ax=None
     """Stacked bars: bytes one tensor-parallel rank holds, by model component, for each t.
 
     ``bytes_per_param`` is 2 for 16-bit weights (or gradients), 12 for mixed-precision Adam's
-    fp32 master copy and moments, 16 for all model states (:func:`parmem.memory.tp_param_counts`
+    fp32 master copy and moments, 16 for all model states (:func:`parmem.sharding.tp_param_counts`
     gives the parameter counts)."""
     import numpy as np
 
-    from .memory import tp_param_counts
+    from .sharding import tp_param_counts
 
     fig, ax = _axes(ax, figsize=(max(5.0, 0.9 * len(tps) + 3.5), 3.6))
     per_t = [tp_param_counts(spec, t) for t in tps]
@@ -538,7 +540,8 @@ def plot_tp_tradeoff(spec, setup, tps=(1, 2, 4, 8), capacity: int | None = None,
     import matplotlib.pyplot as plt
 
     from .comm import step_comm
-    from .memory import ParallelConfig, estimate
+    from .config import ParallelConfig
+    from .estimate import estimate
 
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 5.6), layout="constrained",
                                       height_ratios=(3, 2))
@@ -547,12 +550,8 @@ def plot_tp_tradeoff(spec, setup, tps=(1, 2, 4, 8), capacity: int | None = None,
     _stack(top, labels, [e.stages[0] for e in ests], capacity,
            title or f"{spec.name}: s={setup.seq_len}, b={setup.micro_batch}")
     sent, bufs = [], []
-    act = PRECISIONS_ACT.get(setup.precision, 2)
     for t, e in zip(tps, ests, strict=True):
-        c = step_comm(params_per_gpu=e.stages[0].num_params, seq_len=setup.seq_len,
-                      micro_batch=setup.micro_batch, hidden=spec.hidden,
-                      layers_on_stage=spec.layers, num_microbatches=setup.num_microbatches,
-                      tp=t, act_bytes=act, recompute=setup.recompute)
+        c = step_comm(spec, ParallelConfig(tp=t), setup)
         sent.append(c.tp / GIB)
         bufs.append(e.stages[0].comm_buffers)
     bars = bottom.bar(labels, sent, color="#64B5CD", width=0.65)
@@ -567,7 +566,7 @@ def plot_tp_tradeoff(spec, setup, tps=(1, 2, 4, 8), capacity: int | None = None,
 
 
 def _precision_act_bytes() -> dict:
-    from .memory import PRECISIONS
+    from .config import PRECISIONS
 
     return {k: v["act"] for k, v in PRECISIONS.items()}
 
@@ -581,7 +580,7 @@ __all__ += ["COMPONENT_COLORS", "plot_tp_shards", "plot_tp_components", "plot_te
 def plot_tradeoff(rows, x: str = "comm_time_s", y: str = "peak_bytes", ax=None,
                   capacity: int | None = None, highlight=None, title: str | None = None,
                   logx: bool = True, xlabel: str | None = None):
-    """Scatter of layouts (rows of :func:`parmem.comm.layout_sweep`): communication against
+    """Scatter of layouts (rows of :func:`parmem.analyses.layout_sweep`): communication against
     peak memory per GPU, one colour per tensor-parallel size t, each point labelled t·p.
 
     ``y`` is in bytes and drawn in GiB; ``x`` is drawn as given (seconds, or bytes shown in GiB
@@ -671,7 +670,7 @@ __all__ += ["plot_pareto"]
 def plot_axis_steps(estimates: Mapping[str, Estimate], ax=None, capacity: int | None = None,
                     title: str | None = None):
     """One line per memory term of the peak stage across a sequence of layouts (for example
-    :func:`parmem.memory.axis_by_axis`), on a log scale, with the total in black: a term's line
+    :func:`parmem.analyses.axis_by_axis`), on a log scale, with the total in black: a term's line
     drops at the step whose axis shards it."""
     fig, ax = _axes(ax, figsize=(max(6.0, 0.9 * len(estimates) + 3), 3.8))
     labels = list(estimates)

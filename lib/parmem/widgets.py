@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from .memory import GIB, ParallelConfig, TrainingSetup, estimate
+from .config import ParallelConfig, TrainingSetup
+from .estimate import estimate
 from .model import ModelSpec, presets
+from .units import GIB
 
 __all__ = ["explorer", "explore_estimate"]
 
@@ -265,8 +267,8 @@ def explore_tp_shards(model: str = "llama-3-70b", tp: int = 8, static: bool = Tr
     (:func:`parmem.plots.plot_tp_shards`), with the parameters one rank holds in the title."""
     import ipywidgets as w
 
-    from .memory import tp_param_counts
     from .plots import plot_tp_shards
+    from .sharding import tp_param_counts
 
     style = {"description_width": "initial"}
     controls = {
@@ -448,12 +450,12 @@ def explore_3d(model: str = "llama-3-70b", world: int = 64, tp: int = 8, pp: int
                seq_len: int = 4096, global_batch: int = 256, zero: int = 1,
                gpu: str = "h100-sxm", gpus_per_node: int = 8, static: bool = True):
     """3D parallelism: every d·t·p layout of ``world`` GPUs as peak memory against modelled
-    communication time (:func:`parmem.comm.layout_sweep`), the chosen (t, p) ringed, and the
+    communication time (:func:`parmem.analyses.layout_sweep`), the chosen (t, p) ringed, and the
     chosen layout's memory per pipeline stage."""
     import ipywidgets as w
     import matplotlib.pyplot as plt
 
-    from .comm import layout_sweep
+    from .analyses import layout_sweep
     from .hardware import hardware_preset, hardware_presets
     from .plots import plot_breakdown, plot_tradeoff
 
@@ -512,10 +514,10 @@ def explore_axes(model: str = "gpt3-175b", dp: int = 24, tp: int = 8, pp: int = 
                  seq_len: int = 2048, num_microbatches: int = 96, gpu_gib: float = 80.0,
                  static: bool = True):
     """Which axis removes which term: the peak stage after adding d, ZeRO, t, SP, p, cp and
-    recomputation one at a time (:func:`parmem.memory.axis_by_axis`), against a GPU."""
+    recomputation one at a time (:func:`parmem.analyses.axis_by_axis`), against a GPU."""
     import ipywidgets as w
 
-    from .memory import axis_by_axis
+    from .analyses import axis_by_axis
     from .plots import plot_axis_steps
 
     style = {"description_width": "initial"}
@@ -750,11 +752,11 @@ def explore_stage_balance(model: str = "llama-2-7b", pp: int = 4, seq_len: int =
                           recompute: str = "none", flash: bool = True, split: str = "",
                           gpu_gib: float = 80.0, static: bool = True):
     """Model, p and batch → every stage's memory under the even split, the split of
-    :func:`parmem.memory.balance_layers` that minimises the peak stage, and (if typed, e.g.
+    :func:`parmem.analyses.balance_layers` that minimises the peak stage, and (if typed, e.g.
     ``"6,9,9,8"``) a split of your own."""
     import ipywidgets as w
 
-    from .memory import balance_layers
+    from .analyses import balance_layers
     from .plots import plot_breakdowns
 
     style = {"description_width": "initial"}
@@ -805,10 +807,10 @@ def explore_microbatch(model: str = "llama-2-7b", pp: int = 4, global_batch: int
                        recompute: str = "none", flash: bool = True, static: bool = True):
     """A fixed batch of ``global_batch`` sequences per pipeline and step, cut into m = B/b
     micro-batches: memory of the peak stage and the bubble for every b
-    (:func:`parmem.memory.microbatch_sweep`), with the chosen b marked."""
+    (:func:`parmem.analyses.microbatch_sweep`), with the chosen b marked."""
     import ipywidgets as w
 
-    from .memory import microbatch_sweep
+    from .analyses import microbatch_sweep
     from .plots import plot_microbatch_sweep
 
     style = {"description_width": "initial"}

@@ -14,7 +14,7 @@ choice); no capacity limit, so no token is dropped and the layer equals the sing
 (and so the activation bytes) one rank receives.
 
 :func:`demo` returns per rank: output and gradient errors against a single-process MoE run on all
-ranks' tokens, expert parameter bytes against :meth:`parmem.ModelSpec.mlp_params`, tokens per
+ranks' tokens, expert parameter bytes against :func:`parmem.sharding.layer_params`, tokens per
 local expert, and the dispatch buffer sizes.
 """
 
@@ -138,12 +138,13 @@ def demo(hidden: int = 16, ffn: int = 32, experts_per_rank: int = 2, top_k: int 
     Returns per rank: ``out_err``, ``input_grad_err``, ``expert_grad_err``, ``router_grad_err``
     (fp32, against the single-process MoE run on every rank's tokens; the router gradient after
     its data-parallel all-reduce); ``expert_bytes`` and ``expert_bytes_estimate``
-    (E/e · :meth:`parmem.ModelSpec.mlp_params` · 4), ``expert_bytes_unsharded``,
+    (E/e · :func:`parmem.sharding.layer_params` · 4), ``expert_bytes_unsharded``,
     ``router_bytes``; ``tokens_per_expert`` (this rank's experts), ``tokens_received``,
     ``tokens_sent``, ``tokens_balanced`` (T·k, what every rank receives under perfect balance);
     the dispatch send/receive buffer bytes.
     """
     from parmem import ModelSpec
+    from parmem.sharding import layer_params
 
     e, r, dev = world_size(), rank(), device()
     n_exp = experts_per_rank * e
@@ -178,8 +179,8 @@ def demo(hidden: int = 16, ffn: int = 32, experts_per_rank: int = 2, top_k: int 
         "expert_grad_err": grad_err,
         "router_grad_err": err(moe.router.weight.grad, ref.router.weight.grad),
         "expert_bytes": expert_bytes,
-        "expert_bytes_estimate": experts_per_rank * spec.mlp_params(ffn) * 4,
-        "expert_bytes_unsharded": n_exp * spec.mlp_params(ffn) * 4,
+        "expert_bytes_estimate": 4 * layer_params(spec, 1, n_exp // experts_per_rank)[1],
+        "expert_bytes_unsharded": 4 * layer_params(spec)[1],
         "router_bytes": moe.router.weight.numel() * 4,
         "tokens_per_expert": moe.stats["tokens_per_expert"],
         "tokens_received": sum(moe.stats["recv"]), "tokens_sent": sum(moe.stats["send"]),

@@ -23,7 +23,7 @@ Every collective is recorded while the step runs: the f/g operators of :mod:`par
 record holds the size of the full tensor and the group size; :func:`parmem.comm.collective_bytes`
 turns it into bytes sent per rank with the ring algorithm (the ring itself is measured on real
 sends in :mod:`parmem.dist.collectives`). :func:`demo` compares the totals with
-:func:`parmem.comm.layout_comm` for the same layout. Three collectives of the tiny GPT are not in
+:func:`parmem.comm.step_comm` for the same layout. Three collectives of the tiny GPT are not in
 that model (it counts transformer layers only) and are named: the vocabulary-parallel
 embedding's forward all-reduce, the LM head's backward all-reduce (its f operator) and the
 all-gather of the logits (Megatron-LM fuses a vocabulary-parallel cross-entropy instead).
@@ -142,12 +142,12 @@ def demo(tp: int = 1, zero: int = 0, vocab: int = 64, hidden: int = 32, heads: i
       (Adam's moments for the flat shard, and its 4-byte ``step`` counter), beside
       ``*_estimate`` from :func:`parmem.estimate` (fp32, AdamW, ZeRO ``zero`` over d);
     * ``tp_bytes``, ``dp_bytes``: bytes sent for the recorded collectives, beside
-      ``tp_bytes_model`` / ``dp_bytes_model`` from :func:`parmem.comm.layout_comm` and
+      ``tp_bytes_model`` / ``dp_bytes_model`` from :func:`parmem.comm.step_comm` and
       ``tp_bytes_extras`` (the three named collectives outside the model's layers);
       ``tp_collectives``, ``dp_collectives``: how many were issued.
     """
     from parmem import ParallelConfig, TrainingSetup, estimate
-    from parmem.comm import all_gather_bytes, all_reduce_bytes, layout_comm
+    from parmem.comm import all_gather_bytes, all_reduce_bytes, step_comm
     from parmem.dist.collectives import all_gather_tensor, reduce_scatter_tensor
     from parmem.dist.tp import TPGPT, TinyGPT, _spec
     from parmem.measure import state_bytes
@@ -220,7 +220,7 @@ def demo(tp: int = 1, zero: int = 0, vocab: int = 64, hidden: int = 32, heads: i
     par = ParallelConfig(dp=d, tp=t, zero=zero)
     setup = TrainingSetup(seq_len=seq, micro_batch=batch, precision="fp32")
     est = estimate(spec, par, setup).stages[0]
-    com = layout_comm(spec, par, setup)
+    com = step_comm(spec, par, setup)
     x = seq * batch * hidden * 4
     extras = 2 * all_reduce_bytes(x, t) + all_gather_bytes(seq * batch * vocab * 4, t)
     return {

@@ -364,7 +364,7 @@ def demo_gpt(schedule: str = "1f1b", microbatches: int | None = None, layers_per
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
     from parmem import ParallelConfig, TrainingSetup, estimate
-    from parmem.activations import in_flight_units
+    from parmem.pipeline import in_flight_units
     from parmem.dist.anatomy import tiny_spec
     from parmem.measure import SavedTensorsMeter, state_bytes
     from parmem.reference import MixedPrecisionAdamW, TinyGPT

@@ -100,14 +100,15 @@ class Decoder(nn.Module):
     def __init__(self, spec, tp_size: int = 1, tp_rank: int = 0, dtype=torch.float32,
                  group=None, seed: int = 0):
         super().__init__()
-        from parmem.inference import _kv_heads_local
+        from parmem.sharding import check_heads, kv_heads_local
 
         t, r = tp_size, tp_rank
         if spec.ffn_kind != "swiglu" or spec.norm != "rmsnorm" or spec.position != "rotary" \
                 or spec.is_moe or spec.bias or spec.tied_embeddings:
             raise ValueError("Decoder needs a Llama-shaped spec: swiglu, rmsnorm, rotary, dense, "
                              "no biases, untied embeddings")
-        kv_local = _kv_heads_local(spec, t)  # validates t against heads and kv_heads
+        check_heads(spec, t)
+        kv_local = kv_heads_local(spec, t)
         for name, n in (("ffn_hidden", spec.ffn_hidden), ("vocab_size", spec.vocab_size)):
             if n % t:
                 raise ValueError(f"tp={t} must divide {name}={n}")

@@ -1,0 +1,190 @@
+"""The vocabulary of a training job: the layout (:class:`ParallelConfig`), the step
+(:class:`TrainingSetup`), the names they accept, and the checks that tie them to a model.
+
+Each vocabulary is defined here once and imported everywhere else: number formats
+(:data:`PRECISIONS`), optimizers (:data:`OPTIMIZERS`), activation recomputation
+(:data:`RECOMPUTE`, Korthikanti et al. 2022 §5), pipeline schedules (:data:`SCHEDULES`: GPipe,
+Huang et al. 2019; 1F1B and interleaved 1F1B, Narayanan et al. 2021 §2.2) and DDP gradient buckets
+(:data:`GRAD_BUCKETS`). :func:`even_split` is the one default layer split of a pipeline and
+:func:`check_layout` the one check that a layout fits a model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ._check import boolean, choice, integer, number
+from .sharding import check_tp
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .model import ModelSpec
+
+__all__ = ["ParallelConfig", "TrainingSetup", "PRECISIONS", "OPTIMIZERS", "ADAM8BIT_BLOCK",
+           "RECOMPUTE", "SCHEDULES", "GRAD_BUCKETS", "even_split", "check_layout"]
+
+#: bytes per parameter of (16/32-bit) weights, gradients, fp32 master copy, optimizer state
+#: element, and activations.
+PRECISIONS: dict[str, dict[str, int]] = {
+    "fp32": {"param": 4, "grad": 4, "master": 0, "state": 4, "act": 4},
+    "bf16-mixed": {"param": 2, "grad": 2, "master": 4, "state": 4, "act": 2},
+    "fp16-mixed": {"param": 2, "grad": 2, "master": 4, "state": 4, "act": 2},
+    "bf16": {"param": 2, "grad": 2, "master": 0, "state": 2, "act": 2},
+}
+#: optimizer states per parameter, in units of the precision's state size (adam-8bit: 1 byte).
+OPTIMIZERS: dict[str, int] = {"adamw": 2, "adam-8bit": 2, "sgd-momentum": 1, "sgd": 0}
+#: bitsandbytes block-wise quantisation keeps one fp32 absmax per block of 2048 values
+#: (Dettmers et al. 2022, §2).
+ADAM8BIT_BLOCK = 2048
+#: Activation recomputation: none, selective (the attention core, Korthikanti et al. 2022 §5),
+#: full (each layer's input only).
+RECOMPUTE: tuple[str, ...] = ("none", "selective", "full")
+#: Pipeline schedules: GPipe, 1F1B (PipeDream-Flush) and interleaved 1F1B.
+SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved")
+#: PyTorch DDP buckets: views of the gradients, or a second copy of them.
+GRAD_BUCKETS: tuple[str, ...] = ("view", "copy")
+
+
+def even_split(layers: int, p: int) -> tuple[int, ...]:
+    """The default split of ``layers`` over ``p`` pipeline stages: as even as possible, the
+    extra layers on the first stages (Megatron-LM's default for p | L is L/p each)."""
+    base, extra = divmod(layers, p)
+    return tuple(base + (1 if i < extra else 0) for i in range(p))
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """A parallel layout: data (d), tensor (t), pipeline (p), expert (e) and context (cp)
+    parallel sizes, sequence parallelism, the ZeRO stage and v virtual stages per pipeline rank.
+
+    The world size is d·t·p·cp; expert parallelism reuses the d·cp data- and context-parallel
+    ranks (Megatron-Core), so e must divide d·cp.
+    """
+
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    ep: int = 1
+    cp: int = 1
+    sp: bool = False
+    zero: int = 0
+    vpp: int = 1
+
+    def __post_init__(self) -> None:
+        for f in ("dp", "tp", "pp", "ep", "cp", "vpp"):
+            integer(f, getattr(self, f))
+        integer("zero", self.zero, 0, 3)
+        boolean("sp", self.sp)
+        if self.sp and self.tp == 1:
+            raise ValueError("sp=True needs tp >= 2 (sequence parallelism splits over the TP group)")
+        if (self.dp * self.cp) % self.ep:
+            raise ValueError(f"ep={self.ep} must divide dp*cp={self.dp * self.cp} (experts are "
+                             "sharded over the data- and context-parallel ranks, as in "
+                             "Megatron-Core)")
+        if self.vpp > 1 and self.pp == 1:
+            raise ValueError(f"vpp={self.vpp} needs pp >= 2")
+
+    @property
+    def world_size(self) -> int:
+        """d·t·p·cp GPUs."""
+        return self.dp * self.tp * self.pp * self.cp
+
+    def check_world_size(self, world_size: int) -> None:
+        """Raise ``ValueError`` unless d·t·p·cp equals ``world_size``."""
+        if self.world_size != world_size:
+            raise ValueError(f"dp*tp*pp*cp = {self.dp}*{self.tp}*{self.pp}*{self.cp} = "
+                             f"{self.world_size} must equal world size={world_size}")
+
+    def __str__(self) -> str:
+        parts = [f"d={self.dp}", f"t={self.tp}", f"p={self.pp}"]
+        if self.ep > 1:
+            parts.append(f"e={self.ep}")
+        if self.cp > 1:
+            parts.append(f"cp={self.cp}")
+        if self.vpp > 1:
+            parts.append(f"v={self.vpp}")
+        if self.sp:
+            parts.append("SP")
+        parts.append(f"ZeRO-{self.zero}")
+        return ", ".join(parts)
+
+
+@dataclass(frozen=True)
+class TrainingSetup:
+    """What one training step does: sequence length s, micro-batch b, micro-batches m per step,
+    number formats, optimizer, activation recomputation and pipeline schedule.
+
+    ``grad_buckets="copy"`` models PyTorch DDP's default (``gradient_as_bucket_view=False``): the
+    all-reduce buckets hold a second copy of every gradient. ``"view"`` (the default) is DDP with
+    ``gradient_as_bucket_view=True`` and what Megatron-LM, DeepSpeed and FSDP do.
+    ``cuda_context`` is a fixed per-GPU cost you measured (the CUDA context and kernels take
+    several hundred MiB; it depends on driver, libraries and lazy loading), 0 by default.
+    """
+
+    seq_len: int
+    micro_batch: int = 1
+    num_microbatches: int = 1
+    precision: str = "bf16-mixed"
+    optimizer: str = "adamw"
+    recompute: str = "none"
+    schedule: str = "1f1b"
+    flash_attention: bool = False
+    dropout: bool = True
+    grad_buckets: str = "view"
+    capacity_factor: float = 1.0
+    cuda_context: int = 0
+
+    def __post_init__(self) -> None:
+        integer("seq_len", self.seq_len)
+        integer("micro_batch", self.micro_batch)
+        integer("num_microbatches", self.num_microbatches)
+        integer("cuda_context", self.cuda_context, minimum=0)
+        choice("precision", self.precision, PRECISIONS)
+        choice("optimizer", self.optimizer, OPTIMIZERS)
+        choice("recompute", self.recompute, RECOMPUTE)
+        choice("schedule", self.schedule, SCHEDULES)
+        choice("grad_buckets", self.grad_buckets, GRAD_BUCKETS)
+        boolean("flash_attention", self.flash_attention)
+        boolean("dropout", self.dropout)
+        number("capacity_factor", self.capacity_factor, 1.0, 1e6)
+
+
+def check_layout(spec: ModelSpec, par: ParallelConfig, setup: TrainingSetup,
+                 layers_per_stage: Any = None) -> list[int]:
+    """Raise ``ValueError`` unless ``par`` and ``setup`` fit ``spec``; return the layers of each
+    pipeline stage (``layers_per_stage``, checked, or :func:`even_split`)."""
+    p = par.pp
+    check_tp(spec, par.tp, par.ep)
+    if p > spec.layers:
+        raise ValueError(f"pp={p} > layers={spec.layers}: every stage needs at least one layer")
+    if setup.seq_len % par.cp:
+        raise ValueError(f"cp={par.cp} must divide seq_len={setup.seq_len}")
+    if spec.position == "learned" and setup.seq_len > spec.max_positions:
+        raise ValueError(f"seq_len={setup.seq_len} > max_positions={spec.max_positions} "
+                         f"(learned positions of {spec.name})")
+    interleaved = setup.schedule == "interleaved"
+    if interleaved != (par.vpp > 1):
+        raise ValueError(f"schedule={setup.schedule!r} and vpp={par.vpp}: the interleaved "
+                         "schedule needs vpp >= 2 and vpp >= 2 needs schedule='interleaved'")
+    if interleaved and setup.num_microbatches % p:
+        raise ValueError(f"num_microbatches={setup.num_microbatches} must be a multiple of "
+                         f"pp={p} for the interleaved schedule (Megatron-LM requirement)")
+    if layers_per_stage is None:
+        lps = list(even_split(spec.layers, p))
+    else:
+        if isinstance(layers_per_stage, str | bytes) or not hasattr(layers_per_stage, "__len__"):
+            raise ValueError(f"layers_per_stage={layers_per_stage!r} must be a list of {p} "
+                             "layer counts")
+        lps = list(layers_per_stage)
+        if len(lps) != p:
+            raise ValueError(f"layers_per_stage has {len(lps)} entries; it needs pp={p}")
+        for i, n in enumerate(lps):
+            integer(f"layers_per_stage[{i}]", n)
+        if sum(lps) != spec.layers:
+            raise ValueError(f"layers_per_stage sums to {sum(lps)}; it must sum to "
+                             f"layers={spec.layers}")
+    if interleaved:
+        for i, n in enumerate(lps):
+            if n % par.vpp:
+                raise ValueError(f"vpp={par.vpp} must divide the {n} layers of stage {i}")
+    return lps

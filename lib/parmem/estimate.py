@@ -1,0 +1,240 @@
+"""Per-GPU training memory under a parallel layout.
+
+:func:`estimate` answers "how many bytes does each GPU hold?" for a model
+(:class:`~parmem.model.ModelSpec`), a layout (:class:`~parmem.config.ParallelConfig`: d, t, p, e,
+cp, SP, ZeRO stage, v) and a training setup (:class:`~parmem.config.TrainingSetup`: s, b, m,
+precision, optimizer, recompute, schedule). It returns one :class:`MemoryBreakdown` per pipeline
+stage, because stages differ: the first holds the embedding and the most in-flight micro-batches,
+the last the LM head and the logits.
+
+Sources, by term:
+
+* model states: Rajbhandari et al. 2020 (ZeRO), see :mod:`parmem.states`;
+* parameters per GPU: the sharding table of :mod:`parmem.sharding` (Shoeybi et al. 2019 §3);
+* activations: Korthikanti et al. 2022 (see :mod:`parmem.activations`);
+* pipeline: embedding on the first stage, final norm and LM head on the last, in-flight
+  micro-batches from :func:`parmem.pipeline.in_flight_units` (Narayanan et al. 2021 §2.2);
+* experts: sharded over e, their gradients and optimizer states over the expert-data-parallel group
+  of d·cp/e ranks (Lepikhin et al. 2021; Megatron-Core MoE).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from ._check import cdiv
+from .activations import layer_terms
+from .config import PRECISIONS, ParallelConfig, TrainingSetup, check_layout
+from .model import ModelSpec
+from .pipeline import in_flight_units
+from .sharding import stage_params, vocab_rows
+from .states import model_state_bytes
+from .units import GIB
+
+__all__ = ["MemoryBreakdown", "Estimate", "estimate"]
+
+
+# ---------------------------------------------------------------------------- results
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Bytes on one GPU of one pipeline stage. ``total`` is the sum of the other byte fields."""
+
+    stage: int
+    layers: int
+    num_params: int
+    params: int
+    grads: int
+    optimizer: int
+    activations: int
+    logits: int
+    comm_buffers: int
+    cuda_context: int
+    notes: tuple[str, ...] = field(default=(), compare=False)
+
+    FIELDS = ("params", "grads", "optimizer", "activations", "logits", "comm_buffers",
+              "cuda_context")
+
+    @property
+    def model_states(self) -> int:
+        return self.params + self.grads + self.optimizer
+
+    @property
+    def total(self) -> int:
+        return sum(getattr(self, f) for f in self.FIELDS)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["notes"] = list(self.notes)
+        d["total"] = self.total
+        return d
+
+    def gib(self) -> dict[str, float]:
+        """The byte fields and the total in GiB (2**30 bytes)."""
+        return {f: getattr(self, f) / GIB for f in (*self.FIELDS, "total")}
+
+
+_COLS = (("stage", "stage"), ("layers", "layers"), ("params", "params"), ("grads", "grads"),
+         ("optimizer", "optim"), ("activations", "activ"), ("logits", "logits"),
+         ("comm_buffers", "comm"), ("cuda_context", "ctx"), ("total", "total"))
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """The result of :func:`estimate`: one :class:`MemoryBreakdown` per pipeline stage."""
+
+    spec: ModelSpec
+    parallel: ParallelConfig
+    setup: TrainingSetup
+    stages: tuple[MemoryBreakdown, ...]
+
+    @property
+    def peak(self) -> MemoryBreakdown:
+        """The stage with the largest total (the first such stage on a tie)."""
+        return max(self.stages, key=lambda s: s.total)
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.peak.total
+
+    def to_dict(self) -> dict:
+        return {"model": self.spec.name, "parallel": asdict(self.parallel),
+                "setup": asdict(self.setup), "stages": [s.to_dict() for s in self.stages],
+                "peak_stage": self.peak.stage, "peak_bytes": self.peak_bytes}
+
+    def _rows(self) -> list[list[str]]:
+        rows = []
+        for s in self.stages:
+            row = [str(s.stage), str(s.layers)]
+            row += [f"{getattr(s, k) / GIB:.2f}" for k, _ in _COLS[2:]]
+            rows.append(row)
+        return rows
+
+    def _title(self) -> str:
+        st = self.setup
+        return (f"{self.spec.name} | {self.parallel} | s={st.seq_len}, b={st.micro_batch}, "
+                f"m={st.num_microbatches}, {st.precision}, {st.optimizer}, "
+                f"recompute={st.recompute}, {st.schedule}")
+
+    def __str__(self) -> str:
+        heads = [h for _, h in _COLS]
+        rows = self._rows()
+        widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(heads)]
+        fmt = "  ".join(f"{{:>{w}}}" for w in widths)
+        lines = [self._title(), "GiB per GPU (2**30 bytes)", fmt.format(*heads)]
+        lines += [fmt.format(*r) for r in rows]
+        lines.append(f"peak: stage {self.peak.stage}, {self.peak_bytes / GIB:.2f} GiB "
+                     f"({self.peak_bytes:,} bytes)")
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        import html
+
+        peak = self.peak.stage
+        head = "".join(f"<th>{h}</th>" for _, h in _COLS)
+        body = []
+        for s, row in zip(self.stages, self._rows(), strict=True):
+            style = ' style="font-weight:bold"' if s.stage == peak else ""
+            body.append(f"<tr{style}>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>")
+        return (f"<div><p><code>{html.escape(self._title())}</code></p>"
+                f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+                f"<p>GiB per GPU (2<sup>30</sup> bytes). Peak: stage {peak}, "
+                f"{self.peak_bytes / GIB:.2f} GiB.</p></div>")
+
+
+# ---------------------------------------------------------------------------- estimator
+def estimate(spec: ModelSpec, parallel: ParallelConfig | None = None,
+             setup: TrainingSetup | None = None, *, layers_per_stage=None,
+             world_size: int | None = None) -> Estimate:
+    """Per-GPU memory of every pipeline stage for ``spec`` trained with ``parallel``/``setup``.
+
+    Each stage's :class:`MemoryBreakdown` holds, in bytes:
+
+    * ``params``, ``grads``, ``optimizer``: the stage's parameters on one GPU after TP/EP sharding,
+      then ZeRO sharding over d·cp ranks (experts over d·cp/e), per :func:`model_state_bytes`;
+    * ``activations``: :func:`~parmem.activations.layer_terms` per layer, times the layers a
+      micro-batch occupies on the stage, times the micro-batches in flight
+      (:func:`~parmem.pipeline.in_flight_units`). Selective recompute keeps the non-core terms,
+      full recompute only each layer's 16-bit input; both add the working set of the one layer
+      being recomputed. The first stage adds its embedding-dropout mask, the last its final-norm
+      and LM-head inputs (Korthikanti et al. 2022 §4.3);
+    * ``logits``: the fp32 logits the cross-entropy keeps, 4·s·b·V/t bytes per micro-batch in
+      flight on the last stage (vocab-parallel cross-entropy, Megatron-LM);
+    * ``comm_buffers``: TP collective output (one 16-bit s·b·h tensor), PP send and receive
+      buffers, DDP gradient buckets with ``grad_buckets="copy"``, the ZeRO-3 gather of the current
+      and the prefetched layer, MoE dispatch buffers;
+    * ``cuda_context``: ``setup.cuda_context``.
+
+    ``layers_per_stage`` gives an uneven split (default: as even as possible, extras first).
+    ``world_size``, when given, must equal d·t·p·cp.
+    """
+    if not isinstance(spec, ModelSpec):
+        raise ValueError(f"spec must be a ModelSpec, got {type(spec).__name__}")
+    par = parallel if parallel is not None else ParallelConfig()
+    if setup is None:
+        setup = TrainingSetup(seq_len=min(2048, spec.max_positions))
+    if world_size is not None:
+        par.check_world_size(world_size)
+    lps = check_layout(spec, par, setup, layers_per_stage)
+    prec = PRECISIONS[setup.precision]
+    t, p, cp = par.tp, par.pp, par.cp
+    s_local = setup.seq_len // cp
+    b, h = setup.micro_batch, spec.hidden
+    e_act = prec["act"]
+    rep = t if par.sp else 1
+    terms = layer_terms(spec, setup.seq_len, b, tp=t, sp=par.sp, cp=cp,
+                        flash=setup.flash_attention, dropout=setup.dropout, act_bytes=e_act,
+                        capacity_factor=setup.capacity_factor)
+    full = sum(x.bytes for x in terms)
+    if setup.recompute == "none":
+        kept = full
+    elif setup.recompute == "selective":
+        kept = sum(x.bytes for x in terms if not x.core)
+    else:
+        kept = e_act * s_local * b * h // rep
+    boundary = e_act * s_local * b * h // rep  # one s·b·h activation tensor (sharded under SP)
+    zero_group = par.dp * cp
+    expert_group = zero_group // par.ep
+    tp_buffer = e_act * s_local * b * h if t > 1 else 0  # TP all-reduce / SP all-gather output
+    p2p_buffers = 2 * boundary if p > 1 else 0          # p2p send and receive buffers
+    a2a_buffers = 0  # MoE dispatch send + receive, padded to the capacity factor
+    if spec.is_moe and par.ep > 1:
+        a2a_buffers = int(2 * e_act * s_local * b * spec.top_k * h * setup.capacity_factor)
+    zero3_gather = 0
+    if par.zero == 3 and zero_group > 1:  # gathered current layer + prefetched next layer
+        zero3_gather = 2 * prec["param"] * sum(stage_params(spec, t, par.ep, 1, False, False))
+    ddp_copy = par.dp * cp > 1 and par.zero == 0 and setup.grad_buckets == "copy"
+    states: dict[tuple, tuple] = {}
+    stages = []
+    for i, n_layers in enumerate(lps):
+        first, last = i == 0, i == p - 1
+        key = (n_layers, first, last)
+        if key not in states:
+            dense_n, expert_n = stage_params(spec, t, par.ep, n_layers, first, last)
+            dense = model_state_bytes(dense_n, zero_group, par.zero, setup.precision,
+                                      setup.optimizer)
+            expert = model_state_bytes(expert_n, expert_group, par.zero, setup.precision,
+                                       setup.optimizer)
+            states[key] = (dense_n + expert_n, dense.params + expert.params,
+                           dense.grads + expert.grads, dense.optimizer + expert.optimizer)
+        n_params, p_bytes, g_bytes, o_bytes = states[key]
+        units = in_flight_units(setup.schedule, p, setup.num_microbatches, i, par.vpp)
+        layer_units = units * (n_layers // par.vpp)  # layer-micro-batches held at the peak
+        act = kept * layer_units + (full - kept if layer_units else 0)
+        notes = [f"{units} micro-batch{'es' if units != 1 else ''} in flight"
+                 if par.vpp == 1 else f"{units} chunk-micro-batches in flight (v={par.vpp})"]
+        mb_units = cdiv(units, par.vpp)
+        if first and setup.dropout:
+            act += s_local * b * h // rep * mb_units  # embedding dropout mask, 1 byte
+        logits = 0
+        if last:
+            act += 2 * boundary * mb_units  # final norm input and LM-head input
+            logits = 4 * s_local * b * vocab_rows(spec, t) * mb_units
+        comm = tp_buffer + p2p_buffers + a2a_buffers + (zero3_gather if n_layers else 0)
+        if ddp_copy:
+            comm += g_bytes
+            notes.append("DDP buckets hold a second copy of the gradients")
+        stages.append(MemoryBreakdown(
+            stage=i, layers=n_layers, num_params=n_params, params=p_bytes, grads=g_bytes,
+            optimizer=o_bytes, activations=act, logits=logits, comm_buffers=comm,
+            cuda_context=setup.cuda_context, notes=tuple(notes)))
+    return Estimate(spec=spec, parallel=par, setup=setup, stages=tuple(stages))

@@ -1,0 +1,58 @@
+"""Floating-point operations of a training step.
+
+One forward pass multiplies every weight matrix once per token (2 FLOPs per multiply-add), and
+attention adds the score and weighted-sum products; the backward pass costs two forwards
+(Narayanan et al. 2021 §5.1, following Kaplan et al. 2020), so a step without recomputation is
+three forwards. For a GPT model the sums below are exactly Narayanan et al. 2021, eq. (3)
+(:func:`narayanan_flops`, tested).
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+from ._check import choice, integer
+from .config import RECOMPUTE
+from .model import ModelSpec
+from .sharding import layer_matmul_params
+
+__all__ = ["narayanan_flops", "flops_per_sequence", "step_flops"]
+
+
+def narayanan_flops(batch: int, seq_len: int, layers: int, hidden: int, vocab: int,
+                    recompute: bool = True) -> Fraction:
+    """FLOPs of one training iteration of a GPT model, Narayanan et al. 2021, eq. (3).
+
+    With activation recomputation: ``96·B·s·L·h²·(1 + s/(6h) + V/(16·L·h))``. Without it, one
+    forward pass fewer through the layers (the LM head is never recomputed):
+    ``72·B·s·L·h²·(1 + s/(6h) + V/(12·L·h))``. Returned exactly, as a ``Fraction``.
+    """
+    B, s, L, h, V = (Fraction(x) for x in (batch, seq_len, layers, hidden, vocab))
+    if recompute:
+        return 96 * B * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
+    return 72 * B * s * L * h * h * (1 + s / (6 * h) + V / (12 * L * h))
+
+
+def flops_per_sequence(spec: ModelSpec, seq_len: int) -> tuple[int, int, int]:
+    """Forward FLOPs of one sequence of ``seq_len`` tokens: (one layer, its attention core, the
+    LM head). A layer is ``2·s·W + 4·s²·(a·d_head)``: every weight matrix ``W`` of
+    :func:`parmem.sharding.layer_matmul_params` (the routed ``top_k`` experts for MoE) does a
+    multiply-add per token, and the scores and the weighted sum of values each cost ``2·s²`` per
+    query width. The LM head is ``2·s·h·V``."""
+    s = integer("seq_len", seq_len)
+    core = 4 * s * s * spec.q_dim
+    return 2 * s * layer_matmul_params(spec) + core, core, 2 * s * spec.hidden * spec.vocab_size
+
+
+def step_flops(spec: ModelSpec, global_batch: int, seq_len: int, recompute: str = "none") -> int:
+    """FLOPs of one training step (all GPUs together), any :class:`~parmem.model.ModelSpec`.
+
+    Forward + backward = 3 forward passes; ``"full"`` recomputation adds a forward through the
+    layers, ``"selective"`` the attention core. For a GPT-shaped model this equals
+    :func:`narayanan_flops` (72 form for ``"none"``, 96 form for ``"full"``).
+    """
+    choice("recompute", recompute, RECOMPUTE)
+    integer("global_batch", global_batch)
+    layer, core, head = flops_per_sequence(spec, seq_len)
+    extra = {"none": 0, "selective": core, "full": layer}[recompute]
+    return global_batch * (spec.layers * (3 * layer + extra) + 3 * head)

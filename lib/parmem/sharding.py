@@ -1,0 +1,345 @@
+"""Every parameter tensor of a model, its shape, and how parallelism splits it: one table.
+
+This module is the one home of parameter counting. :func:`layer_tensors` and
+:func:`model_tensors` describe a model as data, in the spirit of the tensor-parallel plans of
+picotron and torchtitan (``{"attention.wq": ColwiseParallel()}``): each :class:`Tensor` names its
+shape and its *split*:
+
+=============  =========================================================================
+split          what one rank of a tensor-parallel group of ``t`` holds
+=============  =========================================================================
+``column``     the output features divided by t (Q, column-parallel FC1/gate/up, their biases)
+``kv``         K or V by key/value heads: kv_heads/t heads, or one whole head when
+               t > kv_heads (each head then kept by t/kv_heads ranks)
+``row``        the input features divided by t (attention output, FC2/down)
+``vocab``      the vocabulary rows, ⌈V/t⌉ each (vocab-parallel embedding and LM head)
+``replicated`` everything (norms, row-parallel biases, learned positions, the MoE router)
+=============  =========================================================================
+
+Routed experts (``expert=True``) are further divided over the ``e`` expert-parallel ranks.
+Source: Shoeybi et al. 2019 (Megatron-LM) §3 for the column/row/vocab splits and the replicated
+norms and row-parallel biases; Ainslie et al. 2023 / Megatron-Core for grouped-query K/V; Lepikhin
+et al. 2021 (GShard) for experts over e.
+
+Everything else derives from this table: the whole model's counts (:func:`param_counts`,
+``ModelSpec.num_params``), one GPU's share of a pipeline stage (:func:`stage_params`, used by the
+estimator, the communication model and the planner), the TP table of the book
+(:func:`tp_param_counts`), the weight matrices quantisation touches (:func:`linear_shapes`),
+serving shards, the allocator's tensor list (:func:`stage_tensor_numels`) and the matmul weights
+that set the FLOPs (:func:`layer_matmul_params`).
+
+The functions take any object with :class:`~parmem.model.ModelSpec`'s shape attributes; this
+module imports nothing else from ``parmem`` but the validators.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ._check import cdiv, integer
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .model import ModelSpec
+
+__all__ = ["SPLITS", "Tensor", "ShardCount", "layer_tensors", "model_tensors", "local_numel",
+           "kv_heads_local", "vocab_rows", "check_heads", "check_tp", "param_counts", "layer_params",
+           "stage_params", "stage_tensor_numels", "tp_param_counts", "linear_shapes",
+           "layer_matmul_params"]
+
+SPLITS = ("column", "kv", "row", "vocab", "replicated")
+
+#: Where a tensor lives: in every layer, on the first pipeline stage, on the last.
+PLACES = ("layer", "first", "last")
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """One parameter tensor (or ``count`` identical ones) of a model.
+
+    ``rows × cols`` is its full shape (out_features × in_features for a linear weight; ``cols``
+    is 1 for a vector). ``component`` is the key of :func:`param_counts` it adds to; ``group`` the
+    row of :func:`tp_param_counts`. ``kind`` says what it is: ``linear`` (a layer's weight matrix:
+    quantised for serving, multiplied by every token), ``router``, ``bias``, ``norm``,
+    ``embedding``, ``positions`` or ``lm_head``. ``expert``: routed-expert tensor, one of
+    ``count`` experts, divided over the expert-parallel ranks. ``place``: ``layer``, ``first`` or
+    ``last`` (pipeline stage that holds it).
+    """
+
+    name: str
+    rows: int
+    cols: int
+    split: str
+    component: str
+    group: str
+    kind: str
+    count: int = 1
+    expert: bool = False
+    place: str = "layer"
+
+    @property
+    def numel(self) -> int:
+        """Elements of all ``count`` copies, unsharded."""
+        return self.rows * self.cols * self.count
+
+
+# ---------------------------------------------------------------------------- the table
+def _mlp(spec: Any, prefix: str, width: int, component: str, group: str, count: int,
+         expert: bool, row_bias_group: str) -> list[Tensor]:
+    """A dense MLP (or ``count`` experts) of inner size ``width``: weights, then the column
+    biases, then the row-parallel bias (Shoeybi et al. 2019 §3: FC1 column-, FC2 row-parallel)."""
+    h = spec.hidden
+    names = ("gate", "up", "down") if spec.ffn_kind == "swiglu" else ("fc1", "fc2")
+    kw = {"component": component, "count": count, "expert": expert}
+    out = [Tensor(f"{prefix}{n}.weight", width, h, "column", group=group, kind="linear", **kw)
+           for n in names[:-1]]
+    out.append(Tensor(f"{prefix}{names[-1]}.weight", h, width, "row", group=group,
+                      kind="linear", **kw))
+    if spec.bias:
+        out += [Tensor(f"{prefix}{n}.bias", width, 1, "column", group=group, kind="bias", **kw)
+                for n in names[:-1]]
+        out.append(Tensor(f"{prefix}{names[-1]}.bias", h, 1, "replicated", group=row_bias_group,
+                          kind="bias", **kw))
+    return out
+
+
+def layer_tensors(spec: Any) -> list[Tensor]:
+    """The parameter tensors of one transformer layer, in module order: Q, K, V, output
+    projection (weights, then biases), the MLP or the experts, shared experts and router, then
+    the two norms."""
+    h, q, kv = spec.hidden, spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim
+    qo, kvg, rb = "attention Q, O", "attention K, V", "row-parallel biases"
+    out = [Tensor("attn.q.weight", q, h, "column", "attention", qo, "linear"),
+           Tensor("attn.k.weight", kv, h, "kv", "attention", kvg, "linear"),
+           Tensor("attn.v.weight", kv, h, "kv", "attention", kvg, "linear"),
+           Tensor("attn.o.weight", h, q, "row", "attention", qo, "linear")]
+    if spec.bias or spec.qkv_bias:
+        out += [Tensor("attn.q.bias", q, 1, "column", "attention", qo, "bias"),
+                Tensor("attn.k.bias", kv, 1, "kv", "attention", kvg, "bias"),
+                Tensor("attn.v.bias", kv, 1, "kv", "attention", kvg, "bias")]
+    if spec.bias:
+        out.append(Tensor("attn.o.bias", h, 1, "replicated", "attention", rb, "bias"))
+    if spec.num_experts:
+        ef = spec.expert_ffn_hidden
+        out += _mlp(spec, "experts.", ef, "experts", "experts", spec.num_experts, True, "experts")
+        if spec.shared_experts:
+            out += _mlp(spec, "shared_experts.", ef, "shared_experts", "shared experts",
+                        spec.shared_experts, False, "shared experts")
+        out.append(Tensor("router.weight", spec.num_experts, h, "replicated", "router", "router",
+                          "router"))
+    else:
+        out += _mlp(spec, "mlp.", spec.ffn_hidden, "mlp", "MLP", 1, False, rb)
+    out += _norm(spec, "attn_norm") + _norm(spec, "mlp_norm")
+    return out
+
+
+def _norm(spec: Any, name: str, place: str = "layer") -> list[Tensor]:
+    """LayerNorm has a weight and a bias of h values, RMSNorm a weight (Zhang & Sennrich 2019)."""
+    out = [Tensor(f"{name}.weight", spec.hidden, 1, "replicated", "norms", "norms", "norm",
+                  place=place)]
+    if spec.norm == "layernorm":
+        out.append(Tensor(f"{name}.bias", spec.hidden, 1, "replicated", "norms", "norms", "norm",
+                          place=place))
+    return out
+
+
+def model_tensors(spec: Any, pipeline: bool = False) -> list[Tensor]:
+    """Tensors outside the layers: the embedding (and learned positions) on the first stage; the
+    final norm and the LM head on the last. A tied LM head has no tensor of its own, except with
+    ``pipeline=True`` (p > 1): then the last stage keeps a copy of the embedding (Shoeybi et al.
+    2019 §3; Megatron-LM's ``shared_embedding``) whose gradient is all-reduced with the first's.
+    """
+    h, V = spec.hidden, spec.vocab_size
+    out = [Tensor("embedding.weight", V, h, "vocab", "embedding", "embedding", "embedding",
+                  place="first")]
+    if spec.position == "learned":
+        out.append(Tensor("positions.weight", spec.max_positions, h, "replicated", "positions",
+                          "positions", "positions", place="first"))
+    out += _norm(spec, "final_norm", place="last")
+    if not spec.tied_embeddings or pipeline:
+        out.append(Tensor("lm_head.weight", V, h, "vocab", "lm_head", "LM head", "lm_head",
+                          place="last"))
+    return out
+
+
+# ---------------------------------------------------------------------------- one rank's share
+def check_tp(spec: Any, tp: int, ep: int = 1) -> None:
+    """Raise ``ValueError`` unless ``tp`` (and ``ep``) can split ``spec`` as the table says:
+    t divides the heads and the MLP widths, t and kv_heads divide one another, e the experts."""
+    check_heads(spec, tp)
+    integer("ep", ep)
+    if spec.ffn_hidden % tp:
+        raise ValueError(f"tp={tp} must divide ffn_hidden={spec.ffn_hidden}")
+    if spec.num_experts:
+        if spec.expert_ffn_hidden % tp:
+            raise ValueError(f"tp={tp} must divide expert_ffn_hidden={spec.expert_ffn_hidden}")
+        if spec.num_experts % ep:
+            raise ValueError(f"ep={ep} must divide num_experts={spec.num_experts}")
+    elif ep > 1:
+        raise ValueError(f"ep={ep} needs a mixture-of-experts model ({spec.name} is dense)")
+
+
+def check_heads(spec: Any, tp: int) -> None:
+    """Raise ``ValueError`` unless ``tp`` can split the attention: t divides the query heads, and
+    t and kv_heads divide one another."""
+    integer("tp", tp)
+    if spec.heads % tp:
+        raise ValueError(f"tp={tp} must divide heads={spec.heads}")
+    if spec.kv_heads % tp and tp % spec.kv_heads:
+        raise ValueError(f"tp={tp} and kv_heads={spec.kv_heads}: one must divide the other")
+
+
+def kv_heads_local(spec: Any, tp: int) -> int:
+    """Key/value heads on one tensor-parallel rank: kv_heads/t, or 1 when t > kv_heads (the
+    head is then duplicated on t/kv_heads ranks, as Megatron-Core and vLLM do)."""
+    return max(spec.kv_heads // tp, 1)
+
+
+def vocab_rows(spec: Any, tp: int) -> int:
+    """Vocabulary rows of the embedding (or LM head) on one rank: ⌈V/t⌉."""
+    return cdiv(spec.vocab_size, tp)
+
+
+def local_numel(spec: Any, x: Tensor, tp: int = 1, ep: int = 1) -> int:
+    """Elements of tensor ``x`` (all its local copies) on one rank of ``tp`` × ``ep``."""
+    if x.split == "column":
+        per = x.rows // tp * x.cols
+    elif x.split == "row":
+        per = x.rows * (x.cols // tp)
+    elif x.split == "kv":
+        per = kv_heads_local(spec, tp) * spec.head_dim * x.cols
+    elif x.split == "vocab":
+        per = vocab_rows(spec, tp) * x.cols
+    else:
+        per = x.rows * x.cols
+    return per * (x.count // ep if x.expert else x.count)
+
+
+def layer_params(spec: Any, tp: int = 1, ep: int = 1) -> tuple[int, int]:
+    """(dense, expert) parameters of one layer on one rank of ``tp`` × ``ep``."""
+    dense = expert = 0
+    for x in layer_tensors(spec):
+        n = local_numel(spec, x, tp, ep)
+        if x.expert:
+            expert += n
+        else:
+            dense += n
+    return dense, expert
+
+
+def stage_params(spec: Any, tp: int = 1, ep: int = 1, n_layers: int | None = None,
+                 first: bool = True, last: bool = True) -> tuple[int, int]:
+    """(dense, expert) parameters one GPU of a pipeline stage holds before ZeRO sharding.
+
+    ``n_layers`` transformer layers (default: all), plus the embedding on the ``first`` stage
+    and the final norm and LM head on the ``last`` (a tied LM head counts once on a single
+    stage and is copied on the last stage of a pipeline). Expert parameters are kept apart
+    because ZeRO shards them over the expert-data-parallel group.
+    """
+    n = spec.layers if n_layers is None else n_layers
+    dense, expert = layer_params(spec, tp, ep)
+    dense, expert = n * dense, n * expert
+    for x in model_tensors(spec, pipeline=not (first and last)):
+        if (x.place == "first" and first) or (x.place == "last" and last):
+            dense += local_numel(spec, x, tp, ep)
+    return dense, expert
+
+
+def stage_tensor_numels(spec: Any, tp: int = 1, ep: int = 1, n_layers: int | None = None,
+                        first: bool = True, last: bool = True) -> list[int]:
+    """Element counts of the tensors one GPU of a stage holds, one entry per tensor (an expert's
+    matrices are one entry per local expert), layer by layer, then the first stage's and the
+    last stage's own tensors. Their sum is :func:`stage_params` (dense + expert)."""
+    n = spec.layers if n_layers is None else n_layers
+    per_layer: list[int] = []
+    for x in layer_tensors(spec):
+        copies = x.count // ep if x.expert else x.count
+        per_layer += [local_numel(spec, x, tp, ep) // copies] * copies
+    out = per_layer * n
+    for x in model_tensors(spec, pipeline=not (first and last)):
+        if (x.place == "first" and first) or (x.place == "last" and last):
+            out.append(local_numel(spec, x, tp, ep))
+    return out
+
+
+# ---------------------------------------------------------------------------- whole-model views
+def param_counts(spec: Any) -> dict[str, int]:
+    """Parameters of the whole model by component (all layers summed): ``embedding``,
+    ``positions``, ``attention``, ``mlp`` (dense) or ``experts`` / ``shared_experts`` /
+    ``router`` (MoE), ``norms`` (every layer's two and the final one), ``lm_head`` (0 when
+    tied)."""
+    keys = ["embedding", "positions", "attention", "norms"]
+    keys += ["experts", "shared_experts", "router"] if spec.num_experts else ["mlp"]
+    out = dict.fromkeys([*keys, "lm_head"], 0)
+    for x in layer_tensors(spec):
+        out[x.component] += x.numel * spec.layers
+    for x in model_tensors(spec):
+        out[x.component] += x.numel
+    return out
+
+
+@dataclass(frozen=True)
+class ShardCount:
+    """One component of the model and how tensor parallelism splits it.
+
+    ``full`` parameters in the whole model, ``per_rank`` on one tensor-parallel rank, ``split``
+    says how (``"replicated"`` when every rank keeps all of it)."""
+
+    component: str
+    full: int
+    per_rank: int
+    split: str
+
+    @property
+    def replicated(self) -> bool:
+        return self.split == "replicated"
+
+
+_GROUP_SPLIT = {"embedding": "vocabulary rows", "positions": "replicated",
+                "attention Q, O": "heads", "MLP": "inner width", "shared experts": "inner width",
+                "experts": "experts over e, width over t", "router": "replicated",
+                "row-parallel biases": "replicated", "norms": "replicated",
+                "LM head": "vocabulary rows"}
+
+
+def tp_param_counts(spec: ModelSpec, tp: int = 1, ep: int = 1) -> list[ShardCount]:
+    """Parameters of the whole model (all layers) by component, and what one rank of a
+    tensor-parallel group of ``tp`` (and expert-parallel group of ``ep``) holds: the table of
+    :func:`layer_tensors` and :func:`model_tensors` grouped as the book's TP chapters show it
+    (Megatron-LM's layout, Shoeybi et al. 2019 §3). The per-rank sum equals the parameters
+    :func:`parmem.estimate` puts on a single-stage GPU."""
+    from .model import ModelSpec  # deferred: the table itself needs only the shapes
+
+    if not isinstance(spec, ModelSpec):
+        raise ValueError(f"spec must be a ModelSpec, got {type(spec).__name__}")
+    check_tp(spec, tp, ep)
+    L = spec.layers
+    full: dict[str, int] = {}
+    local: dict[str, int] = {}
+    for x, times in [(x, L) for x in layer_tensors(spec)] + [(x, 1) for x in model_tensors(spec)]:
+        full[x.group] = full.get(x.group, 0) + times * x.numel
+        local[x.group] = local.get(x.group, 0) + times * local_numel(spec, x, tp, ep)
+    order = ("embedding", "positions", "attention Q, O", "attention K, V", "experts",
+             "shared experts", "router", "MLP", "row-parallel biases", "norms", "LM head")
+    kv_split = ("kv heads" if tp <= spec.kv_heads
+                else f"kv heads, each kept by {tp // spec.kv_heads} ranks")
+    return [ShardCount(g, full[g], local[g], kv_split if g == "attention K, V" else
+                       _GROUP_SPLIT[g]) for g in order if g in full]
+
+
+def linear_shapes(spec: Any) -> list[tuple[str, int, int, int]]:
+    """(name, in_features, out_features, count over all layers) of every transformer-layer weight
+    matrix (the ones weight quantisation touches; the router, embeddings and LM head are not
+    among them)."""
+    return [(x.name.removesuffix(".weight").replace(".", "_"), x.cols, x.rows,
+             x.count * spec.layers) for x in layer_tensors(spec) if x.kind == "linear"]
+
+
+def layer_matmul_params(spec: Any) -> int:
+    """Weights one token multiplies through in one layer: Q, K, V, output, the MLP (for MoE the
+    router, the ``top_k`` routed experts and the shared experts); biases and norms excluded."""
+    total = 0
+    for x in layer_tensors(spec):
+        if x.kind in ("linear", "router"):
+            total += x.rows * x.cols * (spec.top_k if x.expert else x.count)
+    return total
