@@ -26,7 +26,7 @@ from ._check import cdiv
 from .activations import layer_terms
 from .config import PRECISIONS, ParallelConfig, TrainingSetup, check_layout
 from .model import ModelSpec
-from .pipeline import in_flight_units
+from .pipeline import in_flight_profile
 from .sharding import stage_params, vocab_rows
 from .states import model_state_bytes
 from .units import GIB
@@ -203,6 +203,7 @@ def estimate(spec: ModelSpec, parallel: ParallelConfig | None = None,
     if par.zero == 3 and zero_group > 1:  # gathered current layer + prefetched next layer
         zero3_gather = 2 * prec["param"] * sum(stage_params(spec, t, par.ep, 1, False, False))
     ddp_copy = par.dp * cp > 1 and par.zero == 0 and setup.grad_buckets == "copy"
+    in_flight = in_flight_profile(setup.schedule, p, setup.num_microbatches, par.vpp)
     states: dict[tuple, tuple] = {}
     stages = []
     for i, n_layers in enumerate(lps):
@@ -217,7 +218,7 @@ def estimate(spec: ModelSpec, parallel: ParallelConfig | None = None,
             states[key] = (dense_n + expert_n, dense.params + expert.params,
                            dense.grads + expert.grads, dense.optimizer + expert.optimizer)
         n_params, p_bytes, g_bytes, o_bytes = states[key]
-        units = in_flight_units(setup.schedule, p, setup.num_microbatches, i, par.vpp)
+        units = in_flight[i]
         layer_units = units * (n_layers // par.vpp)  # layer-micro-batches held at the peak
         act = kept * layer_units + (full - kept if layer_units else 0)
         notes = [f"{units} micro-batch{'es' if units != 1 else ''} in flight"

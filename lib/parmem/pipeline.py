@@ -35,6 +35,7 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from ._check import choice, integer
 from .config import SCHEDULES
@@ -48,6 +49,7 @@ __all__ = [
     "bubble_ratio",
     "in_flight",
     "in_flight_units",
+    "in_flight_profile",
     "in_flight_timeline",
 ]
 
@@ -338,6 +340,17 @@ def in_flight_units(schedule: str, p: int, m: int, stage: int, v: int = 1) -> in
     """
     _validate(schedule, p, m, v)
     integer("stage", stage, 0, p - 1)
+    return _units(schedule, p, m, v, stage)
+
+
+@lru_cache(maxsize=512)
+def in_flight_profile(schedule: str, p: int, m: int, v: int = 1) -> tuple[int, ...]:
+    """:func:`in_flight_units` of every stage 0..p-1 (validated once; what the estimator uses)."""
+    _validate(schedule, p, m, v)
+    return tuple(_units(schedule, p, m, v, i) for i in range(p))
+
+
+def _units(schedule: str, p: int, m: int, v: int, stage: int) -> int:
     if schedule == "gpipe":
         return m * v
     if schedule == "1f1b":

@@ -35,6 +35,7 @@ module imports nothing else from ``parmem`` but the validators.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from ._check import cdiv, integer
@@ -103,7 +104,8 @@ def _mlp(spec: Any, prefix: str, width: int, component: str, group: str, count: 
     return out
 
 
-def layer_tensors(spec: Any) -> list[Tensor]:
+@lru_cache(maxsize=256)
+def layer_tensors(spec: Any) -> tuple[Tensor, ...]:
     """The parameter tensors of one transformer layer, in module order: Q, K, V, output
     projection (weights, then biases), the MLP or the experts, shared experts and router, then
     the two norms."""
@@ -130,7 +132,7 @@ def layer_tensors(spec: Any) -> list[Tensor]:
     else:
         out += _mlp(spec, "mlp.", spec.ffn_hidden, "mlp", "MLP", 1, False, rb)
     out += _norm(spec, "attn_norm") + _norm(spec, "mlp_norm")
-    return out
+    return tuple(out)
 
 
 def _norm(spec: Any, name: str, place: str = "layer") -> list[Tensor]:
@@ -143,7 +145,8 @@ def _norm(spec: Any, name: str, place: str = "layer") -> list[Tensor]:
     return out
 
 
-def model_tensors(spec: Any, pipeline: bool = False) -> list[Tensor]:
+@lru_cache(maxsize=256)
+def model_tensors(spec: Any, pipeline: bool = False) -> tuple[Tensor, ...]:
     """Tensors outside the layers: the embedding (and learned positions) on the first stage; the
     final norm and the LM head on the last. A tied LM head has no tensor of its own, except with
     ``pipeline=True`` (p > 1): then the last stage keeps a copy of the embedding (Shoeybi et al.
@@ -159,7 +162,7 @@ def model_tensors(spec: Any, pipeline: bool = False) -> list[Tensor]:
     if not spec.tied_embeddings or pipeline:
         out.append(Tensor("lm_head.weight", V, h, "vocab", "lm_head", "LM head", "lm_head",
                           place="last"))
-    return out
+    return tuple(out)
 
 
 # ---------------------------------------------------------------------------- one rank's share
@@ -215,6 +218,7 @@ def local_numel(spec: Any, x: Tensor, tp: int = 1, ep: int = 1) -> int:
     return per * (x.count // ep if x.expert else x.count)
 
 
+@lru_cache(maxsize=1024)
 def layer_params(spec: Any, tp: int = 1, ep: int = 1) -> tuple[int, int]:
     """(dense, expert) parameters of one layer on one rank of ``tp`` × ``ep``."""
     dense = expert = 0
@@ -268,6 +272,11 @@ def param_counts(spec: Any) -> dict[str, int]:
     ``positions``, ``attention``, ``mlp`` (dense) or ``experts`` / ``shared_experts`` /
     ``router`` (MoE), ``norms`` (every layer's two and the final one), ``lm_head`` (0 when
     tied)."""
+    return dict(_param_counts(spec))
+
+
+@lru_cache(maxsize=256)
+def _param_counts(spec: Any) -> tuple[tuple[str, int], ...]:
     keys = ["embedding", "positions", "attention", "norms"]
     keys += ["experts", "shared_experts", "router"] if spec.num_experts else ["mlp"]
     out = dict.fromkeys([*keys, "lm_head"], 0)
@@ -275,7 +284,7 @@ def param_counts(spec: Any) -> dict[str, int]:
         out[x.component] += x.numel * spec.layers
     for x in model_tensors(spec):
         out[x.component] += x.numel
-    return out
+    return tuple(out.items())
 
 
 @dataclass(frozen=True)
