@@ -80,6 +80,8 @@ book: execute
 # ----------------------------------------------------------------------------------------- test
 lint: setup
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check lib/parmem
+	$(BIN)/mypy
 
 unit: setup
 	$(PY) -m pytest tests -m "not browser" -n $(JOBS) -q || $(call no_tests,unit)

@@ -27,6 +27,7 @@ the schedule's business: :func:`parmem.pipeline.in_flight_units`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from ._check import boolean, choice, integer
 from .config import RECOMPUTE
@@ -89,7 +90,7 @@ class Term:
     core: bool = False  # part of the attention core that selective recompute drops
 
 
-def layer_terms(spec, seq_len: int, micro_batch: int, tp: int = 1, sp: bool = False,
+def layer_terms(spec: ModelSpec, seq_len: int, micro_batch: int, tp: int = 1, sp: bool = False,
                 cp: int = 1, flash: bool = False, dropout: bool = True, act_bytes: int = 2,
                 norm_stat_bytes: int = 0, capacity_factor: float = 1.0) -> list[Term]:
     """Per-layer, per-micro-batch activation terms for any :class:`~parmem.model.ModelSpec`.
@@ -173,8 +174,8 @@ def layer_terms(spec, seq_len: int, micro_batch: int, tp: int = 1, sp: bool = Fa
     return terms
 
 
-def kept_terms(spec, seq_len: int, micro_batch: int, tp: int = 1, sp: bool = False,
-               recompute: str = "none", **kw) -> list[Term]:
+def kept_terms(spec: ModelSpec, seq_len: int, micro_batch: int, tp: int = 1, sp: bool = False,
+               recompute: str = "none", **kw: Any) -> list[Term]:
     """The :func:`layer_terms` one layer keeps for backward under activation recomputation.
 
     ``"none"`` keeps every term; ``"selective"`` drops the attention core (the ``core`` terms:

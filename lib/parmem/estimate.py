@@ -20,7 +20,9 @@ Sources, by term:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from ._check import cdiv
 from .activations import layer_terms
@@ -62,7 +64,7 @@ class MemoryBreakdown:
     def total(self) -> int:
         return sum(getattr(self, f) for f in self.FIELDS)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["notes"] = list(self.notes)
         d["total"] = self.total
@@ -96,7 +98,7 @@ class Estimate:
     def peak_bytes(self) -> int:
         return self.peak.total
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"model": self.spec.name, "parallel": asdict(self.parallel),
                 "setup": asdict(self.setup), "stages": [s.to_dict() for s in self.stages],
                 "peak_stage": self.peak.stage, "peak_bytes": self.peak_bytes}
@@ -143,7 +145,8 @@ class Estimate:
 
 # ---------------------------------------------------------------------------- estimator
 def estimate(spec: ModelSpec, parallel: ParallelConfig | None = None,
-             setup: TrainingSetup | None = None, *, layers_per_stage=None,
+             setup: TrainingSetup | None = None, *,
+             layers_per_stage: Sequence[int] | None = None,
              world_size: int | None = None) -> Estimate:
     """Per-GPU memory of every pipeline stage for ``spec`` trained with ``parallel``/``setup``.
 
@@ -204,7 +207,7 @@ def estimate(spec: ModelSpec, parallel: ParallelConfig | None = None,
         zero3_gather = 2 * prec["param"] * sum(stage_params(spec, t, par.ep, 1, False, False))
     ddp_copy = par.dp * cp > 1 and par.zero == 0 and setup.grad_buckets == "copy"
     in_flight = in_flight_profile(setup.schedule, p, setup.num_microbatches, par.vpp)
-    states: dict[tuple, tuple] = {}
+    states: dict[tuple[int, bool, bool], tuple[int, int, int, int]] = {}
     stages = []
     for i, n_layers in enumerate(lps):
         first, last = i == 0, i == p - 1

@@ -40,6 +40,9 @@ class ModelSpec:
     ``qkv_bias`` on the Q/K/V projections only (Qwen2). ``num_experts > 0`` makes every layer's MLP a
     mixture of experts of size ``expert_ffn_hidden`` with ``top_k`` routing, a bias-free router, and
     ``shared_experts`` always-active experts.
+
+    ``kv_heads``, ``head_dim``, ``ffn_hidden`` and ``expert_ffn_hidden`` may be left at 0 (or
+    ``None``) to take their usual values: ``heads``, h/a, 4h and ``ffn_hidden``.
     """
 
     name: str
@@ -47,9 +50,9 @@ class ModelSpec:
     hidden: int
     layers: int
     heads: int
-    kv_heads: int | None = None
-    head_dim: int | None = None
-    ffn_hidden: int | None = None
+    kv_heads: int = 0
+    head_dim: int = 0
+    ffn_hidden: int = 0
     ffn_kind: str = "gelu"
     bias: bool = False
     qkv_bias: bool = False
@@ -59,21 +62,24 @@ class ModelSpec:
     max_positions: int = 2048
     num_experts: int = 0
     top_k: int = 0
-    expert_ffn_hidden: int | None = None
+    expert_ffn_hidden: int = 0
     shared_experts: int = 0
     source: str = ""
 
     def __post_init__(self) -> None:
         for f in ("vocab_size", "hidden", "layers", "heads", "max_positions"):
             integer(f, getattr(self, f))
-        if self.kv_heads is None:
+        for f in ("kv_heads", "head_dim", "ffn_hidden", "expert_ffn_hidden"):
+            if getattr(self, f) is None:  # the 0.1 API's "derive it"
+                object.__setattr__(self, f, 0)
+        if not self.kv_heads:
             object.__setattr__(self, "kv_heads", self.heads)
-        if self.head_dim is None:
+        if not self.head_dim:
             if self.hidden % self.heads:
                 raise ValueError(
                     f"heads={self.heads} must divide hidden={self.hidden} (or give head_dim)")
             object.__setattr__(self, "head_dim", self.hidden // self.heads)
-        if self.ffn_hidden is None:
+        if not self.ffn_hidden:
             object.__setattr__(self, "ffn_hidden", 4 * self.hidden)
         for f in ("kv_heads", "head_dim", "ffn_hidden"):
             integer(f, getattr(self, f))
@@ -91,7 +97,7 @@ class ModelSpec:
             if not 1 <= self.top_k <= self.num_experts:
                 raise ValueError(
                     f"top_k={self.top_k} must be between 1 and num_experts={self.num_experts}")
-            if self.expert_ffn_hidden is None:
+            if not self.expert_ffn_hidden:
                 object.__setattr__(self, "expert_ffn_hidden", self.ffn_hidden)
             integer("expert_ffn_hidden", self.expert_ffn_hidden)
         elif self.top_k or self.shared_experts:
@@ -217,7 +223,7 @@ def _from_hf(cfg: dict) -> dict:
     out = dict(vocab_size=int(_need(cfg, "vocab_size")), hidden=h,
                layers=int(_need(cfg, "num_hidden_layers")), heads=heads,
                kv_heads=int(cfg.get("num_key_value_heads") or heads),
-               head_dim=int(cfg["head_dim"]) if cfg.get("head_dim") else None,
+               head_dim=int(cfg["head_dim"]) if cfg.get("head_dim") else 0,
                ffn_hidden=int(_need(cfg, "intermediate_size")), ffn_kind="swiglu",
                bias=bool(cfg.get("mlp_bias", False)) and bool(cfg.get("attention_bias", False)),
                qkv_bias=mtype.startswith("qwen2") or bool(cfg.get("attention_bias", False)),
@@ -233,7 +239,7 @@ def _from_hf(cfg: dict) -> dict:
             # Qwen2-MoE: one shared expert of its own width; counted as shared_experts of
             # expert width, so we only support the case where it is a multiple of that width.
             shared = int(cfg["shared_expert_intermediate_size"])
-            width = out["expert_ffn_hidden"]
+            width = int(cfg.get("moe_intermediate_size") or cfg["intermediate_size"])
             if shared % width:
                 raise ValueError("config: shared_expert_intermediate_size must be a multiple of "
                                  "moe_intermediate_size for parmem's shared-expert model")

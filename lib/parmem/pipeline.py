@@ -200,7 +200,8 @@ def _stage_order(schedule: str, p: int, m: int, v: int, i: int) -> list[tuple[st
     return ops
 
 
-def _dependency(kind: str, i: int, c: int, mb: int, p: int, v: int) -> tuple | None:
+def _dependency(kind: str, i: int, c: int, mb: int, p: int, v: int
+                ) -> tuple[str, int, int, int] | None:
     """The operation whose output ``(kind, stage i, chunk c, micro-batch mb)`` consumes.
 
     Chunk ``c`` of stage ``i`` holds layer block ``c p + i`` (Narayanan et al.
@@ -245,7 +246,7 @@ def simulate(
     orders = [_stage_order(schedule, p, m, v, i) for i in range(p)]
     pos = [0] * p
     free = [0.0] * p
-    done: dict[tuple, float] = {}
+    done: dict[tuple[str, int, int, int], float] = {}
     by_stage: list[list[Event]] = [[] for _ in range(p)]
     remaining = sum(len(o) for o in orders)
     while remaining:

@@ -91,16 +91,14 @@ def _mlp(spec: Any, prefix: str, width: int, component: str, group: str, count: 
     biases, then the row-parallel bias (Shoeybi et al. 2019 §3: FC1 column-, FC2 row-parallel)."""
     h = spec.hidden
     names = ("gate", "up", "down") if spec.ffn_kind == "swiglu" else ("fc1", "fc2")
-    kw = {"component": component, "count": count, "expert": expert}
-    out = [Tensor(f"{prefix}{n}.weight", width, h, "column", group=group, kind="linear", **kw)
-           for n in names[:-1]]
-    out.append(Tensor(f"{prefix}{names[-1]}.weight", h, width, "row", group=group,
-                      kind="linear", **kw))
+    def t(name: str, rows: int, cols: int, split: str, grp: str, kind: str) -> Tensor:
+        return Tensor(prefix + name, rows, cols, split, component, grp, kind, count, expert)
+
+    out = [t(f"{n}.weight", width, h, "column", group, "linear") for n in names[:-1]]
+    out.append(t(f"{names[-1]}.weight", h, width, "row", group, "linear"))
     if spec.bias:
-        out += [Tensor(f"{prefix}{n}.bias", width, 1, "column", group=group, kind="bias", **kw)
-                for n in names[:-1]]
-        out.append(Tensor(f"{prefix}{names[-1]}.bias", h, 1, "replicated", group=row_bias_group,
-                          kind="bias", **kw))
+        out += [t(f"{n}.bias", width, 1, "column", group, "bias") for n in names[:-1]]
+        out.append(t(f"{names[-1]}.bias", h, 1, "replicated", row_bias_group, "bias"))
     return out
 
 
@@ -195,7 +193,7 @@ def check_heads(spec: Any, tp: int) -> None:
 def kv_heads_local(spec: Any, tp: int) -> int:
     """Key/value heads on one tensor-parallel rank: kv_heads/t, or 1 when t > kv_heads (the
     head is then duplicated on t/kv_heads ranks, as Megatron-Core and vLLM do)."""
-    return max(spec.kv_heads // tp, 1)
+    return max(int(spec.kv_heads) // tp, 1)
 
 
 def vocab_rows(spec: Any, tp: int) -> int:
@@ -317,10 +315,8 @@ def tp_param_counts(spec: ModelSpec, tp: int = 1, ep: int = 1) -> list[ShardCoun
     :func:`layer_tensors` and :func:`model_tensors` grouped as the book's TP chapters show it
     (Megatron-LM's layout, Shoeybi et al. 2019 §3). The per-rank sum equals the parameters
     :func:`parmem.estimate` puts on a single-stage GPU."""
-    from .model import ModelSpec  # deferred: the table itself needs only the shapes
-
-    if not isinstance(spec, ModelSpec):
-        raise ValueError(f"spec must be a ModelSpec, got {type(spec).__name__}")
+    if isinstance(spec, str) or not hasattr(spec, "head_dim"):
+        raise ValueError(f"spec must be a ModelSpec (ModelSpec.preset(name)), got {spec!r}")
     check_tp(spec, tp, ep)
     L = spec.layers
     full: dict[str, int] = {}
