@@ -1,0 +1,463 @@
+"""The planner's step-time model: the cluster, the assumptions, and the seconds of one step.
+
+Every assumption is a field of :class:`Assumptions`. One step is ``m = global_batch / (d·b)``
+micro-batches on every data-parallel replica. For a pipeline stage ``i`` one micro-batch costs,
+on one GPU::
+
+    t_i = compute_i + recompute_i + exposed TP/SP + exposed CP + exposed EP + exposed PP
+
+* **compute**: forward FLOPs times 3 (forward + backward, Narayanan et al. 2021 §5.1: the
+  backward pass costs two forwards) divided by ``peak_flops_bf16 · mfu``. Forward FLOPs of one
+  sequence through one layer are ``2·s·W + 4·s²·(a·d_head)``: every weight matrix ``W`` (Q, K, V,
+  output, MLP; the routed ``top_k`` experts for MoE) does a multiply-add per token, and attention
+  scores and the weighted sum of values each cost ``2·s²`` per query width. The last stage adds
+  the LM head, ``2·s·h·V``. Work is divided by ``t·cp``.
+* **recompute**: full recomputation runs each layer's forward again; selective recomputation
+  (Korthikanti et al. 2022 §5) only the attention core (``4·s²·a·d_head``).
+* For a GPT layer these sums are exactly Narayanan et al. 2021, eq. (3):
+  ``96·B·s·L·h²·(1 + s/(6h) + V/(16·L·h))`` FLOPs per iteration with full recomputation and
+  ``72·B·s·L·h²·(1 + s/(6h) + V/(12·L·h))`` without (:func:`parmem.flops.narayanan_flops`).
+* **communication**: :func:`parmem.comm.step_comm` lists the collectives; their alpha-beta time is
+  taken on NVLink when the group fits in a node and on the per-GPU InfiniBand link otherwise
+  (Megatron-LM rank order: t, cp, e, d, p from the fastest-varying). TP/SP, EP and PP transfers
+  sit on the critical path (less ``tp_overlap``, ``ep_overlap``, ``pp_overlap``); CP's K/V ring
+  hides behind the attention it feeds (``cp_overlap``, Liu et al. 2023).
+* **pipeline**: ``T = m·t_max + (Σ_i t_i − t_max)/v``; the second term is the bubble. For equal
+  stages it is :func:`parmem.pipeline.bubble_ratio` ``(p−1)/(v·m)`` times the ideal ``m·t``
+  (Narayanan et al. 2021 §2.2).
+* **data parallel**: the gradient reduction (and ZeRO's parameter gathers) overlap with the
+  backward (and forward) passes that run while they are issued, ``dp_overlap`` of that window,
+  but never the last bucket (``dp_bucket_params``).
+
+The step time is ``T`` plus the exposed data-parallel time. Tokens/s is ``global_batch·s / step``;
+:attr:`parmem.planner.Candidate.model_flops_per_gpu` counts the useful FLOPs (the 72 form: MFU)
+and :attr:`parmem.planner.Candidate.hardware_flops_per_gpu` the executed ones (recomputation
+included: eq. (3), what Narayanan et al. 2021 Table 1 reports).
+
+Not modelled: kernel efficiency that grows with the micro-batch (so the model favours ``b = 1``
+unless latency or memory say otherwise), the optimizer step, load imbalance of MoE routing,
+embedding/LM-head collectives, stragglers and failures.
+
+:class:`CostModel` holds what is fixed for one request; :meth:`CostModel.linear_timer` gives a
+:class:`StepTimer` whose communication is linear in ``b`` and ``m`` (two
+:func:`~parmem.comm.collectives` calls per distinct stage, for the search), and
+:meth:`CostModel.exact_time` times one layout with the exact collectives of its own ``b`` and
+``m``.
+
+Sources: Narayanan et al. 2021 ("Efficient Large-Scale Language Model Training on GPU Clusters
+Using Megatron-LM", SC'21) §2.2, §5.1, eq. (3), Table 1; Korthikanti et al. 2022 §5;
+Liu et al. 2023 (ring attention).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+
+from .._check import integer, number
+from ..comm import StageShape, category_times, collectives, placement
+from ..config import PRECISIONS, ParallelConfig, TrainingSetup
+from ..estimate import Estimate, estimate
+from ..flops import flops_per_sequence
+from ..hardware import Hardware, hardware_preset, hardware_presets
+from ..model import ModelSpec
+from ..pipeline import bubble_ratio
+from ..sharding import stage_params
+
+__all__ = ["Assumptions", "Cluster", "CostModel", "StageComm", "StepTime", "StepTimer",
+           "stage_keys"]
+
+_ACT = ("tp", "cp", "ep", "pp")
+
+
+# ---------------------------------------------------------------------------- inputs
+@dataclass(frozen=True)
+class Cluster:
+    """``nodes`` nodes of ``gpus_per_node`` GPUs of one kind.
+
+    ``gpu`` is a :func:`~parmem.hardware.hardware_preset` name (``"a100-40gb"``, ``"a100-80gb"``,
+    ``"h100-sxm"``, ``"h200"``) or a :class:`~parmem.hardware.Hardware`; its ``intra_node`` link
+    (NVLink) joins GPUs of a node and its ``inter_node`` link (one InfiniBand port per GPU) joins
+    nodes.
+    """
+
+    gpu: str | Hardware = "h100-sxm"
+    gpus_per_node: int = 8
+    nodes: int = 1
+    hardware: Hardware = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.gpu, Hardware):
+            hw = self.gpu
+        elif isinstance(self.gpu, str):
+            try:
+                hw = hardware_preset(self.gpu)
+            except ValueError:
+                raise ValueError(f"gpu={self.gpu!r} is not a hardware preset; known: "
+                                 f"{', '.join(hardware_presets())}") from None
+        else:
+            raise ValueError(f"gpu={self.gpu!r} must be a preset name or a Hardware")
+        integer("gpus_per_node", self.gpus_per_node)
+        integer("nodes", self.nodes)
+        object.__setattr__(self, "hardware", hw)
+
+    @property
+    def world_size(self) -> int:
+        """All GPUs, ``gpus_per_node · nodes``."""
+        return self.gpus_per_node * self.nodes
+
+    def __str__(self) -> str:
+        return f"{self.nodes} x {self.gpus_per_node} {self.hardware.name}"
+
+
+@dataclass(frozen=True)
+class Assumptions:
+    """Every assumption of the planner's memory and time model, with its default.
+
+    Pass any of them to :func:`parmem.planner.plan` or :func:`parmem.planner.evaluate` by name
+    (``plan(..., mfu=0.5)``).
+    """
+
+    mfu: float = 0.55
+    """Fraction of the GPU's dense BF16 peak (``Hardware.peak_flops_bf16``) that the training
+    kernels sustain while a GPU is busy (executed FLOPs, recomputation included, over busy time).
+    An assumption, not a measurement. End-to-end utilisation comes out lower, once bubbles and
+    exposed communication are added: Narayanan et al. 2021, Table 1, report 44–52% of peak end
+    to end for GPT models of 1.7B–1T parameters on A100s, so the busy fraction must be above
+    that."""
+
+    headroom: float = 0.10
+    """Fraction of GPU memory kept free for what :func:`~parmem.estimate.estimate` does not count:
+    allocator fragmentation (PyTorch's caching allocator), the CUDA context and kernels, NCCL's
+    own buffers, temporaries of fused kernels. A layout fits when its peak stage is at most
+    ``(1 − headroom) · memory``."""
+
+    tp_overlap: float = 0.0
+    """Fraction of TP/SP collective time hidden behind computation. 0: Megatron-LM's default,
+    where the all-reduces (all-gathers, reduce-scatters) wait for the GEMMs around them;
+    Transformer Engine's user-buffer overlap can hide part of them."""
+
+    dp_overlap: float = 1.0
+    """Fraction of the window during which data-parallel collectives are issued that hides them:
+    the gradient reduce-scatter (all-reduce) runs during the backward pass of the last
+    micro-batch (every micro-batch with ZeRO-2/3), ZeRO's parameter all-gather during the first
+    forward of the next step (every forward and backward with ZeRO-3). 1: Megatron-LM's
+    ``--overlap-grad-reduce --overlap-param-gather``; 0: nothing overlaps."""
+
+    dp_bucket_params: int = 40_000_000
+    """Parameters per gradient bucket. The last bucket's reduction starts after the last
+    gradient is computed, so it is never hidden. 40M is Megatron-LM's default bucket size."""
+
+    pp_overlap: float = 0.0
+    """Fraction of pipeline point-to-point transfer time hidden behind computation (0: the
+    sends and receives of each micro-batch sit between its forward and backward passes)."""
+
+    cp_overlap: float = 1.0
+    """Fraction of the attention computation that the context-parallel K/V ring can hide behind
+    (ring attention overlaps each block's transfer with the previous block's attention; Liu et
+    al. 2023). Exposed CP time is ``max(0, cp_time − cp_overlap · attention_time)``."""
+
+    ep_overlap: float = 0.0
+    """Fraction of expert-parallel all-to-all time hidden behind computation (0: dispatch and
+    combine wait for the router and the experts)."""
+
+    def __post_init__(self) -> None:
+        number("mfu", self.mfu, 0.0, 1.0, lo_open=True)
+        number("headroom", self.headroom, 0.0, 1.0, hi_open=True)
+        for f in ("tp_overlap", "dp_overlap", "pp_overlap", "cp_overlap", "ep_overlap"):
+            number(f, getattr(self, f), 0.0, 1.0)
+        integer("dp_bucket_params", self.dp_bucket_params)
+
+    @classmethod
+    def from_kwargs(cls, kwargs: dict) -> Assumptions:
+        """The assumptions named in ``kwargs`` (the rest at their defaults); an unknown name is a
+        ``ValueError`` that lists the known ones."""
+        known = {f.name for f in fields(cls)}
+        for k in kwargs:
+            if k not in known:
+                raise ValueError(f"unknown option {k!r}; planner assumptions are: "
+                                 f"{', '.join(sorted(known))}")
+        return cls(**kwargs)
+
+    def usable_bytes(self, hardware: Hardware) -> int:
+        """GPU memory a layout may use: ``(1 − headroom)`` of ``hardware.memory_bytes``."""
+        return int(hardware.memory_bytes * (1 - self.headroom))
+
+
+# ---------------------------------------------------------------------------- results
+@dataclass(frozen=True)
+class StepTime:
+    """Seconds of one step on the slowest stage: compute, recompute, exposed communication by
+    kind, the pipeline bubble. ``total`` is their sum."""
+
+    compute: float
+    recompute: float
+    tp: float
+    cp: float
+    ep: float
+    pp: float
+    dp: float
+    bubble: float
+
+    FIELDS = ("compute", "recompute", "tp", "cp", "ep", "pp", "dp", "bubble")
+
+    @property
+    def total(self) -> float:
+        """Seconds per step: the sum of the parts."""
+        return sum(getattr(self, f) for f in self.FIELDS)
+
+    @property
+    def comm(self) -> float:
+        """Exposed communication: TP (with SP), CP, EP, PP and DP."""
+        return self.tp + self.cp + self.ep + self.pp + self.dp
+
+    def as_dict(self) -> dict[str, float]:
+        """The parts and ``total`` by name."""
+        return {**{f: getattr(self, f) for f in self.FIELDS}, "total": self.total}
+
+
+# ---------------------------------------------------------------------------- the model
+class StageComm:
+    """Communication seconds of one stage: per micro-batch ``α_c + b·β_c`` for c in tp, cp, ep,
+    pp; data parallel ``F + m·P`` per step; ``grad_once``: one full gradient reduction."""
+
+    __slots__ = ("alpha", "beta", "dp_fixed", "dp_per_mb", "grad_once")
+
+    def __init__(self, alpha, beta, dp_fixed, dp_per_mb, grad_once):
+        self.alpha, self.beta = alpha, beta
+        self.dp_fixed, self.dp_per_mb, self.grad_once = dp_fixed, dp_per_mb, grad_once
+
+    def act(self, cat: str, b: int) -> float:
+        """Seconds of category ``cat`` for one micro-batch of ``b`` sequences."""
+        return self.alpha[cat] + b * self.beta[cat]
+
+    def dp(self, m: int) -> float:
+        """Data-parallel seconds of a step of ``m`` micro-batches."""
+        return self.dp_fixed + m * self.dp_per_mb
+
+
+def stage_keys(lps: tuple, p: int) -> list[tuple]:
+    """The distinct stages of a split ``lps`` over ``p`` stages: ``((n_layers, first, last),
+    index of its first stage)`` in stage order (stages with equal keys cost the same)."""
+    seen: dict = {}
+    for i, n in enumerate(lps):
+        seen.setdefault((n, i == 0, i == p - 1), i)
+    return [(k, i) for k, i in seen.items()]
+
+
+class CostModel:
+    """Everything fixed for one (spec, cluster, batch, seq, assumptions, setup options), with
+    caches of estimates and communication coefficients."""
+
+    def __init__(self, spec: ModelSpec, cluster: Cluster, global_batch: int, seq_len: int,
+                 a: Assumptions, setup_kw: dict):
+        self.spec, self.cluster, self.G, self.s, self.a = spec, cluster, global_batch, seq_len, a
+        self.setup_kw = setup_kw
+        hw = cluster.hardware
+        self.hw = hw
+        self.rate = hw.peak_flops_bf16 * a.mfu
+        self.usable = a.usable_bytes(hw)
+        self.f_layer, self.f_core, self.f_head = flops_per_sequence(spec, seq_len)
+        prec = PRECISIONS[setup_kw["precision"]]
+        self.act_bytes, self.grad_bytes, self.param_bytes = prec["act"], prec["grad"], prec["param"]
+        self._est: dict = {}
+        self._act: dict = {}
+        self._dp: dict = {}
+        self._params: dict = {}
+        self.estimates = 0
+
+    # ------------------------------------------------------------------ pieces
+    def setup(self, b: int, m: int, recompute: str, v: int) -> TrainingSetup:
+        """The :class:`~parmem.config.TrainingSetup` of micro-batch ``b``, ``m`` micro-batches,
+        ``recompute`` and ``v`` virtual stages (interleaved 1F1B when ``v > 1``)."""
+        return TrainingSetup(seq_len=self.s, micro_batch=b, num_microbatches=m, recompute=recompute,
+                             schedule="interleaved" if v > 1 else "1f1b", **self.setup_kw)
+
+    def estimate(self, par: ParallelConfig, setup: TrainingSetup, lps: tuple) -> Estimate:
+        """:func:`~parmem.estimate.estimate` of one layout, cached; counts the calls made."""
+        key = (par, setup, lps)
+        est = self._est.get(key)
+        if est is None:
+            est = estimate(self.spec, par, setup, layers_per_stage=list(lps))
+            self._est[key] = est
+            self.estimates += 1
+        return est
+
+    def params(self, t: int, e: int, n_layers: int, first: bool, last: bool) -> tuple[int, int]:
+        """(dense, expert) parameters of one stage's GPU: :func:`parmem.sharding.stage_params`,
+        cached."""
+        key = (t, e, n_layers, first, last)
+        out = self._params.get(key)
+        if out is None:
+            out = self._params[key] = stage_params(self.spec, t, e, n_layers, first, last)
+        return out
+
+    def intra(self, par: ParallelConfig) -> dict[str, bool]:
+        """Which groups of ``par`` fit in a node: :func:`parmem.comm.placement`."""
+        return placement(par, self.cluster.gpus_per_node)
+
+    def _times(self, ops, intra: dict[str, bool]) -> dict[str, float]:
+        out = category_times(ops, self.hw, intra)
+        out["tp"] += out.pop("sp")
+        return out
+
+    @staticmethod
+    def _grad_once(ops, intra_dp: bool, hw: Hardware) -> float:
+        link = hw.intra_node if intra_dp else hw.inter_node  # placement()["dp_intra"]
+        total = 0.0
+        for o in ops:
+            if o.category == "dp" and "gradient" in o.what:
+                total += o.time(link) / o.count
+        return total
+
+    def _shape(self, par: ParallelConfig, recompute: str, n_layers: int, stage: int,
+               first: bool, last: bool, b: int = 1, m: int = 1) -> StageShape:
+        spec = self.spec
+        dense, expert = self.params(par.tp, par.ep, n_layers, first, last)
+        return StageShape(params=dense, seq_len=self.s, micro_batch=b, hidden=spec.hidden,
+                          layers=n_layers, num_microbatches=m, dp=par.dp, zero=par.zero,
+                          grad_bytes=self.grad_bytes, param_bytes=self.param_bytes, tp=par.tp,
+                          sp=par.sp, pp=par.pp, v=par.vpp, stage=stage, cp=par.cp,
+                          kv_hidden=spec.kv_dim, ep=par.ep,
+                          moe_layers=n_layers if spec.is_moe else 0, expert_params=expert,
+                          top_k=max(spec.top_k, 1),
+                          capacity_factor=(self.setup_kw["capacity_factor"] if spec.is_moe
+                                           and self.setup_kw["capacity_factor"] != 1.0 else None),
+                          act_bytes=self.act_bytes, recompute=recompute)
+
+    def stage_comm_linear(self, par: ParallelConfig, recompute: str, n_layers: int, stage: int,
+                          first: bool, last: bool) -> StageComm:
+        """Coefficients from step_comm at (b, m) = (1, 1), (2, 1) for the per-micro-batch part
+        and m = 1, 2 for the data-parallel part, each cached on what it depends on."""
+        intra = self.intra(par)
+        rc = "full" if recompute == "full" else "none"  # selective adds no collective
+        akey = (par.tp, par.cp, par.pp, par.ep, par.sp, rc, par.vpp, n_layers, stage, first,
+                last, intra["cp_intra"], intra["ep_intra"], intra["pp_intra"])
+        act = self._act.get(akey)
+        if act is None:
+            x = replace(self._shape(par, rc, n_layers, stage, first, last), dp=par.ep, zero=0,
+                        params=0, expert_params=0)
+            t1 = self._times(collectives(x).ops, intra)
+            t2 = self._times(collectives(replace(x, micro_batch=2)).ops, intra)
+            beta = {c: t2[c] - t1[c] for c in _ACT}
+            act = self._act[akey] = ({c: t1[c] - beta[c] for c in _ACT}, beta)
+        dense, expert = self.params(par.tp, par.ep, n_layers, first, last)
+        dkey = (par.cp, par.dp, par.ep, par.zero, dense, expert, intra["dp_intra"])
+        dpc = self._dp.get(dkey)
+        if dpc is None:
+            x = StageShape(params=dense, seq_len=self.s, micro_batch=1, hidden=self.spec.hidden,
+                           layers=0, dp=par.dp, zero=par.zero, cp=par.cp, ep=par.ep,
+                           expert_params=expert, grad_bytes=self.grad_bytes,
+                           param_bytes=self.param_bytes)
+            ops1 = collectives(x).ops
+            d1 = self._times(ops1, intra)["dp"]
+            if par.zero >= 2:
+                d2 = self._times(collectives(replace(x, num_microbatches=2)).ops, intra)["dp"]
+            else:
+                d2 = d1
+            dpc = self._dp[dkey] = (2 * d1 - d2, d2 - d1,
+                                    self._grad_once(ops1, intra["dp_intra"], self.hw))
+        return StageComm(act[0], act[1], *dpc)
+
+    def stage_comm_exact(self, par: ParallelConfig, recompute: str, b: int, m: int,
+                         n_layers: int, stage: int, first: bool, last: bool) -> StageComm:
+        """One stage's communication from the exact collectives of its own ``b`` and ``m``
+        (per-micro-batch parts averaged over the ``m`` micro-batches)."""
+        intra = self.intra(par)
+        ops = collectives(self._shape(par, recompute, n_layers, stage, first, last, b, m)).ops
+        tot = self._times(ops, intra)
+        return StageComm({c: tot[c] / m for c in _ACT}, dict.fromkeys(_ACT, 0.0), tot["dp"], 0.0,
+                         self._grad_once(ops, intra["dp_intra"], self.hw))
+
+    # ------------------------------------------------------------------ the step
+    def linear_timer(self, par: ParallelConfig, recompute: str, lps: tuple) -> StepTimer:
+        """A :class:`StepTimer` of ``par`` and ``recompute`` whose communication is linear in
+        ``b`` and ``m`` (:meth:`stage_comm_linear`): the search's timer."""
+        comm = {k: self.stage_comm_linear(par, recompute, k[0], i, k[1], k[2])
+                for k, i in stage_keys(lps, par.pp)}
+        return StepTimer(self, par, recompute, lps, comm)
+
+    def exact_time(self, par: ParallelConfig, setup: TrainingSetup,
+                   lps: tuple) -> tuple[StepTime, int]:
+        """The step time of one layout with the exact communication of its own ``b`` and ``m``
+        (:meth:`stage_comm_exact`), and its critical stage."""
+        b, m, rc = setup.micro_batch, setup.num_microbatches, setup.recompute
+        comm = {k: self.stage_comm_exact(par, rc, b, m, k[0], i, k[1], k[2])
+                for k, i in stage_keys(lps, par.pp)}
+        return StepTimer(self, par, rc, lps, comm).breakdown(b, m)
+
+
+class StepTimer:
+    """Modelled step time of one layout and recompute mode as a function of (b, m).
+
+    Per distinct stage it keeps, for b = 1, the forward, recompute and attention seconds and the
+    communication coefficients, so that trying a micro-batch size is a few multiplications.
+    ``comm`` maps each distinct stage key (n_layers, first, last) to its :class:`StageComm`."""
+
+    __slots__ = ("a", "p", "v", "zero", "groups")
+
+    def __init__(self, model: CostModel, par: ParallelConfig, recompute: str, lps: tuple,
+                 comm: dict):
+        self.a = a = model.a
+        self.p, self.v = par.pp, par.vpp
+        self.zero = par.zero
+        split_rate = par.tp * par.cp * model.rate
+        rc_flops = {"none": 0, "selective": model.f_core, "full": model.f_layer}[recompute]
+        seen: dict = {}
+        for i, n in enumerate(lps):
+            key = (n, i == 0, i == par.pp - 1)
+            if key in seen:
+                seen[key][1] += 1
+                continue
+            sc = comm[key]
+            fwd = (n * model.f_layer + (model.f_head if key[2] else 0)) / split_rate
+            dense, expert = model.params(par.tp, par.ep, n, key[1], key[2])
+            frac = min(1.0, a.dp_bucket_params / max(dense + expert, 1))
+            seen[key] = [i, 1, fwd, n * rc_flops / split_rate, 3 * n * model.f_core / split_rate,
+                         sc, frac]
+        self.groups = list(seen.values())
+
+    def _stage(self, g, b: int, m: int):
+        a = self.a
+        _, _, fwd1, rec1, attn1, sc, frac = g
+        fwd, rec = b * fwd1, b * rec1
+        tp = sc.act("tp", b) * (1 - a.tp_overlap)
+        cpx = max(0.0, sc.act("cp", b) - a.cp_overlap * b * attn1)
+        ep = sc.act("ep", b) * (1 - a.ep_overlap)
+        pp = sc.act("pp", b) * (1 - a.pp_overlap)
+        # data parallel: issued during backward (and forward) passes, never hides the last bucket
+        # window: ZeRO-0 the last backward; ZeRO-1 + the next first forward; ZeRO-2 every
+        # backward + one forward; ZeRO-3 every backward and forward
+        n_bwd, n_fwd = {0: (1, 0), 1: (1, 1), 2: (m, 1), 3: (m, m)}[self.zero]
+        window = a.dp_overlap * (n_bwd * (2 * fwd + rec) + n_fwd * fwd)
+        dp_total = sc.dp(m)
+        dp = max(dp_total - window, min(dp_total, frac * sc.grad_once))
+        return (3 * fwd + rec + tp + cpx + ep + pp, (3 * fwd, rec, tp, cpx, ep, pp), dp)
+
+    def total(self, b: int, m: int) -> float:
+        """Seconds per step (see :meth:`breakdown`)."""
+        t_max, t_sum, dp = 0.0, 0.0, 0.0
+        for g in self.groups:
+            t_i, _, dp_i = self._stage(g, b, m)
+            t_max = max(t_max, t_i)
+            t_sum += g[1] * t_i
+            dp = max(dp, dp_i)
+        if self.p == 1:
+            return m * t_max + dp
+        return m * t_max + bubble_ratio(self.p, m, self.v) * m * (t_sum - t_max) / (self.p - 1) + dp
+
+    def breakdown(self, b: int, m: int) -> tuple[StepTime, int]:
+        """The step time split by cause, and the critical (slowest) stage."""
+        best, t_sum, dp = None, 0.0, 0.0
+        for g in self.groups:
+            t_i, parts, dp_i = self._stage(g, b, m)
+            if best is None or t_i > best[0]:
+                best = (t_i, parts, g[0])
+            t_sum += g[1] * t_i
+            dp = max(dp, dp_i)
+        t_max, parts, crit = best
+        bubble = 0.0
+        if self.p > 1:  # (Σ t_i − t_max)/v: (p−1)/(v·m) of the ideal m·t for equal stages
+            bubble = bubble_ratio(self.p, m, self.v) * m * (t_sum - t_max) / (self.p - 1)
+        st = StepTime(compute=m * parts[0], recompute=m * parts[1], tp=m * parts[2],
+                      cp=m * parts[3], ep=m * parts[4], pp=m * parts[5], dp=dp, bubble=bubble)
+        return st, crit
