@@ -51,10 +51,12 @@ Liu et al. 2023 (ring attention).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field, fields, replace
+from typing import TypedDict
 
 from .._check import integer, number
-from ..comm import StageShape, category_times, collectives, placement
+from ..comm import CommOp, StageShape, category_times, collectives, placement
 from ..config import PRECISIONS, ParallelConfig, TrainingSetup
 from ..estimate import Estimate, estimate
 from ..flops import flops_per_sequence
@@ -63,10 +65,13 @@ from ..model import ModelSpec
 from ..pipeline import bubble_ratio
 from ..sharding import stage_params
 
-__all__ = ["Assumptions", "Cluster", "CostModel", "StageComm", "StepTime", "StepTimer",
-           "stage_keys"]
+__all__ = ["AssumptionOptions", "Assumptions", "Cluster", "CostModel", "SetupOptions",
+           "StageComm", "StageKey", "StepTime", "StepTimer", "stage_keys"]
 
 _ACT = ("tp", "cp", "ep", "pp")
+
+#: A distinct pipeline stage: ``(n_layers, first, last)``; stages with equal keys cost the same.
+StageKey = tuple[int, bool, bool]
 
 
 # ---------------------------------------------------------------------------- inputs
@@ -168,7 +173,7 @@ class Assumptions:
         integer("dp_bucket_params", self.dp_bucket_params)
 
     @classmethod
-    def from_kwargs(cls, kwargs: dict) -> Assumptions:
+    def from_kwargs(cls, kwargs: AssumptionOptions) -> Assumptions:
         """The assumptions named in ``kwargs`` (the rest at their defaults); an unknown name is a
         ``ValueError`` that lists the known ones."""
         known = {f.name for f in fields(cls)}
@@ -181,6 +186,33 @@ class Assumptions:
     def usable_bytes(self, hardware: Hardware) -> int:
         """GPU memory a layout may use: ``(1 − headroom)`` of ``hardware.memory_bytes``."""
         return int(hardware.memory_bytes * (1 - self.headroom))
+
+
+class AssumptionOptions(TypedDict, total=False):
+    """The ``**assumptions`` keywords of :func:`parmem.planner.plan` and
+    :func:`parmem.planner.evaluate`: any fields of :class:`Assumptions` (its docstrings say what
+    each means; keep the two lists equal)."""
+
+    mfu: float
+    headroom: float
+    tp_overlap: float
+    dp_overlap: float
+    dp_bucket_params: int
+    pp_overlap: float
+    cp_overlap: float
+    ep_overlap: float
+
+
+class SetupOptions(TypedDict):
+    """The :class:`~parmem.config.TrainingSetup` fields that every layout of one request shares
+    (the planner chooses ``micro_batch``, ``num_microbatches``, ``recompute`` and ``schedule``)."""
+
+    precision: str
+    optimizer: str
+    flash_attention: bool
+    dropout: bool
+    capacity_factor: float
+    cuda_context: int
 
 
 # ---------------------------------------------------------------------------- results
@@ -203,7 +235,8 @@ class StepTime:
     @property
     def total(self) -> float:
         """Seconds per step: the sum of the parts."""
-        return sum(getattr(self, f) for f in self.FIELDS)
+        parts: list[float] = [getattr(self, f) for f in self.FIELDS]
+        return sum(parts)
 
     @property
     def comm(self) -> float:
@@ -222,7 +255,8 @@ class StageComm:
 
     __slots__ = ("alpha", "beta", "dp_fixed", "dp_per_mb", "grad_once")
 
-    def __init__(self, alpha, beta, dp_fixed, dp_per_mb, grad_once):
+    def __init__(self, alpha: dict[str, float], beta: dict[str, float], dp_fixed: float,
+                 dp_per_mb: float, grad_once: float) -> None:
         self.alpha, self.beta = alpha, beta
         self.dp_fixed, self.dp_per_mb, self.grad_once = dp_fixed, dp_per_mb, grad_once
 
@@ -235,13 +269,21 @@ class StageComm:
         return self.dp_fixed + m * self.dp_per_mb
 
 
-def stage_keys(lps: tuple, p: int) -> list[tuple]:
+def stage_keys(lps: tuple[int, ...], p: int) -> list[tuple[StageKey, int]]:
     """The distinct stages of a split ``lps`` over ``p`` stages: ``((n_layers, first, last),
     index of its first stage)`` in stage order (stages with equal keys cost the same)."""
-    seen: dict = {}
+    seen: dict[StageKey, int] = {}
     for i, n in enumerate(lps):
         seen.setdefault((n, i == 0, i == p - 1), i)
     return [(k, i) for k, i in seen.items()]
+
+
+# cache keys of CostModel: what each cached value depends on
+_EstKey = tuple[ParallelConfig, TrainingSetup, tuple[int, ...]]
+_ParamsKey = tuple[int, int, int, bool, bool]  # t, e, n_layers, first, last
+# tp, cp, pp, ep, sp, recompute, vpp, n_layers, stage, first, last, cp/ep/pp_intra
+_ActKey = tuple[int, int, int, int, bool, str, int, int, int, bool, bool, bool, bool, bool]
+_DpKey = tuple[int, int, int, int, int, int, bool]  # cp, dp, ep, zero, dense, expert, dp_intra
 
 
 class CostModel:
@@ -249,7 +291,7 @@ class CostModel:
     caches of estimates and communication coefficients."""
 
     def __init__(self, spec: ModelSpec, cluster: Cluster, global_batch: int, seq_len: int,
-                 a: Assumptions, setup_kw: dict):
+                 a: Assumptions, setup_kw: SetupOptions) -> None:
         self.spec, self.cluster, self.G, self.s, self.a = spec, cluster, global_batch, seq_len, a
         self.setup_kw = setup_kw
         hw = cluster.hardware
@@ -259,10 +301,10 @@ class CostModel:
         self.f_layer, self.f_core, self.f_head = flops_per_sequence(spec, seq_len)
         prec = PRECISIONS[setup_kw["precision"]]
         self.act_bytes, self.grad_bytes, self.param_bytes = prec["act"], prec["grad"], prec["param"]
-        self._est: dict = {}
-        self._act: dict = {}
-        self._dp: dict = {}
-        self._params: dict = {}
+        self._est: dict[_EstKey, Estimate] = {}
+        self._act: dict[_ActKey, tuple[dict[str, float], dict[str, float]]] = {}
+        self._dp: dict[_DpKey, tuple[float, float, float]] = {}
+        self._params: dict[_ParamsKey, tuple[int, int]] = {}
         self.estimates = 0
 
     # ------------------------------------------------------------------ pieces
@@ -272,7 +314,8 @@ class CostModel:
         return TrainingSetup(seq_len=self.s, micro_batch=b, num_microbatches=m, recompute=recompute,
                              schedule="interleaved" if v > 1 else "1f1b", **self.setup_kw)
 
-    def estimate(self, par: ParallelConfig, setup: TrainingSetup, lps: tuple) -> Estimate:
+    def estimate(self, par: ParallelConfig, setup: TrainingSetup,
+                 lps: tuple[int, ...]) -> Estimate:
         """:func:`~parmem.estimate.estimate` of one layout, cached; counts the calls made."""
         key = (par, setup, lps)
         est = self._est.get(key)
@@ -295,13 +338,13 @@ class CostModel:
         """Which groups of ``par`` fit in a node: :func:`parmem.comm.placement`."""
         return placement(par, self.cluster.gpus_per_node)
 
-    def _times(self, ops, intra: dict[str, bool]) -> dict[str, float]:
+    def _times(self, ops: Iterable[CommOp], intra: dict[str, bool]) -> dict[str, float]:
         out = category_times(ops, self.hw, intra)
         out["tp"] += out.pop("sp")
         return out
 
     @staticmethod
-    def _grad_once(ops, intra_dp: bool, hw: Hardware) -> float:
+    def _grad_once(ops: Iterable[CommOp], intra_dp: bool, hw: Hardware) -> float:
         link = hw.intra_node if intra_dp else hw.inter_node  # placement()["dp_intra"]
         total = 0.0
         for o in ops:
@@ -369,7 +412,8 @@ class CostModel:
                          self._grad_once(ops, intra["dp_intra"], self.hw))
 
     # ------------------------------------------------------------------ the step
-    def linear_timer(self, par: ParallelConfig, recompute: str, lps: tuple) -> StepTimer:
+    def linear_timer(self, par: ParallelConfig, recompute: str,
+                     lps: tuple[int, ...]) -> StepTimer:
         """A :class:`StepTimer` of ``par`` and ``recompute`` whose communication is linear in
         ``b`` and ``m`` (:meth:`stage_comm_linear`): the search's timer."""
         comm = {k: self.stage_comm_linear(par, recompute, k[0], i, k[1], k[2])
@@ -377,13 +421,30 @@ class CostModel:
         return StepTimer(self, par, recompute, lps, comm)
 
     def exact_time(self, par: ParallelConfig, setup: TrainingSetup,
-                   lps: tuple) -> tuple[StepTime, int]:
+                   lps: tuple[int, ...]) -> tuple[StepTime, int]:
         """The step time of one layout with the exact communication of its own ``b`` and ``m``
         (:meth:`stage_comm_exact`), and its critical stage."""
         b, m, rc = setup.micro_batch, setup.num_microbatches, setup.recompute
         comm = {k: self.stage_comm_exact(par, rc, b, m, k[0], i, k[1], k[2])
                 for k, i in stage_keys(lps, par.pp)}
         return StepTimer(self, par, rc, lps, comm).breakdown(b, m)
+
+
+# compute, recompute, exposed tp, cp, ep, pp seconds of one micro-batch on one stage
+_Parts = tuple[float, float, float, float, float, float]
+
+
+@dataclass(slots=True)
+class _StageGroup:
+    """The pipeline stages that share one :data:`StageKey` (they cost the same), for b = 1."""
+
+    first: int  # index of the first of them (the critical stage reported)
+    count: int  # how many stages
+    fwd: float  # forward seconds of one micro-batch
+    rec: float  # recompute seconds of one micro-batch
+    attn: float  # attention-core seconds, forward and backward, of one micro-batch
+    comm: StageComm
+    frac: float  # share of the stage's parameters in the last gradient bucket
 
 
 class StepTimer:
@@ -395,33 +456,32 @@ class StepTimer:
 
     __slots__ = ("a", "p", "v", "zero", "groups")
 
-    def __init__(self, model: CostModel, par: ParallelConfig, recompute: str, lps: tuple,
-                 comm: dict):
+    def __init__(self, model: CostModel, par: ParallelConfig, recompute: str,
+                 lps: tuple[int, ...], comm: dict[StageKey, StageComm]) -> None:
         self.a = a = model.a
         self.p, self.v = par.pp, par.vpp
         self.zero = par.zero
         split_rate = par.tp * par.cp * model.rate
         rc_flops = {"none": 0, "selective": model.f_core, "full": model.f_layer}[recompute]
-        seen: dict = {}
+        seen: dict[StageKey, _StageGroup] = {}
         for i, n in enumerate(lps):
             key = (n, i == 0, i == par.pp - 1)
             if key in seen:
-                seen[key][1] += 1
+                seen[key].count += 1
                 continue
             sc = comm[key]
             fwd = (n * model.f_layer + (model.f_head if key[2] else 0)) / split_rate
             dense, expert = model.params(par.tp, par.ep, n, key[1], key[2])
             frac = min(1.0, a.dp_bucket_params / max(dense + expert, 1))
-            seen[key] = [i, 1, fwd, n * rc_flops / split_rate, 3 * n * model.f_core / split_rate,
-                         sc, frac]
+            seen[key] = _StageGroup(i, 1, fwd, n * rc_flops / split_rate,
+                                    3 * n * model.f_core / split_rate, sc, frac)
         self.groups = list(seen.values())
 
-    def _stage(self, g, b: int, m: int):
-        a = self.a
-        _, _, fwd1, rec1, attn1, sc, frac = g
-        fwd, rec = b * fwd1, b * rec1
+    def _stage(self, g: _StageGroup, b: int, m: int) -> tuple[float, _Parts, float]:
+        a, sc = self.a, g.comm
+        fwd, rec = b * g.fwd, b * g.rec
         tp = sc.act("tp", b) * (1 - a.tp_overlap)
-        cpx = max(0.0, sc.act("cp", b) - a.cp_overlap * b * attn1)
+        cpx = max(0.0, sc.act("cp", b) - a.cp_overlap * b * g.attn)
         ep = sc.act("ep", b) * (1 - a.ep_overlap)
         pp = sc.act("pp", b) * (1 - a.pp_overlap)
         # data parallel: issued during backward (and forward) passes, never hides the last bucket
@@ -430,7 +490,7 @@ class StepTimer:
         n_bwd, n_fwd = {0: (1, 0), 1: (1, 1), 2: (m, 1), 3: (m, m)}[self.zero]
         window = a.dp_overlap * (n_bwd * (2 * fwd + rec) + n_fwd * fwd)
         dp_total = sc.dp(m)
-        dp = max(dp_total - window, min(dp_total, frac * sc.grad_once))
+        dp = max(dp_total - window, min(dp_total, g.frac * sc.grad_once))
         return (3 * fwd + rec + tp + cpx + ep + pp, (3 * fwd, rec, tp, cpx, ep, pp), dp)
 
     def total(self, b: int, m: int) -> float:
@@ -439,7 +499,7 @@ class StepTimer:
         for g in self.groups:
             t_i, _, dp_i = self._stage(g, b, m)
             t_max = max(t_max, t_i)
-            t_sum += g[1] * t_i
+            t_sum += g.count * t_i
             dp = max(dp, dp_i)
         if self.p == 1:
             return m * t_max + dp
@@ -447,13 +507,16 @@ class StepTimer:
 
     def breakdown(self, b: int, m: int) -> tuple[StepTime, int]:
         """The step time split by cause, and the critical (slowest) stage."""
-        best, t_sum, dp = None, 0.0, 0.0
+        best: tuple[float, _Parts, int] | None = None
+        t_sum, dp = 0.0, 0.0
         for g in self.groups:
             t_i, parts, dp_i = self._stage(g, b, m)
             if best is None or t_i > best[0]:
-                best = (t_i, parts, g[0])
-            t_sum += g[1] * t_i
+                best = (t_i, parts, g.first)
+            t_sum += g.count * t_i
             dp = max(dp, dp_i)
+        if best is None:
+            raise ValueError("layers_per_stage=() must list at least one stage")
         t_max, parts, crit = best
         bubble = 0.0
         if self.p > 1:  # (Σ t_i − t_max)/v: (p−1)/(v·m) of the ideal m·t for equal stages

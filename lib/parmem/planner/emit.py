@@ -76,9 +76,9 @@ def deepspeed(plan: Plan, c: Candidate) -> str:
     """A DeepSpeed config JSON for candidate ``c`` of ``plan`` (the tensor and pipeline sizes are
     launcher arguments)."""
     st, par = c.setup, c.parallel
-    cfg: dict = {"train_batch_size": plan.global_batch,
-                 "train_micro_batch_size_per_gpu": st.micro_batch,
-                 "gradient_accumulation_steps": st.num_microbatches}
+    cfg: dict[str, int | dict[str, bool | int]] = {
+        "train_batch_size": plan.global_batch, "train_micro_batch_size_per_gpu": st.micro_batch,
+        "gradient_accumulation_steps": st.num_microbatches}
     if st.precision == "bf16-mixed":
         cfg["bf16"] = {"enabled": True}
     elif st.precision == "fp16-mixed":

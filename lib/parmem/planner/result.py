@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 from dataclasses import asdict, dataclass
+from typing import Any, TypedDict
 
 from ..config import ParallelConfig, TrainingSetup
 from ..estimate import Estimate
@@ -13,7 +14,68 @@ from ..units import GIB
 from .cost import Assumptions, Cluster, StepTime
 from .emit import EMITTERS, ENGINES
 
-__all__ = ["Candidate", "Plan"]
+__all__ = ["Candidate", "CandidateDict", "ClusterDict", "Plan", "PlanDict", "PlanStats"]
+
+
+class CandidateDict(TypedDict):
+    """:meth:`Candidate.to_dict`: one layout as JSON-ready values (``parallel`` and
+    ``peak_breakdown`` as :func:`dataclasses.asdict` and
+    :meth:`~parmem.estimate.MemoryBreakdown.to_dict` give them)."""
+
+    label: str
+    parallel: dict[str, Any]
+    micro_batch: int
+    num_microbatches: int
+    recompute: str
+    schedule: str
+    layers_per_stage: list[int]
+    step_time_s: float
+    time_s: dict[str, float]
+    critical_stage: int
+    tokens_per_s: float
+    model_flops_per_gpu: float
+    hardware_flops_per_gpu: float
+    mfu: float
+    peak_bytes: int
+    peak_stage: int
+    peak_breakdown: dict[str, Any]
+
+
+class PlanStats(TypedDict):
+    """:attr:`Plan.stats`: families searched, feasible non-dominated layouts, estimate() calls,
+    wall seconds of the search."""
+
+    families: int
+    feasible: int
+    estimates: int
+    seconds: float
+
+
+class ClusterDict(TypedDict):
+    """The ``cluster`` entry of :meth:`Plan.to_dict`."""
+
+    gpu: str
+    gpus_per_node: int
+    nodes: int
+    world_size: int
+    memory_bytes: int
+    usable_bytes: int
+
+
+class PlanDict(TypedDict):
+    """:meth:`Plan.to_dict`: the request, the answer and the search statistics as JSON-ready
+    values (``assumptions`` as :func:`dataclasses.asdict` gives them)."""
+
+    model: str
+    cluster: ClusterDict
+    global_batch: int
+    seq_len: int
+    assumptions: dict[str, Any]
+    candidates: list[CandidateDict]
+    pareto: list[CandidateDict]
+    rejected: dict[str, str]
+    message: str | None
+    stats: PlanStats
 
 
 @dataclass(frozen=True, repr=False)
@@ -74,7 +136,7 @@ class Candidate:
         parts += [f"{st.recompute} recompute", f"b={st.micro_batch}"]
         return ", ".join(parts)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> CandidateDict:
         """The layout, its times, speed and memory as plain JSON-ready values."""
         st = self.setup
         return {"label": self.label(), "parallel": asdict(self.parallel),
@@ -111,7 +173,7 @@ class Plan:
     pareto: list[Candidate]
     points: list[tuple[int, float]]
     message: str | None
-    stats: dict
+    stats: PlanStats
 
     @property
     def best(self) -> Candidate | None:
@@ -120,9 +182,10 @@ class Plan:
 
     def __repr__(self) -> str:
         head = f"<Plan {self.spec.name} on {self.cluster}: "
-        if not self.candidates:
+        best = self.best
+        if best is None:
             return head + f"{self.message}>"
-        return head + f"{len(self.candidates)} candidates, best {self.best.label()}>"
+        return head + f"{len(self.candidates)} candidates, best {best.label()}>"
 
     @property
     def usable_bytes(self) -> int:
@@ -170,10 +233,10 @@ class Plan:
 
     def __str__(self) -> str:
         lines = [self._title()]
-        if not self.candidates:
+        b = self.best
+        if b is None:
             lines.append(self.message or "no candidates")
         else:
-            b = self.best
             lines += ["TFLOP/s = model FLOP/s per GPU (no recompute counted); MFU of "
                       f"{b.peak_flops / 1e12:.0f} TFLOP/s peak; bubble and comm: share of "
                       "the step", self.table(), "", f"best: {b.label()}",
@@ -186,7 +249,8 @@ class Plan:
 
     def _repr_html_(self) -> str:
         title = f"<p><b>{html.escape(self._title())}</b></p>"
-        if not self.candidates:
+        best = self.best
+        if best is None:
             return f"<div>{title}<p>{html.escape(self.message or 'no candidates')}</p></div>"
         head = "".join(f"<th>{h}</th>" for h in self._HEAD)
         body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>"
@@ -197,12 +261,12 @@ class Plan:
         rej += f"<li>… and {more} more</li>" if more > 0 else ""
         return (f"<div>{title}<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody>"
                 f"</table><p>TFLOP/s: model FLOP/s per GPU. Best: "
-                f"<code>{html.escape(self.best.label())}</code></p>"
-                f"{self.best.estimate._repr_html_()}"
+                f"<code>{html.escape(best.label())}</code></p>"
+                f"{best.estimate._repr_html_()}"
                 f"<details><summary>rejected families ({len(self.rejected)})</summary>"
                 f"<ul>{rej}</ul></details></div>")
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> PlanDict:
         """The request, the assumptions, the candidates, the Pareto front, the rejected families
         and the search statistics as plain JSON-ready values."""
         hw = self.cluster.hardware

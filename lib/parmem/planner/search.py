@@ -27,10 +27,10 @@ rule that pipeline parallelism does not combine with ZeRO-2/3 (``deepspeed.runti
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
 from itertools import product
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar, Unpack
 
 from .._check import integer
 from ..config import OPTIMIZERS, PRECISIONS, RECOMPUTE, ParallelConfig, TrainingSetup, even_split
@@ -39,14 +39,14 @@ from ..flops import step_flops
 from ..hardware import hardware_preset, hardware_presets
 from ..model import ModelSpec
 from ..units import GIB
-from .cost import Assumptions, Cluster, CostModel
-from .result import Candidate, Plan
+from .cost import AssumptionOptions, Assumptions, Cluster, CostModel, SetupOptions, StepTimer
+from .result import Candidate, Plan, PlanStats
 
 __all__ = ["evaluate", "plan"]
 
 _RC_ORDER = ("full", "selective", "none")  # least memory first
-_SETUP_FIELDS = ("precision", "optimizer", "flash_attention", "dropout", "capacity_factor",
-                 "cuda_context")
+
+_T = TypeVar("_T", int, bool, str)
 
 
 def _divisors(n: int) -> list[int]:
@@ -57,41 +57,48 @@ def _divisors(n: int) -> list[int]:
 class _Space(NamedTuple):
     """The allowed values of each search axis (``None``: every valid one)."""
 
-    tp: tuple | None
-    pp: tuple | None
-    cp: tuple
-    ep: tuple | None
-    zero: tuple
-    sp: tuple
-    rc_order: list
-    micro_batch: tuple | None
-    vpp: tuple | None
+    tp: tuple[int, ...] | None
+    pp: tuple[int, ...] | None
+    cp: tuple[int, ...]
+    ep: tuple[int, ...] | None
+    zero: tuple[int, ...]
+    sp: tuple[bool, ...]
+    rc_order: tuple[str, ...]
+    micro_batch: tuple[int, ...] | None
+    vpp: tuple[int, ...] | None
     uneven_pp: bool
 
 
-def _options(name: str, value, allowed=None, kind=int) -> tuple | None:
-    if value is None:
-        return None
+def _values(name: str, value: object, kind: type[_T],
+            allowed: Collection[_T] | None = None) -> tuple[_T, ...]:
+    """``value`` (one ``kind`` or an iterable of them) validated, sorted, without repeats."""
     if isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
         value = (value,)
-    try:
-        vals = tuple(value)
-    except TypeError:
-        raise ValueError(f"{name}={value!r} must be a {kind.__name__} or a sequence of them") \
-            from None
+    if not isinstance(value, Iterable):
+        raise ValueError(f"{name}={value!r} must be a {kind.__name__} or a sequence of them")
+    vals = tuple(value)
     if not vals:
         raise ValueError(f"{name}=() must list at least one value")
+    out: list[_T] = []
     for x in vals:
         if kind is int:
             integer(name, x, 0 if name == "zero" else 1)
-        elif not isinstance(x, kind):
+        if not isinstance(x, kind):
             raise ValueError(f"{name}: {x!r} must be a {kind.__name__}")
         if allowed is not None and x not in allowed:
             raise ValueError(f"{name}: {x!r} must be one of {allowed}")
-    return tuple(sorted(set(vals)))
+        out.append(x)
+    return tuple(sorted(set(out)))
 
 
-def _check_inputs(spec, cluster, global_batch, seq_len, top, cuda_context) -> None:
+def _options(name: str, value: object, kind: type[_T],
+             allowed: Collection[_T] | None = None) -> tuple[_T, ...] | None:
+    """:func:`_values`, or ``None`` (every valid value) when ``value`` is ``None``."""
+    return None if value is None else _values(name, value, kind, allowed)
+
+
+def _check_inputs(spec: ModelSpec, cluster: Cluster, global_batch: int, seq_len: int, top: int,
+                  cuda_context: int) -> None:
     if not isinstance(spec, ModelSpec):
         raise ValueError(f"spec must be a ModelSpec, got {type(spec).__name__}")
     if not isinstance(cluster, Cluster):
@@ -112,19 +119,21 @@ def _check_setup(precision: str, optimizer: str) -> None:
         raise ValueError(f"optimizer={optimizer!r} must be one of {tuple(OPTIMIZERS)}")
 
 
-def _space(spec: ModelSpec, axes: dict) -> _Space:
+def _space(spec: ModelSpec, *, tp: object, pp: object, cp: object, ep: object, zero: object,
+           sp: object, recompute: object, micro_batch: object, vpp: object,
+           uneven_pp: bool) -> _Space:
     """The search space of the axes as given to :func:`plan` (validated)."""
-    space = _Space(tp=_options("tp", axes["tp"]), pp=_options("pp", axes["pp"]),
-                   cp=_options("cp", axes["cp"]), ep=_options("ep", axes["ep"]),
-                   zero=_options("zero", axes["zero"], (0, 1, 2, 3)),
-                   sp=_options("sp", axes["sp"], (False, True), bool),
-                   rc_order=_options("recompute", axes["recompute"], RECOMPUTE, str),
-                   micro_batch=_options("micro_batch", axes["micro_batch"]),
-                   vpp=_options("vpp", axes["vpp"]), uneven_pp=axes["uneven_pp"])
+    space = _Space(tp=_options("tp", tp, int), pp=_options("pp", pp, int),
+                   cp=_values("cp", cp, int), ep=_options("ep", ep, int),
+                   zero=_values("zero", zero, int, (0, 1, 2, 3)),
+                   sp=_values("sp", sp, bool, (False, True)),
+                   rc_order=_values("recompute", recompute, str, RECOMPUTE),
+                   micro_batch=_options("micro_batch", micro_batch, int),
+                   vpp=_options("vpp", vpp, int), uneven_pp=uneven_pp)
     if space.ep is not None and not spec.is_moe and space.ep != (1,):
-        raise ValueError(f"ep={axes['ep']!r}: expert parallelism needs a mixture-of-experts "
+        raise ValueError(f"ep={ep!r}: expert parallelism needs a mixture-of-experts "
                          f"model ({spec.name} is dense)")
-    return space._replace(rc_order=[r for r in _RC_ORDER if r in space.rc_order])
+    return space._replace(rc_order=tuple(r for r in _RC_ORDER if r in space.rc_order))
 
 
 # ---------------------------------------------------------------------------- 2. the families
@@ -137,12 +146,12 @@ class _Family:
     p: int
     d: int
     e: int
-    lps: tuple
-    zeros: list
-    sps: list
-    rcs: list
-    bs: list
-    vs: list
+    lps: tuple[int, ...]
+    zeros: list[int]
+    sps: list[bool]
+    rcs: tuple[str, ...]
+    bs: list[int]
+    vs: list[int]
     per_replica: int
 
     @property
@@ -225,7 +234,8 @@ class _Families:
                 continue
             yield from self._settings(t, c, p, zeros, fam_tp)
 
-    def _settings(self, t: int, c: int, p: int, zeros: list, fam_tp: str) -> Iterator[_Family]:
+    def _settings(self, t: int, c: int, p: int, zeros: list[int],
+                  fam_tp: str) -> Iterator[_Family]:
         d = self.N // (t * c * p)
         if d * c == 1:  # no data-parallel group: every ZeRO stage is the same layout
             zeros = [zeros[-1]]
@@ -268,7 +278,7 @@ class _Families:
             sps = [x for x in sps if not x]
         return sps
 
-    def _vs(self, p: int, lps: tuple) -> list[int]:
+    def _vs(self, p: int, lps: tuple[int, ...]) -> list[int]:
         vs = [1] + [v for v in range(2, min(lps) + 1)
                     if p > 1 and all(n % v == 0 for n in lps)]
         if self.space.vpp is not None:
@@ -293,7 +303,11 @@ class _Point(NamedTuple):
     par: ParallelConfig
     setup: TrainingSetup
     est: Estimate
-    lps: tuple
+    lps: tuple[int, ...]
+
+
+# a setting of one family: indices into its zeros, sps, rcs and the micro-batches searched
+_Cell = tuple[int, ...]
 
 
 def _fmt_setting(zero: int, sp: bool, rc: str, b: int, v: int = 1) -> str:
@@ -303,7 +317,8 @@ def _fmt_setting(zero: int, sp: bool, rc: str, b: int, v: int = 1) -> str:
     return ", ".join(parts)
 
 
-def _lower_bound(model: CostModel, fam: _Family, lower_bounds: list) -> str | None:
+def _lower_bound(model: CostModel, fam: _Family,
+                 lower_bounds: list[tuple[int, str]]) -> str | None:
     """Estimate the family's most frugal setting (interleaving only adds in-flight memory);
     record it in ``lower_bounds``; the rejection reason if even that does not fit."""
     z0, sp0, rc0, b0 = fam.zeros[0], fam.sps[0], fam.rcs[0], fam.bs[0]
@@ -320,7 +335,8 @@ def _lower_bound(model: CostModel, fam: _Family, lower_bounds: list) -> str | No
             f"stage {pk.stage}, even with {_fmt_setting(z0, sp0, rc0, b0)}")
 
 
-def _search_family(model: CostModel, fam: _Family, out: list, lower_bounds: list) -> str | None:
+def _search_family(model: CostModel, fam: _Family, out: list[_Point],
+                   lower_bounds: list[tuple[int, str]]) -> str | None:
     """Visit one family's settings from frugal to generous (see the module docstring); append a
     :class:`_Point` for every feasible non-dominated setting to ``out``. Returns the rejection
     reason when nothing in the family fits, else ``None``."""
@@ -334,21 +350,22 @@ def _search_family(model: CostModel, fam: _Family, out: list, lower_bounds: list
     return None if found else "does not fit with any allowed setting"
 
 
-def _search_interleave(model: CostModel, fam: _Family, v: int, out: list) -> bool:
+def _search_interleave(model: CostModel, fam: _Family, v: int, out: list[_Point]) -> bool:
     """The settings of ``fam`` with ``v`` virtual stages, on the grid (ZeRO, SP, recompute,
     micro-batch) ordered from frugal to generous; whether any fits."""
     bv = [b for b in fam.bs if v == 1 or (fam.per_replica // b) % fam.p == 0]
     if not bv:
         return False
-    pars, timers = {}, {}
+    pars: dict[tuple[int, int], ParallelConfig] = {}
+    timers: dict[tuple[int, int, int], StepTimer] = {}
     for (zi, z), (si, s_) in product(enumerate(fam.zeros), enumerate(fam.sps)):
         par = ParallelConfig(dp=fam.d, tp=fam.t, pp=fam.p, ep=fam.e, cp=fam.c, sp=s_, zero=z,
                              vpp=v)
         pars[zi, si] = par
         for ri, rc in enumerate(fam.rcs):
             timers[zi, si, ri] = model.linear_timer(par, rc, fam.lps)
-    times: dict = {}
-    status: dict = {}  # 0 infeasible, 1 dominated, 2 feasible
+    times: dict[_Cell, float] = {}
+    status: dict[_Cell, int] = {}  # 0 infeasible, 1 dominated, 2 feasible
     found = False
     rcs, lps, per_replica, usable = fam.rcs, fam.lps, fam.per_replica, model.usable
     grid = product(range(len(fam.zeros)), range(len(fam.sps)), range(len(rcs)), range(len(bv)))
@@ -377,8 +394,8 @@ def _search_interleave(model: CostModel, fam: _Family, v: int, out: list) -> boo
 
 
 # ---------------------------------------------------------------------------- 4. rank, Pareto
-def _candidate(model: CostModel, par: ParallelConfig, setup: TrainingSetup, lps: tuple,
-               est: Estimate) -> Candidate:
+def _candidate(model: CostModel, par: ParallelConfig, setup: TrainingSetup,
+               lps: tuple[int, ...], est: Estimate) -> Candidate:
     """One layout, timed with its exact communication, as a :class:`Candidate`."""
     st, crit = model.exact_time(par, setup, lps)
     total = st.total
@@ -404,7 +421,8 @@ def _rank(model: CostModel, feasible: list[_Point], top: int) -> list[Candidate]
 def _pareto(model: CostModel, feasible: list[_Point], head: list[Candidate]) -> list[Candidate]:
     """The layouts of ``feasible`` (sorted by time) that no faster one beats on memory, exactly
     timed (reusing those of ``head``)."""
-    front, best_mem = [], None
+    front: list[_Point] = []
+    best_mem: int | None = None
     for x in feasible:
         if best_mem is None or x.peak < best_mem:
             front.append(x)
@@ -417,7 +435,7 @@ def _pareto(model: CostModel, feasible: list[_Point], head: list[Candidate]) -> 
     return out
 
 
-def _no_fit(fits: list, usable: int, headroom: float, gpu: str) -> str:
+def _no_fit(fits: list[tuple[int, str]], usable: int, headroom: float, gpu: str) -> str:
     peak, desc = min(fits, key=lambda x: x[0])
     need = peak / (1 - headroom)
     bigger = [(hardware_preset(n).memory_bytes, n) for n in hardware_presets()]
@@ -429,7 +447,8 @@ def _no_fit(fits: list, usable: int, headroom: float, gpu: str) -> str:
             f"more nodes ({usable / GIB:.1f} GiB usable per {gpu} with {headroom:.0%} headroom)")
 
 
-def _message(model: CostModel, lower_bounds: list, rejected: dict[str, str]) -> str:
+def _message(model: CostModel, lower_bounds: list[tuple[int, str]],
+             rejected: dict[str, str]) -> str:
     """Why nothing fits: the layout that came closest, else the structural reasons."""
     if lower_bounds:
         return _no_fit(lower_bounds, model.usable, model.a.headroom, model.hw.name)
@@ -447,24 +466,27 @@ def _check_batch(families: _Families) -> None:
 
 # ---------------------------------------------------------------------------- entry points
 def plan(spec: ModelSpec, cluster: Cluster, global_batch: int, seq_len: int, *, top: int = 10,
-         tp=None, pp=None, cp=1, ep=None, zero=(0, 1, 2, 3), sp=(False, True),
-         recompute=RECOMPUTE, micro_batch=None, vpp=None, uneven_pp: bool = False,
+         tp: int | Iterable[int] | None = None, pp: int | Iterable[int] | None = None,
+         cp: int | Iterable[int] = 1, ep: int | Iterable[int] | None = None,
+         zero: int | Iterable[int] = (0, 1, 2, 3), sp: bool | Iterable[bool] = (False, True),
+         recompute: str | Iterable[str] = RECOMPUTE, micro_batch: int | Iterable[int] | None = None,
+         vpp: int | Iterable[int] | None = None, uneven_pp: bool = False,
          precision: str = "bf16-mixed", optimizer: str = "adamw", flash_attention: bool = False,
          dropout: bool = True, capacity_factor: float = 1.0, cuda_context: int = 0,
-         **assumptions) -> Plan:
+         **assumptions: Unpack[AssumptionOptions]) -> Plan:
     """Search the layouts of ``cluster`` for ``spec`` at ``global_batch`` sequences of
     ``seq_len`` tokens per step; rank the feasible ones by modelled step time.
 
-    Search space (each may be narrowed to a value or a sequence of values; ``None`` = every
-    valid one): ``tp`` (within a node, dividing heads, kv_heads and the FFN width), ``pp``
-    (dividing the layers, or any with ``uneven_pp=True``: then extra layers go to the first
-    stages, as :func:`~parmem.estimate.estimate` splits), ``cp`` (context parallel; 1 unless
-    listed: it pays only at long sequences), ``ep`` (MoE: dividing the experts and d), ``zero``
-    (0–3; 2 and 3 only with ``pp=1``, DeepSpeed's rule), ``sp`` (with ``tp > 1``),
-    ``recompute``, ``micro_batch`` (dividing ``global_batch / d``), ``vpp`` (virtual stages;
-    v ≥ 2 needs ``m % p == 0`` and v dividing each stage's layers). ``precision``,
-    ``optimizer``, ``flash_attention``, ``dropout``, ``capacity_factor`` and ``cuda_context`` go
-    to every :class:`~parmem.config.TrainingSetup`.
+    Search space (each may be narrowed to a value or a sequence of values; ``None``, the default of
+    ``tp``, ``pp``, ``ep``, ``micro_batch`` and ``vpp``, = every valid one): ``tp`` (within a node,
+    dividing heads, kv_heads and the FFN width), ``pp`` (dividing the layers, or any with
+    ``uneven_pp=True``: then extra layers go to the first stages, as
+    :func:`~parmem.estimate.estimate` splits), ``cp`` (context parallel; 1 unless listed: it pays
+    only at long sequences), ``ep`` (MoE: dividing the experts and d), ``zero`` (0–3; 2 and 3 only
+    with ``pp=1``, DeepSpeed's rule), ``sp`` (with ``tp > 1``), ``recompute``, ``micro_batch``
+    (dividing ``global_batch / d``), ``vpp`` (virtual stages; v ≥ 2 needs ``m % p == 0`` and v
+    dividing each stage's layers). ``precision``, ``optimizer``, ``flash_attention``, ``dropout``,
+    ``capacity_factor`` and ``cuda_context`` go to every :class:`~parmem.config.TrainingSetup`.
 
     ``**assumptions``: the cost model's parameters, see :class:`Assumptions` (``mfu``,
     ``headroom``, ``tp_overlap``, ``dp_overlap``, ``dp_bucket_params``, ``pp_overlap``,
@@ -479,11 +501,11 @@ def plan(spec: ModelSpec, cluster: Cluster, global_batch: int, seq_len: int, *, 
     _check_inputs(spec, cluster, global_batch, seq_len, top, cuda_context)
     _check_setup(precision, optimizer)
     a = Assumptions.from_kwargs(assumptions)
-    space = _space(spec, dict(tp=tp, pp=pp, cp=cp, ep=ep, zero=zero, sp=sp, recompute=recompute,
-                              micro_batch=micro_batch, vpp=vpp, uneven_pp=uneven_pp))
-    setup_kw = dict(precision=precision, optimizer=optimizer, flash_attention=bool(flash_attention),
-                    dropout=bool(dropout), capacity_factor=capacity_factor,
-                    cuda_context=cuda_context)
+    space = _space(spec, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero, sp=sp, recompute=recompute,
+                   micro_batch=micro_batch, vpp=vpp, uneven_pp=uneven_pp)
+    setup_kw = SetupOptions(precision=precision, optimizer=optimizer,
+                            flash_attention=bool(flash_attention), dropout=bool(dropout),
+                            capacity_factor=capacity_factor, cuda_context=cuda_context)
     TrainingSetup(seq_len=seq_len, **setup_kw)  # validates capacity_factor and the rest
     model = CostModel(spec, cluster, global_batch, seq_len, a, setup_kw)
     # 2. enumerate the families, 3. search each
@@ -502,15 +524,16 @@ def plan(spec: ModelSpec, cluster: Cluster, global_batch: int, seq_len: int, *, 
     candidates = head[:top]
     pareto = _pareto(model, feasible, head)
     message = None if candidates else _message(model, lower_bounds, families.rejected)
-    stats = {"families": searched, "feasible": len(feasible), "estimates": model.estimates,
-             "seconds": time.perf_counter() - t0}
+    stats = PlanStats(families=searched, feasible=len(feasible), estimates=model.estimates,
+                      seconds=time.perf_counter() - t0)
     return Plan(spec=spec, cluster=cluster, global_batch=global_batch, seq_len=seq_len,
                 assumptions=a, candidates=candidates, rejected=families.rejected, pareto=pareto,
                 points=[(x.peak, x.time) for x in feasible], message=message, stats=stats)
 
 
 def evaluate(spec: ModelSpec, cluster: Cluster, parallel: ParallelConfig, setup: TrainingSetup,
-             *, layers_per_stage=None, **assumptions) -> Candidate:
+             *, layers_per_stage: Iterable[int] | None = None,
+             **assumptions: Unpack[AssumptionOptions]) -> Candidate:
     """Model one given layout the way :func:`plan` ranks layouts (exact communication, a real
     :func:`~parmem.estimate.estimate`); ``global_batch`` is ``d · b · m``. It need not fit:
     compare ``candidate.peak_bytes`` with ``(1 − headroom)`` of the GPU. ``**assumptions`` as
@@ -524,7 +547,10 @@ def evaluate(spec: ModelSpec, cluster: Cluster, parallel: ParallelConfig, setup:
     if parallel.tp > cluster.gpus_per_node:
         raise ValueError(f"tp={parallel.tp} crosses nodes ({cluster.gpus_per_node} GPUs per node)")
     G = parallel.dp * setup.micro_batch * setup.num_microbatches
-    setup_kw = {k: getattr(setup, k) for k in _SETUP_FIELDS}
+    setup_kw = SetupOptions(precision=setup.precision, optimizer=setup.optimizer,
+                            flash_attention=setup.flash_attention, dropout=setup.dropout,
+                            capacity_factor=setup.capacity_factor,
+                            cuda_context=setup.cuda_context)
     model = CostModel(spec, cluster, G, setup.seq_len, a, setup_kw)
     lps = tuple(layers_per_stage) if layers_per_stage is not None else even_split(spec.layers,
                                                                               parallel.pp)
