@@ -9,6 +9,7 @@ Usage: python scripts/api_page.py
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,10 +38,30 @@ ORDER = [
     "parmem.units",
     "parmem.measure",
     "parmem.reference",
-    "parmem.plots",
-    "parmem.widgets",
-    "parmem.tables",
     "parmem.book",
+    "parmem.book.tables",
+    "parmem.book.plots",
+    "parmem.book.plots.base",
+    "parmem.book.plots.memory",
+    "parmem.book.plots.comm",
+    "parmem.book.plots.data_parallel",
+    "parmem.book.plots.tensor",
+    "parmem.book.plots.pipeline",
+    "parmem.book.plots.layouts",
+    "parmem.book.plots.planner",
+    "parmem.book.plots.allocator",
+    "parmem.book.plots.serving",
+    "parmem.book.widgets",
+    "parmem.book.widgets.base",
+    "parmem.book.widgets.memory",
+    "parmem.book.widgets.comm",
+    "parmem.book.widgets.data_parallel",
+    "parmem.book.widgets.tensor",
+    "parmem.book.widgets.pipeline",
+    "parmem.book.widgets.layouts",
+    "parmem.book.widgets.planner",
+    "parmem.book.widgets.allocator",
+    "parmem.book.widgets.serving",
     "parmem.cli",
     "parmem.dist",
     "parmem.dist.launcher",
@@ -93,14 +114,24 @@ def modules() -> set[str]:
     return found
 
 
+def defines_objects(init: Path) -> bool:
+    """Whether a package's ``__init__.py`` defines a function or class of its own (``glue`` in
+    ``parmem.book``), rather than only importing its modules' names."""
+    tree = ast.parse(init.read_text(encoding="utf-8"))
+    return any(isinstance(n, (ast.FunctionDef, ast.ClassDef)) and not n.name.startswith("_")
+               for n in tree.body)
+
+
 def page() -> str:
     present = modules()
     named = [m for m in ORDER if m in present] + sorted(present - set(ORDER))
     out = [HEAD]
     for mod in named:
         heading = f"{'#' * (mod.count('.') + 1)} `{mod}`"  # the docstring's first line follows
-        # a package's section shows its docstring; its modules have their own sections
-        members = "" if (LIB / mod.replace(".", "/") / "__init__.py").is_file() else "   :members:\n"
+        # a package's section shows its docstring (and what it defines itself); its modules have
+        # their own sections, so names it only re-exports are documented once, where defined
+        init = LIB / mod.replace(".", "/") / "__init__.py"
+        members = "" if init.is_file() and not defines_objects(init) else "   :members:\n"
         out.append(f"\n{heading}\n\n```{{eval-rst}}\n.. automodule:: {mod}\n{members}```\n")
     return "".join(out)
 

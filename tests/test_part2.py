@@ -16,7 +16,12 @@ import pytest
 matplotlib.use("Agg")
 
 from parmem import ModelSpec  # noqa: E402
-from parmem.plots import plot_collective_times, plot_zero3_vs_tp, plot_zero_stages  # noqa: E402
+from parmem.analyses import collective_curves, zero3_vs_tp, zero_stages  # noqa: E402
+from parmem.book.plots import (  # noqa: E402
+    plot_collective_times,
+    plot_zero3_vs_tp,
+    plot_zero_stages,
+)
 
 N = int(os.environ.get("PARMEM_WORLD_SIZE", "2"))
 GIB = 2**30
@@ -30,7 +35,7 @@ def bar_heights(ax):
 def test_zero_stages_figure_reproduces_zero_paper_figure1():
     # Rajbhandari et al. 2020, Figure 1: Ψ = 7.5B, d = 64, K = 12: 120, 31.4, 16.6, 1.9 GB
     psi, d = 7_500_000_000, 64
-    fig = plot_zero_stages(psi, d)
+    fig = plot_zero_stages(zero_stages(psi, d))
     left, right = fig.axes
     h = bar_heights(left)  # params (4 bars), grads (4 bars), optimizer (4 bars), in GiB
     totals = [sum(h[i::4]) * GIB / 1e9 for i in range(4)]
@@ -46,7 +51,7 @@ def test_zero_communication_with_gradient_accumulation(m):
     # every micro-batch (DeepSpeed: stage >= 2 communicates at every backward); ZeRO-3 also
     # all-gathers the parameters in every micro-batch's forward and backward.
     d = 8
-    fig = plot_zero_stages(1_000_000_000, d, num_microbatches=m)
+    fig = plot_zero_stages(zero_stages(1_000_000_000, d, num_microbatches=m))
     frac = (d - 1) / d
     assert bar_heights(fig.axes[1]) == pytest.approx(
         [2 * frac, 2 * frac, (m + 1) * frac, 3 * m * frac])
@@ -54,7 +59,8 @@ def test_zero_communication_with_gradient_accumulation(m):
 
 def test_collective_times_curves_follow_alpha_beta():
     n, size = 8, 2**26
-    fig = plot_collective_times("all_reduce", n, ("nvlink4", "ib-ndr"), mark=size)
+    curves = collective_curves("all_reduce", n, ("nvlink4", "ib-ndr"), mark=size)
+    fig = plot_collective_times(curves)
     ax = fig.axes[0]
     marks = [line for line in ax.lines if len(line.get_xdata()) == 1 and line.get_marker() == "o"]
     # ring all-reduce: 2(n-1) latencies + 2(n-1)/n·S / bandwidth (450e9 and 50e9 B/s, 3 and 8 µs)
@@ -69,7 +75,7 @@ def test_collective_times_curves_follow_alpha_beta():
 def test_zero3_vs_tp_figure_states_fall_activations_flat():
     spec = ModelSpec.preset("llama-3-70b")
     dps = (1, 2, 4, 8)
-    fig = plot_zero3_vs_tp(spec, 4096, tp=8, dps=dps, capacity=None)
+    fig = plot_zero3_vs_tp(zero3_vs_tp(spec, 4096, tp=8, dps=dps), capacity=None)
     lines = {line.get_label(): line.get_ydata() for line in fig.axes[0].lines}
     for tag in ("t=1", "t=8 + SP"):
         states = lines[f"model states, {tag}"]
@@ -88,7 +94,7 @@ def test_explorers_build_headless(name):
     pytest.importorskip("ipywidgets")
     import matplotlib.pyplot as plt
 
-    from parmem import widgets
+    from parmem.book import widgets
 
     box = getattr(widgets, name)(static=False)
     assert box.children  # controls and the output area

@@ -147,23 +147,25 @@ def test_kept_terms_full_recompute_keeps_the_input_only():
 
 # ---------------------------------------------------------------------------- figures, explorers
 def test_tp_shards_figure_draws_one_panel_per_matrix():
-    from parmem.plots import plot_tp_shards
+    from parmem.analyses import tp_shard_layout
+    from parmem.book.plots import plot_tp_shards
 
-    fig = plot_tp_shards(ModelSpec.preset("llama-2-7b"), 4)
+    fig = plot_tp_shards(tp_shard_layout(ModelSpec.preset("llama-2-7b"), 4))
     # embedding, QKV, attention out, MLP in, MLP out, norms, LM head
     assert len(fig.axes) == 7
     qkv = fig.axes[1]
     # Q split in 4, K in 4, V in 4, plus the outline
     assert len(qkv.patches) == 4 + 4 + 4 + 1
-    tied = plot_tp_shards(ModelSpec.preset("gpt3-175b"), 8)
+    tied = plot_tp_shards(tp_shard_layout(ModelSpec.preset("gpt3-175b"), 8))
     assert len(tied.axes) == 6  # no separate LM head
 
 
 def test_tp_components_figure_stacks_to_weights_per_rank():
-    from parmem.plots import plot_tp_components
+    from parmem.analyses import tp_component_bytes
+    from parmem.book.plots import plot_tp_components
 
     spec = ModelSpec.preset("llama-2-7b")
-    fig = plot_tp_components(spec, (1, 4), bytes_per_param=2)
+    fig = plot_tp_components(tp_component_bytes(spec, (1, 4), bytes_per_param=2))
     ax = fig.axes[0]
     tops = {}
     for p in ax.patches:
@@ -176,20 +178,21 @@ def test_tp_components_figure_stacks_to_weights_per_rank():
 
 def test_terms_compare_and_tradeoff_figures():
     from parmem.activations import layer_terms
-    from parmem.plots import plot_terms_compare, plot_tp_tradeoff
+    from parmem.analyses import tp_tradeoff
+    from parmem.book.plots import plot_terms_compare, plot_tp_tradeoff
 
     spec = ModelSpec.preset("gpt3-175b")
     fig = plot_terms_compare({"TP": layer_terms(spec, 2048, 1, tp=8),
                               "TP + SP": layer_terms(spec, 2048, 1, tp=8, sp=True)})
     assert "342.0 MiB" in fig.axes[0].get_legend().get_texts()[1].get_text()  # sbh(34+80)/8
-    fig = plot_tp_tradeoff(ModelSpec.preset("llama-2-7b"), TrainingSetup(seq_len=4096),
-                           (1, 2, 4))
+    fig = plot_tp_tradeoff(tp_tradeoff(ModelSpec.preset("llama-2-7b"),
+                                       TrainingSetup(seq_len=4096), (1, 2, 4)))
     assert len(fig.axes) == 2
 
 
 def test_explorers_build_headless():
     pytest.importorskip("ipywidgets")
-    from parmem.widgets import (
+    from parmem.book.widgets import (
         explore_layer_activations,
         explore_tp_shards,
         explore_tp_tradeoff,

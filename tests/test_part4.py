@@ -185,8 +185,8 @@ def test_part4_plots_and_explorers_draw():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from parmem import widgets
-    from parmem.plots import (
+    from parmem.book import widgets
+    from parmem.book.plots import (
         plot_breakdowns,
         plot_in_flight,
         plot_microbatch_sweep,

@@ -184,8 +184,8 @@ def test_figures_and_explorers_render():
     pytest.importorskip("ipywidgets")
     import matplotlib.pyplot as plt
 
-    from parmem.plots import plot_axis_steps, plot_tradeoff
-    from parmem.widgets import explore_3d, explore_axes, explore_experts
+    from parmem.book.plots import plot_axis_steps, plot_tradeoff
+    from parmem.book.widgets import explore_3d, explore_axes, explore_experts
 
     rows = layout_sweep(LLAMA7, 8, TrainingSetup(seq_len=1024), global_batch=8)
     fig = plot_tradeoff(rows, capacity=80 * GiB, highlight=(rows[0]["d"], rows[0]["t"],

@@ -73,8 +73,8 @@ def test_part6_figures_and_explorers_render():
     pytest.importorskip("ipywidgets")
     import matplotlib.pyplot as plt
 
-    from parmem import widgets
-    from parmem.plots import plot_kv_cache_sim, plot_replay, plot_stacked
+    from parmem.book import widgets
+    from parmem.book.plots import plot_kv_cache_sim, plot_replay, plot_stacked
 
     ev = [("alloc", 1, 3 * 2**20), ("alloc", 2, 100), ("free", 1)]
     fig = plot_replay({"default": replay(ev), "expandable": replay(ev, expandable_segments=True)})

@@ -420,7 +420,7 @@ def test_plot_pareto(small_plan):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from parmem.plots import plot_pareto
+    from parmem.book.plots import plot_pareto
 
     fig = plot_pareto(small_plan)
     ax = fig.axes[0]
@@ -434,7 +434,7 @@ def test_explore_plan_builds_a_widget():
     import matplotlib
 
     matplotlib.use("Agg")
-    from parmem.widgets import explore_plan
+    from parmem.book.widgets import explore_plan
 
     box = explore_plan(model="llama-2-7b", nodes=2, global_batch=64, static=False)
     assert box.children

@@ -4,7 +4,17 @@
 * :func:`balance_layers`: the pipeline split that minimises the peak stage (chapter 12);
 * :func:`microbatch_sweep`: memory and bubble against the micro-batch size (chapter 14);
 * :func:`axis_by_axis`: which term each parallel axis removes (chapters 17 and 20);
-* :func:`layout_sweep`: every d·t·p layout of a cluster, memory against communication (chapter 16).
+* :func:`layout_sweep`: every d·t·p layout of a cluster, memory against communication (chapter 16);
+* :func:`collective_curves`: alpha-beta time of one collective against message size (chapter 16);
+* :func:`zero_stages`: model states and DP traffic of ZeRO stages 0–3 (chapter 3);
+* :func:`zero3_vs_tp`: ZeRO-3 model states and activations against d, with and without TP+SP
+  (chapter 4);
+* :func:`tp_shard_layout`: which rank holds which slice of every weight matrix (chapter 5);
+* :func:`tp_component_bytes`: one tensor-parallel rank's bytes by model component (chapter 6);
+* :func:`tp_tradeoff`: one GPU's memory and TP traffic for each t (chapter 7).
+
+Each returns plain data (rows of dicts, estimates) that a figure of :mod:`parmem.book.plots`
+draws; the figures themselves compute nothing.
 """
 
 from __future__ import annotations
@@ -12,14 +22,26 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ._check import integer
-from .comm import placement, step_comm
+from .comm import (
+    StageShape,
+    collective_bytes,
+    collective_steps,
+    collective_time,
+    collectives,
+    placement,
+    step_comm,
+)
 from .config import ParallelConfig, TrainingSetup
 from .estimate import Estimate, estimate
-from .hardware import Hardware, hardware_preset
+from .hardware import Hardware, hardware_preset, link_preset
 from .model import ModelSpec
 from .pipeline import bubble_fraction, in_flight
+from .sharding import tp_param_counts
+from .states import model_state_bytes
 
-__all__ = ["balance_layers", "microbatch_sweep", "axis_by_axis", "layout_sweep"]
+__all__ = ["balance_layers", "microbatch_sweep", "axis_by_axis", "layout_sweep",
+           "collective_curves", "zero_stages", "zero3_vs_tp", "tp_shard_layout",
+           "tp_component_bytes", "tp_tradeoff"]
 
 
 def balance_layers(spec: ModelSpec, parallel: ParallelConfig | None = None,
@@ -223,4 +245,178 @@ def layout_sweep(spec, world_size: int, setup, *, global_batch: int, zero: int =
                          "peak_stage": est.peak.stage, **com.as_dict(), "comm_bytes": com.total,
                          "comm_time_s": com.time(hw, **where), "tp_in_node": where["tp_intra"],
                          "fits": est.peak_bytes <= hw.memory_bytes})
+    return rows
+
+
+# ---------------------------------------------------------------------------- collectives, ZeRO
+def collective_curves(op: str = "all_reduce", n: int = 8, links=("nvlink4", "ib-ndr"),
+                      sizes=None, mark: int | None = None) -> list[dict]:
+    """Alpha-beta time of one collective against the message size, one row per link.
+
+    ``op`` and ``n`` as in :func:`parmem.comm.collective_time`; ``links``: link preset names;
+    ``sizes`` in bytes (default 1 KiB … 64 GiB, the powers of two). Each row: ``op``, ``n``,
+    ``link`` (the name), its ``bandwidth`` (bytes/s) and ``latency`` (s), ``sizes`` and
+    ``times`` (seconds, :func:`parmem.comm.collective_time`), ``crossover`` and ``mark``.
+
+    ``crossover`` is the size S* at which the latency term equals the bandwidth term,
+    steps·α = bytes_sent(S*)/β, i.e. S* = steps·α·β / (bytes sent per byte of S) (Hockney's
+    alpha-beta model as used by Thakur et al. 2005 §2, §4; for a ring all-reduce on n ranks
+    S* = n·α·β): smaller messages are latency-bound. ``None`` when the collective sends nothing
+    (n = 1). ``mark``: ``(mark, time of a mark-byte message)``, or ``None``. Used by the figure
+    of chapter 16 (and the explorer of chapter 1).
+    """
+    sizes = list(sizes) if sizes is not None else [2**k for k in range(10, 37)]
+    rows = []
+    for name in links:
+        link = link_preset(name)
+        steps, per_byte = collective_steps(op, n), collective_bytes(op, 2**30, n) / 2**30
+        cross = steps * link.latency * link.bandwidth / per_byte if steps and per_byte else None
+        rows.append({"op": op, "n": n, "link": name, "bandwidth": link.bandwidth,
+                     "latency": link.latency, "sizes": sizes,
+                     "times": [collective_time(op, s, n, link) for s in sizes],
+                     "crossover": cross,
+                     "mark": None if mark is None else (mark, collective_time(op, mark, n, link))})
+    return rows
+
+
+def zero_stages(num_params: int, dp: int, num_microbatches: int = 1,
+                precision: str = "bf16-mixed", optimizer: str = "adamw") -> list[dict]:
+    """ZeRO stages 0–3 for Ψ = ``num_params`` parameters over ``dp`` data-parallel GPUs: one
+    row per stage with the per-GPU model states and the bytes each GPU sends per optimizer step.
+
+    Each row: ``zero``; ``params``, ``grads``, ``optimizer`` and ``model_states`` (bytes, from
+    :func:`parmem.model_state_bytes`: (2 + 2 + K)Ψ, 2Ψ + 2Ψ + KΨ/d, 2Ψ + (2 + K)Ψ/d,
+    (2 + 2 + K)Ψ/d for mixed-precision Adam, Rajbhandari et al. 2020 §5.1 and Figure 1);
+    ``dp_bytes``, the data-parallel bytes sent (:func:`parmem.comm.collectives` with
+    ``m = num_microbatches``: ZeRO-2 reduce-scatters and ZeRO-3 gathers every micro-batch), and
+    ``dp_values``, the same in units of Ψ 16-bit values (2Ψ bytes), the unit in which §7 counts
+    DP's 2Ψ and ZeRO-3's 3Ψ (exactly 2(d−1)/d and 3(d−1)/d here). The traffic counts 16-bit
+    gradients and parameters whatever ``precision`` is. The inputs ``num_params``, ``dp`` and
+    ``num_microbatches`` are repeated in every row. Used in chapter 3 (ZeRO as a balance point).
+    """
+    integer("num_params", num_params, 1)
+    rows = []
+    for z in range(4):
+        st = model_state_bytes(num_params, dp, z, precision, optimizer)
+        sent = collectives(StageShape(params=num_params, seq_len=1, micro_batch=1, hidden=1,
+                                      layers=0, num_microbatches=num_microbatches, dp=dp,
+                                      zero=z)).dp
+        rows.append({"zero": z, "num_params": num_params, "dp": dp,
+                     "num_microbatches": num_microbatches, "params": st.params,
+                     "grads": st.grads, "optimizer": st.optimizer, "model_states": st.total,
+                     "dp_bytes": sent, "dp_values": sent / (2 * num_params)})
+    return rows
+
+
+def zero3_vs_tp(spec: ModelSpec, seq_len: int, tp: int = 8,
+                dps=(1, 2, 4, 8, 16, 32, 64, 128), flash: bool = True,
+                recompute: str = "none") -> list[dict]:
+    """Per-GPU model states and activations of ``spec`` under ZeRO-3 against d, for t = 1 and
+    for t = ``tp`` with sequence parallelism (b = 1, one sequence of ``seq_len`` tokens per GPU,
+    no dropout), from :func:`parmem.estimate` (the first stage; no pipeline).
+
+    One row per (t, d), t = 1 first: ``model``, ``seq_len``, ``t``, ``sp`` (t > 1), ``d``, and
+    the bytes ``model_states``, ``activations`` and ``logits``. Model states fall as 16Ψ/d
+    (Rajbhandari et al. 2020 §5.3: ZeRO-3 shards all three); activations and logits do not
+    depend on d and are divided by t only by TP+SP (Korthikanti et al. 2022 §4.2.2). Used in
+    chapter 4 (is TP still needed with ZeRO-3?).
+    """
+    setup = TrainingSetup(seq_len=seq_len, flash_attention=flash, dropout=False,
+                          recompute=recompute)
+    rows = []
+    for t in dict.fromkeys((1, tp)):
+        for d in dps:
+            st = estimate(spec, ParallelConfig(dp=d, tp=t, sp=t > 1, zero=3), setup).stages[0]
+            rows.append({"model": spec.name, "seq_len": seq_len, "t": t, "sp": t > 1, "d": d,
+                         "model_states": st.model_states, "activations": st.activations,
+                         "logits": st.logits})
+    return rows
+
+
+# ---------------------------------------------------------------------------- tensor parallelism
+def tp_shard_layout(spec: ModelSpec, tp: int) -> dict:
+    """Which rank holds which slice of each weight matrix under Megatron tensor parallelism: the
+    data of the schematic figure of chapter 5 (how TP shards the weights).
+
+    Matrices are written as Y = X·A (A is [in, out]): the embedding [V, h] and the LM head
+    [h, V] split the vocabulary, the QKV projection [h, (a + 2·kv)·d] and the MLP input split
+    columns (heads, inner width), the attention output and the MLP output split rows, the norms
+    are replicated (Shoeybi et al. 2019 §3; the splits of :mod:`parmem.sharding`). When
+    t > kv_heads each K and V head is kept by t/kv_heads ranks (grouped-query attention,
+    Megatron-Core). A tied LM head has no panel of its own.
+
+    Returns ``{"model", "tp", "kv_heads", "panels"}``; each panel is a dict with ``title``,
+    ``rows`` and ``cols`` (the full shape), ``axis`` (``"rows"`` or ``"cols"``, the split one)
+    and ``parts``: ``(fraction of the split axis, owning ranks)`` in order along it, the
+    fractions summing to one. Raises ``ValueError`` when t does not divide the shapes
+    (:func:`parmem.sharding.tp_param_counts`).
+    """
+    tp_param_counts(spec, tp)  # validates t against the shapes
+    t, h, d = tp, spec.hidden, spec.head_dim
+    a, kv, V = spec.heads, spec.kv_heads, spec.vocab_size
+    f = spec.expert_ffn_hidden if spec.is_moe else spec.ffn_hidden
+    up = 2 * f if spec.ffn_kind == "swiglu" else f
+    ranks = list(range(t))
+    kv_groups = [list(range(j * t // kv, (j + 1) * t // kv)) for j in range(kv)] if t > kv else \
+        [[r] for r in ranks]
+    mlp = "expert" if spec.is_moe else "MLP"
+    each = [(1 / t, [r]) for r in ranks]
+    panels = [
+        (f"embedding\n[V={V:,}, h]", V, h, "rows", each),
+        (f"Q | K | V\n[h, (a+2kv)·d], kv={kv}", h, (a + 2 * kv) * d, "cols",
+         [(a / t / (a + 2 * kv), [r]) for r in ranks]
+         + 2 * [(kv / len(kv_groups) / (a + 2 * kv), g) for g in kv_groups]),
+        ("attention out\n[a·d, h]", a * d, h, "rows", each),
+        (f"{mlp} in{' (gate | up)' if spec.ffn_kind == 'swiglu' else ''}\n[h, {up:,}]", h, up,
+         "cols", (up // f) * [(f / up / t, [r]) for r in ranks]),
+        (f"{mlp} out\n[{f:,}, h]", f, h, "rows", each),
+        ("norms\n[h]", 1, h, "cols", [(1.0, ranks)]),
+    ]
+    if not spec.tied_embeddings:
+        panels.append((f"LM head\n[h, V={V:,}]", h, V, "cols", each))
+    keys = ("title", "rows", "cols", "axis", "parts")
+    return {"model": spec.name, "tp": t, "kv_heads": kv,
+            "panels": [dict(zip(keys, p, strict=True)) for p in panels]}
+
+
+def tp_component_bytes(spec: ModelSpec, tps=(1, 2, 4, 8), bytes_per_param: int = 2
+                       ) -> list[dict]:
+    """Bytes one tensor-parallel rank holds, by model component, for each t in ``tps``.
+
+    One row per t: ``model``, ``t``, ``bytes_per_param`` and ``components``, a dict component →
+    bytes (``per_rank`` parameters of :func:`parmem.sharding.tp_param_counts` times
+    ``bytes_per_param``, Megatron-LM's layout, Shoeybi et al. 2019 §3). ``bytes_per_param`` is
+    2 for 16-bit weights (or gradients), 12 for mixed-precision Adam's fp32 master copy and
+    moments, 16 for all model states (Rajbhandari et al. 2020 §3.1). Used in chapter 6 (a 7B
+    model at TP = 4).
+    """
+    integer("bytes_per_param", bytes_per_param, 1)
+    rows = []
+    for t in tps:
+        comps: dict[str, int] = {}
+        for r in tp_param_counts(spec, t):
+            comps[r.component] = comps.get(r.component, 0) + r.per_rank * bytes_per_param
+        rows.append({"model": spec.name, "t": t, "bytes_per_param": bytes_per_param,
+                     "components": comps})
+    return rows
+
+
+def tp_tradeoff(spec: ModelSpec, setup: TrainingSetup, tps=(1, 2, 4, 8)) -> list[dict]:
+    """What tensor parallelism buys and what it costs, per GPU, for each t in ``tps`` (one
+    pipeline stage, no data parallelism).
+
+    One row per t: ``t``; ``estimate``, the :class:`~parmem.estimate.Estimate` of
+    :func:`parmem.estimate` with ``ParallelConfig(tp=t)``; ``tp_bytes``, the bytes that GPU sends
+    for tensor-parallel all-reduces in one step (:func:`parmem.comm.step_comm`: each all-reduce
+    of one s·b·h activation X sends 2(t−1)/t·X, two per layer and micro-batch in the forward and
+    two in the backward, Shoeybi et al. 2019 §3); ``comm_buffer``, the all-reduce buffer the
+    estimate holds (one s·b·h tensor). Used in chapter 7 (TP communicates a lot; why is its
+    memory saving immediate?).
+    """
+    rows = []
+    for t in tps:
+        par = ParallelConfig(tp=t)
+        est = estimate(spec, par, setup)
+        rows.append({"t": t, "estimate": est, "tp_bytes": step_comm(spec, par, setup).tp,
+                     "comm_buffer": est.stages[0].comm_buffers})
     return rows

@@ -1,4 +1,11 @@
-"""Helpers the chapters share: ``glue`` numbers into the prose.
+"""What the chapters share: ``glue`` numbers into the prose, tables, figures and explorers.
+
+* :func:`glue` (here): a number computed in a cell, shown in the text;
+* :mod:`parmem.book.tables`: :class:`~parmem.book.tables.Table`, rows shown as HTML or text;
+* :mod:`parmem.book.plots`: matplotlib figures that draw data and compute nothing;
+* :mod:`parmem.book.widgets`: the "Explore" dashboards, each bound to the library.
+
+Byte formatters (``gib``, ``mib``, ``fmt_bytes``) live in :mod:`parmem.units`.
 
 :func:`glue` stores a value computed in a cell under a name, so the chapter's text can show it
 with ``{glue:text}`name:format``` and the number in the prose is always the number the code

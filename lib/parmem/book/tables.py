@@ -1,7 +1,8 @@
 """Small tables for notebooks and the terminal: rows of dicts shown as HTML or aligned text.
 
 No pandas needed: a :class:`Table` renders itself with ``_repr_html_`` in a notebook and with
-``str()`` elsewhere. Byte columns can be shown in GiB (2**30), MiB (2**20) or exact bytes.
+``str()`` elsewhere. Byte columns can be shown in GiB (2**30), MiB (2**20) or exact bytes with the
+formatters of :mod:`parmem.units` (``formats={"peak": gib}``).
 """
 
 from __future__ import annotations
@@ -9,29 +10,13 @@ from __future__ import annotations
 import html
 from collections.abc import Callable, Mapping, Sequence
 
-__all__ = ["Table", "fmt_bytes", "gib", "mib"]
-
-GIB, MIB = 2**30, 2**20
-
-
-def gib(n: int | float, digits: int = 2) -> str:
-    """Bytes as GiB text (2**30)."""
-    return f"{n / GIB:,.{digits}f}"
-
-
-def mib(n: int | float, digits: int = 1) -> str:
-    """Bytes as MiB text (2**20)."""
-    return f"{n / MIB:,.{digits}f}"
-
-
-def fmt_bytes(n: int) -> str:
-    """Exact bytes with thousands separators."""
-    return f"{n:,}"
+__all__ = ["Table"]
 
 
 class Table:
     """A table of ``rows`` (dicts sharing keys). ``formats`` maps a column to a function that
-    turns a value into text (e.g. :func:`gib`); other values use ``str`` (ints with separators).
+    turns a value into text (e.g. :func:`parmem.units.gib`); other values use ``str`` (ints
+    with separators).
     """
 
     def __init__(self, rows: Sequence[Mapping], title: str | None = None,
@@ -54,6 +39,7 @@ class Table:
         return "" if value is None else str(value)
 
     def text_rows(self) -> list[list[str]]:
+        """Every row as the text of its cells, in column order."""
         return [[self._cell(c, r.get(c)) for c in self.columns] for r in self.rows]
 
     def __str__(self) -> str:
