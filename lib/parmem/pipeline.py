@@ -380,7 +380,7 @@ def in_flight_timeline(result: PipelineResult, stage: int) -> list[tuple[float, 
     ``1/v``). The list starts at ``(0.0, 0)``, has one point per change (releases at an instant
     are applied before arrivals at the same instant) and ends at ``(step_time, 0)``; its largest
     count equals ``result.peak_in_flight[stage]``. Use it to draw memory against time
-    (:func:`parmem.plots.plot_in_flight`).
+    (:func:`parmem.book.plots.plot_in_flight`).
     """
     if not isinstance(result, PipelineResult):
         raise ValueError(f"result must be a PipelineResult, got {type(result).__name__}")
