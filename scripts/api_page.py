@@ -29,6 +29,7 @@ ORDER = [
     "parmem.inference",
     "parmem.analyses",
     "parmem.allocator",
+    "parmem.traces",
     "parmem.planner",
     "parmem.planner.search",
     "parmem.planner.result",

@@ -18,10 +18,9 @@ from parmem.allocator import (
     replay,
     round_size,
     segment_size,
-    stage_weight_tensors,
-    training_step_events,
 )
 from parmem.estimate import estimate
+from parmem.traces import stage_weight_tensors, training_step_events
 
 KiB, MiB = 2**10, 2**20
 
@@ -261,7 +260,7 @@ def test_training_step_events_rejects_what_it_does_not_model():
 
 def test_record_allocations_sees_new_storages_and_their_death():
     torch = pytest.importorskip("torch")
-    from parmem.allocator import record_allocations
+    from parmem.traces import record_allocations
 
     with record_allocations() as rec:
         x = torch.empty(1000, dtype=torch.uint8)

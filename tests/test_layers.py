@@ -11,7 +11,8 @@ same layer may not import each other either, so that a formula cannot drift into
     states, pipeline, activations         model states; schedules; saved activations
     comm, flops, inference                communication; FLOPs; serving memory
     estimate                              the estimator
-    allocator, analyses, measure, reference   studies; the torch side
+    allocator, traces, analyses,          the allocator simulator and its traces; studies;
+    measure, reference                    the torch side
     planner                               search and cost model
     book, dist                            glue, tables, plots, widgets; the demos
     cli                                   the command line
@@ -36,7 +37,7 @@ LAYERS: list[set[str]] = [
     {"states", "pipeline", "activations"},
     {"comm", "flops", "inference"},
     {"estimate"},
-    {"allocator", "analyses", "measure", "reference"},
+    {"allocator", "traces", "analyses", "measure", "reference"},
     {"planner"},
     {"book", "dist", "plots", "widgets", "tables"},
     {"cli"},

@@ -11,8 +11,9 @@ import os
 import pytest
 
 from parmem import ModelSpec, ParallelConfig, TrainingSetup
-from parmem.allocator import replay, training_step_events
+from parmem.allocator import replay
 from parmem.inference import Request, simulate_kv_cache
+from parmem.traces import training_step_events
 
 N = int(os.environ.get("PARMEM_WORLD_SIZE", "2"))
 

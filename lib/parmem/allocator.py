@@ -57,11 +57,9 @@ Not modelled: several streams (blocks are per stream), ``record_stream`` and eve
 pools, and memory outside the allocator (CUDA context, NCCL's own buffers, cuBLAS workspaces
 allocated before the caching allocator sees them).
 
-:func:`replay` runs a list of events (``("alloc", key, nbytes)`` / ``("free", key)``);
-:func:`record_allocations` records such events from a real PyTorch run (every new tensor storage
-an operator creates, and when it dies), so a CPU run's allocation pattern can be replayed through
-the CUDA rules; :func:`training_step_events` builds the events of a training step of a real
-model from the estimator's terms. ``torch`` is imported only by :func:`record_allocations`.
+:func:`replay` runs a list of events (``("alloc", key, nbytes)`` / ``("free", key)``), such as
+the ones :mod:`parmem.traces` records from a real PyTorch run or builds for a training step from
+the estimator's terms.
 """
 
 from __future__ import annotations
@@ -72,17 +70,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from ._check import integer
-from .activations import layer_terms
-from .config import OPTIMIZERS, PRECISIONS, ParallelConfig, TrainingSetup, even_split
-from .model import ModelSpec
-from .pipeline import simulate
-from .sharding import stage_tensor_numels
 from .units import MIB
 
 __all__ = ["K_MIN_BLOCK_SIZE", "K_SMALL_SIZE", "K_SMALL_BUFFER", "K_LARGE_BUFFER",
            "K_MIN_LARGE_ALLOC", "K_ROUND_LARGE", "round_size", "pool_of", "segment_size",
-           "CachingAllocator", "OutOfMemory", "ReplayResult", "replay", "record_allocations",
-           "training_step_events", "stage_weight_tensors"]
+           "CachingAllocator", "OutOfMemory", "ReplayResult", "replay"]
 
 K_MIN_BLOCK_SIZE = 512          # all sizes are rounded to at least 512 bytes
 K_SMALL_SIZE = 1 * MIB          # largest "small" allocation
@@ -500,178 +492,3 @@ def replay(events: Iterable[tuple], expandable_segments: bool = False,
         req_t.append(a.requested)
     return ReplayResult(tuple(alloc_t), tuple(res_t), tuple(req_t), a.peak_allocated,
                         a.peak_reserved, a.peak_requested, oom_at, a.memory_stats())
-
-
-class record_allocations:  # noqa: N801 - used like a function: ``with record_allocations() as r``
-    """Record every tensor storage PyTorch operators create inside a ``with`` block, and when it
-    is freed, as :func:`replay` events ``("alloc", key, nbytes, op)`` / ``("free", key)``.
-
-    It is a ``TorchDispatchMode``: after each operator it checks the storages it has seen (a
-    weak reference each) and records the ones that died, then records the operator's outputs
-    whose storage is new (a view or an in-place result shares a storage already seen and is not
-    an allocation). ``track`` registers tensors that existed before the block (parameters,
-    inputs) as allocations at its start. What it cannot see: memory a kernel uses internally and
-    frees before returning (workspaces), and allocations made outside operators.
-
-    Example::
-
-        with record_allocations(track=model.parameters()) as rec:
-            model(x).sum().backward()
-        replay(rec.events).peak_reserved
-    """
-
-    def __init__(self, track=()):
-        self._track = list(track)
-        self.events: list[tuple] = []
-        self._live: dict = {}
-        self._mode = None
-        self._keys = itertools.count()
-
-    def _sweep(self) -> None:
-        dead = [k for k, (w, _) in self._live.items() if w.expired()]
-        for k in dead:
-            key = self._live.pop(k)[1]
-            self.events.append(("free", key))
-
-    def _add(self, t, op: str, known: set) -> None:
-        from torch.multiprocessing.reductions import StorageWeakRef
-
-        st = t.untyped_storage()
-        w = StorageWeakRef(st)
-        if w.cdata in self._live or w.cdata in known:
-            return
-        key = next(self._keys)
-        self._live[w.cdata] = (w, key)
-        self.events.append(("alloc", key, st.nbytes(), op))
-
-    def __enter__(self) -> record_allocations:
-        import torch
-        from torch.utils._python_dispatch import TorchDispatchMode
-        from torch.utils._pytree import tree_flatten
-
-        rec = self
-
-        def dispatch(mode, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            ins = {a.untyped_storage()._cdata for a in tree_flatten((args, kwargs))[0]
-                   if isinstance(a, torch.Tensor)}
-            rec._sweep()
-            for t in tree_flatten(out)[0]:
-                if isinstance(t, torch.Tensor):
-                    rec._add(t, func.__name__, ins)
-            return out
-
-        class _Mode(TorchDispatchMode):
-            pass
-
-        # Set after the class exists: TorchDispatchMode.__init_subclass__ would wrap the method
-        # to disable TorchDynamo, and that wrapper imports TorchDynamo (seconds) at first use.
-        # Nothing is compiled while recording, so the wrapper has nothing to do here.
-        _Mode.__torch_dispatch__ = dispatch
-
-        for t in self._track:
-            self._add(t, "tracked", set())
-        self._mode = _Mode()
-        self._mode.__enter__()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._mode.__exit__(*exc)
-        self._sweep()
-
-    def finish(self) -> list[tuple]:
-        """Record the frees of storages that died since the last operator; returns the events."""
-        self._sweep()
-        return self.events
-
-    @property
-    def live(self) -> int:
-        """Number of recorded storages still alive."""
-        return len(self._live)
-
-
-def training_step_events(spec, parallel=None, setup=None, stage: int = 0,
-                         seq_lens: Sequence[int] | None = None) -> list[tuple]:
-    """Allocation events of training steps on one GPU of pipeline stage ``stage``, built from
-    :func:`parmem.estimate`'s own terms (a synthetic trace, not a recording).
-
-    * Model states first, one tensor each: every weight matrix, bias, norm and embedding of the
-      stage's local shard (16-bit; as :func:`parmem.estimate` shards them, shared experts
-      excepted), then at the first backward its gradient, then the fp32 master copy and Adam's two
-      moments (each ⌈n/d⌉ values under ZeRO-1, d = data × context parallel size; gradients too
-      under ZeRO-2; ZeRO-3 is not modelled here, and expert tensors are sharded over d like the
-      others rather than over d/e, so MoE optimizer states come out smaller than the estimate's).
-    * Every micro-batch, in the order of the stage's 1F1B (or GPipe) schedule from
-      :func:`parmem.pipeline.simulate`: each layer's forward allocates the tensors of
-      :func:`parmem.activations.layer_terms`, kept until that layer's backward frees them; the
-      backward allocates the gradient of the layer's input (16-bit, s·b·h) and of its largest
-      inner tensor, and frees them when the next layer down is done.
-    * ``seq_lens``: one sequence length per step (default: one step at ``setup.seq_len``);
-      different lengths model variable-length batches, the case expandable segments address.
-
-    Only the shapes matter to the allocator; :func:`replay` turns the events into reserved and
-    allocated bytes.
-    """
-    par = parallel or ParallelConfig()
-    setup = setup or TrainingSetup(seq_len=2048)
-    if par.zero == 3:
-        raise ValueError("zero=3 is not modelled by training_step_events (use zero <= 2)")
-    if par.vpp > 1 or setup.schedule == "interleaved":
-        raise ValueError("the interleaved schedule is not modelled by training_step_events")
-    integer("stage", stage, 0, par.pp - 1)
-    prec = PRECISIONS[setup.precision]
-    t, d = par.tp, par.dp * par.cp
-    n_layers = even_split(spec.layers, par.pp)[stage]
-    h = spec.hidden
-    weights = stage_weight_tensors(spec, par, stage)
-    ev: list[tuple] = []
-    key = itertools.count()
-
-    def alloc(n: int) -> int:
-        k = next(key)
-        ev.append(("alloc", k, n))
-        return k
-
-    for n in weights:
-        alloc(prec["param"] * n)
-    lengths = list(seq_lens) if seq_lens is not None else [setup.seq_len]
-    order = simulate(setup.schedule, par.pp, setup.num_microbatches).stage_events(stage)
-    for step, s in enumerate(lengths):
-        kept: dict[int, list[list[int]]] = {}
-        terms = [x.bytes for x in layer_terms(spec, s, setup.micro_batch, tp=t, sp=par.sp,
-                                              cp=par.cp, flash=setup.flash_attention,
-                                              dropout=setup.dropout, act_bytes=prec["act"])]
-        grad_in = prec["act"] * (s // par.cp) * setup.micro_batch * h // (t if par.sp else 1)
-        for op in order:
-            if op.kind == "F":
-                kept[op.microbatch] = [[alloc(n) for n in terms if n] for _ in range(n_layers)]
-                continue
-            below: list[int] = []
-            for layer in reversed(kept.pop(op.microbatch)):
-                grads = [alloc(grad_in), alloc(max(terms))]
-                ev.extend(("free", k) for k in layer + below)
-                below = grads
-            ev.extend(("free", k) for k in below)
-            if step == 0 and op is next(o for o in order if o.kind == "B"):
-                for n in weights:  # gradients appear at the first backward and stay
-                    alloc(prec["grad"] * (-(-n // d) if par.zero >= 2 else n))
-        if step == 0:  # the optimizer creates its states at the first step
-            for n in weights:
-                n_local = -(-n // d) if par.zero >= 1 else n
-                if prec["master"]:
-                    alloc(prec["master"] * n_local)
-                per_state = 1 if setup.optimizer == "adam-8bit" else prec["state"]
-                for _ in range(OPTIMIZERS[setup.optimizer]):
-                    alloc(per_state * n_local)
-    return ev
-
-
-def stage_weight_tensors(spec: ModelSpec, parallel: ParallelConfig | None = None,
-                         stage: int = 0) -> list[int]:
-    """Element counts of the weight tensors one GPU of pipeline stage ``stage`` holds, one entry
-    per tensor, in layer order (:func:`parmem.sharding.stage_tensor_numels` for the stage's layers
-    of the even split): 2 bytes times the sum is the estimate's ``params`` for 16-bit weights."""
-    par = parallel or ParallelConfig()
-    integer("stage", stage, 0, par.pp - 1)
-    n_layers = even_split(spec.layers, par.pp)[stage]
-    return stage_tensor_numels(spec, par.tp, par.ep, n_layers, stage == 0, stage == par.pp - 1)

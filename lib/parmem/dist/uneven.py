@@ -57,7 +57,8 @@ def demo(seq_lens=(512, 256, 384, 320), hidden: int = 64, heads: int = 4, layers
          batch: int = 2, vocab: int = 512) -> dict:
     """One training step per rank at sequence length ``seq_lens[rank % len(seq_lens)]``."""
     from parmem import ParallelConfig, TrainingSetup, estimate
-    from parmem.allocator import record_allocations, replay
+    from parmem.allocator import replay
+    from parmem.traces import record_allocations
     from parmem.dist.anatomy import named_extras, tiny_spec
     from parmem.measure import SavedTensorsMeter
     from parmem.reference import TinyGPT

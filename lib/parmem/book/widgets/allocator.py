@@ -3,9 +3,10 @@ expandable segments."""
 
 from __future__ import annotations
 
-from ...allocator import replay, training_step_events
+from ...allocator import replay
 from ...config import ParallelConfig, TrainingSetup
 from ...model import ModelSpec, presets
+from ...traces import training_step_events
 from ..plots.allocator import plot_replay
 from .base import STYLE, error_html, explorer
 
