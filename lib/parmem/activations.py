@@ -134,38 +134,13 @@ def layer_terms(spec: ModelSpec, seq_len: int, micro_batch: int, tp: int = 1, sp
         Term("q", e * sb * q_local * d),
         Term("k, v", 2 * e * sb * kv_local * d),
     ]
-    if flash:
-        terms.append(Term("attention log-sum-exp", 4 * q_local * sb, "fp32, FlashAttention",
-                          core=True))
-    else:
-        score = q_local * s * (s * cp) * b  # (s/cp) queries x s keys per head
-        terms.append(Term("softmax output", e * score, "s×s per head", core=True))
-        if dropout:
-            terms.append(Term("attention dropout mask", score, "1 byte", core=True))
-            terms.append(Term("attention dropout output", e * score, core=True))
+    terms += _core_terms(q_local, s, cp, b, e, flash, dropout)
     terms.append(Term("projection input", e * sb * q_local * d))
     if dropout:
         terms.append(Term("attention output dropout mask", sb * h // rep, "1 byte"))
     terms.append(Term("mlp norm input", e * sb * h // rep, "saved by the norm"))
     terms.append(Term("fc1 input", e * sb * h // rep, "norm output, saved by FC1"))
-
-    def mlp_inner(ffn: int, scale: float) -> int:
-        per = (2 if spec.ffn_kind == "gelu" else 4) * e * sb * (ffn // t)
-        return int(per * scale)
-
-    if spec.is_moe:
-        k = spec.top_k * capacity_factor
-        terms.append(Term("expert inputs", int(e * sb * h * k), "tokens dispatched to top_k experts"))
-        terms.append(Term("expert hidden", mlp_inner(spec.expert_ffn_hidden, k)))
-        if spec.shared_experts:
-            terms.append(Term("shared expert hidden",
-                              mlp_inner(spec.expert_ffn_hidden, spec.shared_experts)))
-        terms.append(Term("router logits and probabilities", 8 * sb * spec.num_experts // rep,
-                          "fp32; each rank routes its own s/t tokens under SP"))
-    else:
-        terms.append(Term("mlp hidden", mlp_inner(spec.ffn_hidden, 1.0),
-                          "GeLU input/output" if spec.ffn_kind == "gelu" else
-                          "gate, up, SiLU(gate), down input"))
+    terms += _mlp_terms(spec, sb, t, rep, e, capacity_factor)
     if dropout:
         terms.append(Term("mlp dropout mask", sb * h // rep, "1 byte"))
     if norm_stat_bytes:
@@ -196,3 +171,44 @@ def kept_terms(spec: ModelSpec, seq_len: int, micro_batch: int, tp: int = 1, sp:
     n = e * s * micro_batch * spec.hidden // (tp if sp else 1)
     return [Term("layer input", n, "the only tensor kept; the layer runs again in backward")]
 
+
+def _core_terms(q_local: int, s: int, cp: int, b: int, e: int, flash: bool, dropout: bool
+                ) -> list[Term]:
+    """The attention core (what selective recomputation drops): the (s/cp)×s softmax output per
+    local head, its dropout mask and output (Korthikanti et al. 2022 §4.1, 5as²b); with
+    FlashAttention only the fp32 log-sum-exp per query and head (Dao et al. 2022)."""
+    if flash:
+        return [Term("attention log-sum-exp", 4 * q_local * s * b, "fp32, FlashAttention",
+                     core=True)]
+    score = q_local * s * (s * cp) * b  # (s/cp) queries x s keys per head
+    out = [Term("softmax output", e * score, "s×s per head", core=True)]
+    if dropout:
+        out += [Term("attention dropout mask", score, "1 byte", core=True),
+                Term("attention dropout output", e * score, core=True)]
+    return out
+
+
+def _mlp_terms(spec: ModelSpec, sb: int, t: int, rep: int, e: int, capacity_factor: float
+               ) -> list[Term]:
+    """The MLP's inner tensors: GeLU input and output (2·2sbf/t), or SwiGLU's gate, up,
+    SiLU(gate) and down-projection input (4·2sbf/t); for MoE the tokens dispatched to
+    ``top_k`` experts (times the capacity factor), their hidden tensors, the shared experts' and
+    the router's fp32 logits and probabilities."""
+
+    def inner(ffn: int, scale: float) -> int:
+        return int((2 if spec.ffn_kind == "gelu" else 4) * e * sb * (ffn // t) * scale)
+
+    h = spec.hidden
+    if not spec.is_moe:
+        return [Term("mlp hidden", inner(spec.ffn_hidden, 1.0),
+                     "GeLU input/output" if spec.ffn_kind == "gelu" else
+                     "gate, up, SiLU(gate), down input")]
+    k = spec.top_k * capacity_factor
+    out = [Term("expert inputs", int(e * sb * h * k), "tokens dispatched to top_k experts"),
+           Term("expert hidden", inner(spec.expert_ffn_hidden, k))]
+    if spec.shared_experts:
+        out.append(Term("shared expert hidden",
+                        inner(spec.expert_ffn_hidden, spec.shared_experts)))
+    out.append(Term("router logits and probabilities", 8 * sb * spec.num_experts // rep,
+                    "fp32; each rank routes its own s/t tokens under SP"))
+    return out

@@ -19,6 +19,7 @@ draws; the figures themselves compute nothing.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 from ._check import integer
@@ -82,41 +83,39 @@ def balance_layers(spec: ModelSpec, parallel: ParallelConfig | None = None,
             lps[j] = L - n - v * (p - 2)
             total[i][n] = estimate(spec, par, setup, layers_per_stage=lps).stages[i].total
 
-    def solve(cost) -> tuple[float, list[int]]:
-        """min over splits of fold(cost(i, n)); fold is max for the peak, + for the deviation."""
-        inf = float("inf")
-        # best[i][r]: best value for stages i..p-1 holding r layers; choice[i][r]: n of stage i
-        best = [[inf] * (L + 1) for _ in range(p + 1)]
-        choice = [[0] * (L + 1) for _ in range(p)]
-        best[p][0] = 0
-        for i in range(p - 1, -1, -1):
-            for r in range(v * (p - i), L - v * i + 1, v):
-                for n in counts:
-                    if n > r - v * (p - i - 1):
-                        break
-                    c, rest = cost(i, n), best[i + 1][r - n]
-                    val = cost.fold(c, rest)
-                    if val < best[i][r]:
-                        best[i][r], choice[i][r] = val, n
-        split, r = [], L
-        for i in range(p):
-            split.append(choice[i][r])
-            r -= choice[i][r]
-        return best[0][L], split
-
-    def peak_cost(i, n):
-        return total[i][n]
-
-    peak_cost.fold = max
-    t_star, _ = solve(peak_cost)
+    t_star, _ = _split_dp(p, L, v, counts, lambda i, n: total[i][n], max)
     mean = L / p
 
-    def deviation_cost(i, n):
+    def deviation(i: int, n: int) -> float:
         return (n - mean) ** 2 if total[i][n] <= t_star else float("inf")
 
-    deviation_cost.fold = lambda a, b: a + b
-    _, split = solve(deviation_cost)
+    _, split = _split_dp(p, L, v, counts, deviation, lambda a, b: a + b)
     return tuple(split)
+
+
+def _split_dp(p: int, L: int, v: int, counts: list[int], cost: Callable[[int, int], float],
+              fold: Callable[[float, float], float]) -> tuple[float, list[int]]:
+    """min over splits of L layers into p stages (each a multiple of v, from ``counts``) of
+    ``fold`` over the stages of ``cost(stage, layers)``: fold is max for the peak, + for a sum.
+    Dynamic programme over the stages, last to first."""
+    inf = float("inf")
+    # best[i][r]: best value for stages i..p-1 holding r layers; choice[i][r]: n of stage i
+    best = [[inf] * (L + 1) for _ in range(p + 1)]
+    choice = [[0] * (L + 1) for _ in range(p)]
+    best[p][0] = 0.0
+    for i in range(p - 1, -1, -1):
+        for r in range(v * (p - i), L - v * i + 1, v):
+            for n in counts:
+                if n > r - v * (p - i - 1):
+                    break
+                val = fold(cost(i, n), best[i + 1][r - n])
+                if val < best[i][r]:
+                    best[i][r], choice[i][r] = val, n
+    split, r = [], L
+    for i in range(p):
+        split.append(choice[i][r])
+        r -= choice[i][r]
+    return best[0][L], split
 
 
 

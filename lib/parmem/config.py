@@ -169,22 +169,26 @@ def check_layout(spec: ModelSpec, par: ParallelConfig, setup: TrainingSetup,
     if interleaved and setup.num_microbatches % p:
         raise ValueError(f"num_microbatches={setup.num_microbatches} must be a multiple of "
                          f"pp={p} for the interleaved schedule (Megatron-LM requirement)")
+    return _stage_layers(spec, par, layers_per_stage)
+
+
+def _stage_layers(spec: ModelSpec, par: ParallelConfig, layers_per_stage: Any) -> list[int]:
+    """The layers of each stage: ``layers_per_stage`` checked (p entries, integers >= 1 summing
+    to L, multiples of v when interleaved), or :func:`even_split`."""
+    p = par.pp
     if layers_per_stage is None:
         lps = list(even_split(spec.layers, p))
     else:
         if isinstance(layers_per_stage, str | bytes) or not hasattr(layers_per_stage, "__len__"):
             raise ValueError(f"layers_per_stage={layers_per_stage!r} must be a list of {p} "
                              "layer counts")
-        lps = list(layers_per_stage)
+        lps = [integer(f"layers_per_stage[{i}]", n) for i, n in enumerate(layers_per_stage)]
         if len(lps) != p:
             raise ValueError(f"layers_per_stage has {len(lps)} entries; it needs pp={p}")
-        for i, n in enumerate(lps):
-            integer(f"layers_per_stage[{i}]", n)
         if sum(lps) != spec.layers:
             raise ValueError(f"layers_per_stage sums to {sum(lps)}; it must sum to "
                              f"layers={spec.layers}")
-    if interleaved:
-        for i, n in enumerate(lps):
-            if n % par.vpp:
-                raise ValueError(f"vpp={par.vpp} must divide the {n} layers of stage {i}")
+    for i, n in enumerate(lps):
+        if n % par.vpp:
+            raise ValueError(f"vpp={par.vpp} must divide the {n} layers of stage {i}")
     return lps

@@ -178,48 +178,22 @@ def estimate(spec: ModelSpec, parallel: ParallelConfig | None = None,
     if world_size is not None:
         par.check_world_size(world_size)
     lps = check_layout(spec, par, setup, layers_per_stage)
-    prec = PRECISIONS[setup.precision]
-    t, p, cp = par.tp, par.pp, par.cp
-    s_local = setup.seq_len // cp
-    b, h = setup.micro_batch, spec.hidden
-    e_act = prec["act"]
-    rep = t if par.sp else 1
-    terms = layer_terms(spec, setup.seq_len, b, tp=t, sp=par.sp, cp=cp,
-                        flash=setup.flash_attention, dropout=setup.dropout, act_bytes=e_act,
-                        capacity_factor=setup.capacity_factor)
-    full = sum(x.bytes for x in terms)
-    if setup.recompute == "none":
-        kept = full
-    elif setup.recompute == "selective":
-        kept = sum(x.bytes for x in terms if not x.core)
-    else:
-        kept = e_act * s_local * b * h // rep
-    boundary = e_act * s_local * b * h // rep  # one s·b·h activation tensor (sharded under SP)
-    zero_group = par.dp * cp
-    expert_group = zero_group // par.ep
-    tp_buffer = e_act * s_local * b * h if t > 1 else 0  # TP all-reduce / SP all-gather output
-    p2p_buffers = 2 * boundary if p > 1 else 0          # p2p send and receive buffers
-    a2a_buffers = 0  # MoE dispatch send + receive, padded to the capacity factor
-    if spec.is_moe and par.ep > 1:
-        a2a_buffers = int(2 * e_act * s_local * b * spec.top_k * h * setup.capacity_factor)
+    full, kept = _layer_bytes(spec, par, setup)
+    boundary = _boundary(spec, par, setup)
+    buffers = _buffers(spec, par, setup)
     zero3_gather = 0
-    if par.zero == 3 and zero_group > 1:  # gathered current layer + prefetched next layer
-        zero3_gather = 2 * prec["param"] * sum(stage_params(spec, t, par.ep, 1, False, False))
-    ddp_copy = par.dp * cp > 1 and par.zero == 0 and setup.grad_buckets == "copy"
-    in_flight = in_flight_profile(setup.schedule, p, setup.num_microbatches, par.vpp)
+    if par.zero == 3 and par.dp * par.cp > 1:  # gathered current layer + prefetched next layer
+        param_bytes = PRECISIONS[setup.precision]["param"]
+        zero3_gather = 2 * param_bytes * sum(stage_params(spec, par.tp, par.ep, 1, False, False))
+    ddp_copy = par.dp * par.cp > 1 and par.zero == 0 and setup.grad_buckets == "copy"
+    in_flight = in_flight_profile(setup.schedule, par.pp, setup.num_microbatches, par.vpp)
     states: dict[tuple[int, bool, bool], tuple[int, int, int, int]] = {}
     stages = []
     for i, n_layers in enumerate(lps):
-        first, last = i == 0, i == p - 1
+        first, last = i == 0, i == par.pp - 1
         key = (n_layers, first, last)
         if key not in states:
-            dense_n, expert_n = stage_params(spec, t, par.ep, n_layers, first, last)
-            dense = model_state_bytes(dense_n, zero_group, par.zero, setup.precision,
-                                      setup.optimizer)
-            expert = model_state_bytes(expert_n, expert_group, par.zero, setup.precision,
-                                       setup.optimizer)
-            states[key] = (dense_n + expert_n, dense.params + expert.params,
-                           dense.grads + expert.grads, dense.optimizer + expert.optimizer)
+            states[key] = _stage_states(spec, par, setup, n_layers, first, last)
         n_params, p_bytes, g_bytes, o_bytes = states[key]
         units = in_flight[i]
         layer_units = units * (n_layers // par.vpp)  # layer-micro-batches held at the peak
@@ -228,12 +202,13 @@ def estimate(spec: ModelSpec, parallel: ParallelConfig | None = None,
                  if par.vpp == 1 else f"{units} chunk-micro-batches in flight (v={par.vpp})"]
         mb_units = cdiv(units, par.vpp)
         if first and setup.dropout:
-            act += s_local * b * h // rep * mb_units  # embedding dropout mask, 1 byte
+            act += boundary // PRECISIONS[setup.precision]["act"] * mb_units  # 1-byte mask
         logits = 0
         if last:
             act += 2 * boundary * mb_units  # final norm input and LM-head input
-            logits = 4 * s_local * b * vocab_rows(spec, t) * mb_units
-        comm = tp_buffer + p2p_buffers + a2a_buffers + (zero3_gather if n_layers else 0)
+            logits = 4 * (setup.seq_len // par.cp) * setup.micro_batch \
+                * vocab_rows(spec, par.tp) * mb_units
+        comm = buffers + (zero3_gather if n_layers else 0)
         if ddp_copy:
             comm += g_bytes
             notes.append("DDP buckets hold a second copy of the gradients")
@@ -242,3 +217,53 @@ def estimate(spec: ModelSpec, parallel: ParallelConfig | None = None,
             optimizer=o_bytes, activations=act, logits=logits, comm_buffers=comm,
             cuda_context=setup.cuda_context, notes=tuple(notes)))
     return Estimate(spec=spec, parallel=par, setup=setup, stages=tuple(stages))
+
+
+def _boundary(spec: ModelSpec, par: ParallelConfig, setup: TrainingSetup) -> int:
+    """One s·b·h activation tensor on this GPU (s/cp tokens; divided by t under SP)."""
+    act = PRECISIONS[setup.precision]["act"]
+    return act * (setup.seq_len // par.cp) * setup.micro_batch * spec.hidden // \
+        (par.tp if par.sp else 1)
+
+
+def _layer_bytes(spec: ModelSpec, par: ParallelConfig, setup: TrainingSetup) -> tuple[int, int]:
+    """(all, kept) activation bytes of one layer and one micro-batch: everything
+    :func:`~parmem.activations.layer_terms` lists, and what the recompute mode keeps (selective:
+    all but the attention core; full: the layer's input, Korthikanti et al. 2022 Table 2)."""
+    terms = layer_terms(spec, setup.seq_len, setup.micro_batch, tp=par.tp, sp=par.sp,
+                        cp=par.cp, flash=setup.flash_attention, dropout=setup.dropout,
+                        act_bytes=PRECISIONS[setup.precision]["act"],
+                        capacity_factor=setup.capacity_factor)
+    full = sum(x.bytes for x in terms)
+    if setup.recompute == "none":
+        return full, full
+    if setup.recompute == "selective":
+        return full, sum(x.bytes for x in terms if not x.core)
+    return full, _boundary(spec, par, setup)
+
+
+def _buffers(spec: ModelSpec, par: ParallelConfig, setup: TrainingSetup) -> int:
+    """Communication buffers every stage holds: the TP all-reduce (or SP all-gather) output,
+    one s·b·h tensor; the pipeline's send and receive buffers; the MoE dispatch send and
+    receive buffers, padded to the capacity factor."""
+    act = PRECISIONS[setup.precision]["act"]
+    tokens = (setup.seq_len // par.cp) * setup.micro_batch
+    out = act * tokens * spec.hidden if par.tp > 1 else 0
+    if par.pp > 1:
+        out += 2 * _boundary(spec, par, setup)
+    if spec.is_moe and par.ep > 1:
+        out += int(2 * act * tokens * spec.top_k * spec.hidden * setup.capacity_factor)
+    return out
+
+
+def _stage_states(spec: ModelSpec, par: ParallelConfig, setup: TrainingSetup, n_layers: int,
+                  first: bool, last: bool) -> tuple[int, int, int, int]:
+    """(parameters, their bytes, gradient bytes, optimizer bytes) on one GPU of a stage: dense
+    parameters ZeRO-sharded over d·cp, expert parameters over the d·cp/e expert-data ranks."""
+    dense_n, expert_n = stage_params(spec, par.tp, par.ep, n_layers, first, last)
+    group = par.dp * par.cp
+    dense = model_state_bytes(dense_n, group, par.zero, setup.precision, setup.optimizer)
+    expert = model_state_bytes(expert_n, group // par.ep, par.zero, setup.precision,
+                               setup.optimizer)
+    return (dense_n + expert_n, dense.params + expert.params, dense.grads + expert.grads,
+            dense.optimizer + expert.optimizer)

@@ -249,71 +249,88 @@ def simulate_kv_cache(requests, capacity: int, policy: str = "paged", block_size
 
     Returns a :class:`KVCacheSim`.
     """
-    if policy not in ("paged", "contiguous"):
-        raise ValueError(f"policy={policy!r} must be 'paged' or 'contiguous'")
+    choice("policy", policy, ("paged", "contiguous"))
     for name, v in (("capacity", capacity), ("block_size", block_size), ("max_len", max_len)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name}={v!r} must be an integer >= 1")
+        integer(name, v)
     reqs = sorted(requests, key=lambda r: r.arrival)
-    for r in reqs:
-        if r.prompt < 1 or r.output < 1 or r.arrival < 0:
-            raise ValueError(f"{r}: prompt and output must be >= 1 and arrival >= 0")
-        if policy == "contiguous" and r.length > max_len:
-            raise ValueError(f"{r}: prompt + output = {r.length} exceeds max_len={max_len}")
-    unit = block_size if policy == "paged" else max_len
-    slots = capacity // unit * unit          # whole blocks (or whole max_len reservations)
-    if policy == "contiguous" and slots < max_len:
-        raise ValueError(f"capacity={capacity} holds no request of max_len={max_len}")
-    if policy == "paged" and reqs and -(-max(r.length for r in reqs) // unit) * unit > slots:
-        raise ValueError(f"capacity={capacity} cannot hold the longest request alone")
-
-    def need(tokens: int) -> int:  # slots a request holding `tokens` tokens occupies
-        return max_len if policy == "contiguous" else -(-tokens // unit) * unit
-
-    waiting = [[r, 0] for r in reqs]         # [request, tokens generated so far]
-    running: list[list] = []                 # admission order; entries [request, generated]
-    used = 0
+    server = _Server(reqs, capacity, block_size if policy == "paged" else max_len,
+                     policy == "contiguous", max_len)
     stored, allocated, n_running = [], [], []
-    generated = preemptions = 0
     step = 0
-    while waiting or running:
-        # 1. running requests add one token each (oldest first); preempt the newest if needed
-        i = 0
-        while i < len(running):
-            r, k = running[i]
-            grow = need(r.prompt + k + 1) - need(r.prompt + k)
-            while grow > slots - used and running[-1] is not running[i]:
-                victim = running.pop()
-                used -= need(victim[0].prompt + victim[1])
-                waiting.insert(0, victim)
-                preemptions += 1
-            if grow > slots - used:          # it is the newest itself: it waits
-                victim = running.pop(i)
-                used -= need(r.prompt + k)
-                waiting.insert(0, victim)
-                preemptions += 1
-                continue
-            used += grow
-            running[i][1] += 1
-            i += 1
-        # 2. admit arrived requests in order while they fit
-        while waiting and waiting[0][0].arrival <= step:
-            r, k = waiting[0]
-            cost = need(r.prompt + k + 1)
-            if cost > slots - used:
-                break
-            waiting.pop(0)
-            used += cost
-            running.append([r, k + 1])
-        # 3. record, then retire finished requests
-        stored.append(sum(r.prompt + k for r, k in running))
-        allocated.append(used)
-        n_running.append(len(running))
-        generated += len(running)
-        done = [e for e in running if e[1] >= e[0].output]
-        for r, k in done:
-            used -= need(r.prompt + k)
-        running = [e for e in running if e[1] < e[0].output]
+    while server.waiting or server.running:
+        server.grow()
+        server.admit(step)
+        stored.append(sum(r.prompt + k for r, k in server.running))
+        allocated.append(server.used)
+        n_running.append(len(server.running))
+        server.generated += len(server.running)
+        server.retire()
         step += 1
     return KVCacheSim(policy, capacity, tuple(stored), tuple(allocated), tuple(n_running),
-                      generated, preemptions)
+                      server.generated, server.preemptions)
+
+
+class _Server:
+    """The state of :func:`simulate_kv_cache`: requests waiting and running (each
+    ``[request, tokens generated so far]``, running in admission order) and the slots used."""
+
+    def __init__(self, reqs: list[Request], capacity: int, unit: int, contiguous: bool,
+                 max_len: int):
+        for r in reqs:
+            if r.prompt < 1 or r.output < 1 or r.arrival < 0:
+                raise ValueError(f"{r}: prompt and output must be >= 1 and arrival >= 0")
+            if contiguous and r.length > max_len:
+                raise ValueError(f"{r}: prompt + output = {r.length} exceeds max_len={max_len}")
+        self.unit, self.contiguous, self.max_len = unit, contiguous, max_len
+        self.slots = capacity // unit * unit  # whole blocks (or whole max_len reservations)
+        if contiguous and self.slots < max_len:
+            raise ValueError(f"capacity={capacity} holds no request of max_len={max_len}")
+        if not contiguous and reqs and self.need(max(r.length for r in reqs)) > self.slots:
+            raise ValueError(f"capacity={capacity} cannot hold the longest request alone")
+        self.waiting: list[list] = [[r, 0] for r in reqs]
+        self.running: list[list] = []
+        self.used = self.generated = self.preemptions = 0
+
+    def need(self, tokens: int) -> int:
+        """Slots a request holding ``tokens`` tokens occupies."""
+        return self.max_len if self.contiguous else -(-tokens // self.unit) * self.unit
+
+    def _preempt(self, index: int) -> None:
+        victim = self.running.pop(index)
+        self.used -= self.need(victim[0].prompt + victim[1])
+        self.waiting.insert(0, victim)
+        self.preemptions += 1
+
+    def grow(self) -> None:
+        """Every running request adds one token (oldest first), preempting the newest when a
+        request needs a block and none is free; the newest itself goes back to waiting."""
+        i = 0
+        while i < len(self.running):
+            r, k = self.running[i]
+            grow = self.need(r.prompt + k + 1) - self.need(r.prompt + k)
+            while grow > self.slots - self.used and self.running[-1] is not self.running[i]:
+                self._preempt(-1)
+            if grow > self.slots - self.used:
+                self._preempt(i)
+                continue
+            self.used += grow
+            self.running[i][1] += 1
+            i += 1
+
+    def admit(self, step: int) -> None:
+        """Admit arrived requests in arrival order while they fit (its prefill: prompt + 1)."""
+        while self.waiting and self.waiting[0][0].arrival <= step:
+            r, k = self.waiting[0]
+            cost = self.need(r.prompt + k + 1)
+            if cost > self.slots - self.used:
+                break
+            self.waiting.pop(0)
+            self.used += cost
+            self.running.append([r, k + 1])
+
+    def retire(self) -> None:
+        """Finished requests leave and free their slots."""
+        for r, k in self.running:
+            if k >= r.output:
+                self.used -= self.need(r.prompt + k)
+        self.running = [e for e in self.running if e[1] < e[0].output]

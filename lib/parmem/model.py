@@ -69,6 +69,18 @@ class ModelSpec:
     def __post_init__(self) -> None:
         for f in ("vocab_size", "hidden", "layers", "heads", "max_positions"):
             integer(f, getattr(self, f))
+        self._derive_widths()
+        if self.heads % self.kv_heads:
+            raise ValueError(f"kv_heads={self.kv_heads} must divide heads={self.heads}")
+        choice("ffn_kind", self.ffn_kind, FFN_KINDS)
+        choice("norm", self.norm, NORM_KINDS)
+        choice("position", self.position, POSITION_KINDS)
+        for f in ("bias", "qkv_bias", "tied_embeddings"):
+            boolean(f, getattr(self, f))
+        self._check_experts()
+
+    def _derive_widths(self) -> None:
+        """Fill in the widths left at 0 (or None): kv_heads = a, head_dim = h/a, f = 4h."""
         for f in ("kv_heads", "head_dim", "ffn_hidden", "expert_ffn_hidden"):
             if getattr(self, f) is None:  # the 0.1 API's "derive it"
                 object.__setattr__(self, f, 0)
@@ -83,13 +95,8 @@ class ModelSpec:
             object.__setattr__(self, "ffn_hidden", 4 * self.hidden)
         for f in ("kv_heads", "head_dim", "ffn_hidden"):
             integer(f, getattr(self, f))
-        if self.heads % self.kv_heads:
-            raise ValueError(f"kv_heads={self.kv_heads} must divide heads={self.heads}")
-        choice("ffn_kind", self.ffn_kind, FFN_KINDS)
-        choice("norm", self.norm, NORM_KINDS)
-        choice("position", self.position, POSITION_KINDS)
-        for f in ("bias", "qkv_bias", "tied_embeddings"):
-            boolean(f, getattr(self, f))
+
+    def _check_experts(self) -> None:
         integer("num_experts", self.num_experts, 0)
         integer("top_k", self.top_k, 0)
         integer("shared_experts", self.shared_experts, 0)

@@ -13,9 +13,9 @@ element) and ``("free", key)``.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
-from ._check import integer
+from ._check import cdiv, integer
 from .activations import layer_terms
 from .config import OPTIMIZERS, PRECISIONS, ParallelConfig, TrainingSetup, even_split
 from .model import ModelSpec
@@ -113,17 +113,19 @@ class record_allocations:  # noqa: N801 - used like a function: ``with record_al
         return len(self._live)
 
 
-def training_step_events(spec, parallel=None, setup=None, stage: int = 0,
+def training_step_events(spec: ModelSpec, parallel: ParallelConfig | None = None,
+                         setup: TrainingSetup | None = None, stage: int = 0,
                          seq_lens: Sequence[int] | None = None) -> list[tuple]:
     """Allocation events of training steps on one GPU of pipeline stage ``stage``, built from
     :func:`parmem.estimate`'s own terms (a synthetic trace, not a recording).
 
     * Model states first, one tensor each: every weight matrix, bias, norm and embedding of the
-      stage's local shard (16-bit; as :func:`parmem.estimate` shards them, shared experts
-      excepted), then at the first backward its gradient, then the fp32 master copy and Adam's two
-      moments (each ⌈n/d⌉ values under ZeRO-1, d = data × context parallel size; gradients too
-      under ZeRO-2; ZeRO-3 is not modelled here, and expert tensors are sharded over d like the
-      others rather than over d/e, so MoE optimizer states come out smaller than the estimate's).
+      stage's local shard (16-bit; :func:`stage_weight_tensors`, as :func:`parmem.estimate`
+      shards them), then at the first backward its gradient, then the fp32 master copy and Adam's
+      two moments (each ⌈n/d⌉ values under ZeRO-1, d = data × context parallel size; gradients
+      too under ZeRO-2; ZeRO-3 is not modelled here, and expert tensors are sharded over d like
+      the others rather than over d/e, so MoE optimizer states come out smaller than the
+      estimate's).
     * Every micro-batch, in the order of the stage's 1F1B (or GPipe) schedule from
       :func:`parmem.pipeline.simulate`: each layer's forward allocates the tensors of
       :func:`parmem.activations.layer_terms`, kept until that layer's backward frees them; the
@@ -132,8 +134,8 @@ def training_step_events(spec, parallel=None, setup=None, stage: int = 0,
     * ``seq_lens``: one sequence length per step (default: one step at ``setup.seq_len``);
       different lengths model variable-length batches, the case expandable segments address.
 
-    Only the shapes matter to the allocator; :func:`replay` turns the events into reserved and
-    allocated bytes.
+    Only the shapes matter to the allocator; :func:`parmem.allocator.replay` turns the events
+    into reserved and allocated bytes.
     """
     par = parallel or ParallelConfig()
     setup = setup or TrainingSetup(seq_len=2048)
@@ -143,50 +145,72 @@ def training_step_events(spec, parallel=None, setup=None, stage: int = 0,
         raise ValueError("the interleaved schedule is not modelled by training_step_events")
     integer("stage", stage, 0, par.pp - 1)
     prec = PRECISIONS[setup.precision]
-    t, d = par.tp, par.dp * par.cp
-    n_layers = even_split(spec.layers, par.pp)[stage]
-    h = spec.hidden
+    trace = _Trace()
     weights = stage_weight_tensors(spec, par, stage)
-    ev: list[tuple] = []
-    key = itertools.count()
-
-    def alloc(n: int) -> int:
-        k = next(key)
-        ev.append(("alloc", k, n))
-        return k
-
     for n in weights:
-        alloc(prec["param"] * n)
-    lengths = list(seq_lens) if seq_lens is not None else [setup.seq_len]
+        trace.alloc(prec["param"] * n)
     order = simulate(setup.schedule, par.pp, setup.num_microbatches).stage_events(stage)
-    for step, s in enumerate(lengths):
-        kept: dict[int, list[list[int]]] = {}
-        terms = [x.bytes for x in layer_terms(spec, s, setup.micro_batch, tp=t, sp=par.sp,
+    first_backward = next(o for o in order if o.kind == "B")
+    n_layers = even_split(spec.layers, par.pp)[stage]
+    shard = par.dp * par.cp
+    for step, s in enumerate(list(seq_lens) if seq_lens is not None else [setup.seq_len]):
+        terms = [x.bytes for x in layer_terms(spec, s, setup.micro_batch, tp=par.tp, sp=par.sp,
                                               cp=par.cp, flash=setup.flash_attention,
                                               dropout=setup.dropout, act_bytes=prec["act"])]
-        grad_in = prec["act"] * (s // par.cp) * setup.micro_batch * h // (t if par.sp else 1)
+        grad_in = prec["act"] * (s // par.cp) * setup.micro_batch * spec.hidden
+        grad_in //= par.tp if par.sp else 1
+        kept: dict[int, list[list[int]]] = {}
         for op in order:
             if op.kind == "F":
-                kept[op.microbatch] = [[alloc(n) for n in terms if n] for _ in range(n_layers)]
+                kept[op.microbatch] = [[trace.alloc(n) for n in terms if n]
+                                       for _ in range(n_layers)]
                 continue
-            below: list[int] = []
-            for layer in reversed(kept.pop(op.microbatch)):
-                grads = [alloc(grad_in), alloc(max(terms))]
-                ev.extend(("free", k) for k in layer + below)
-                below = grads
-            ev.extend(("free", k) for k in below)
-            if step == 0 and op is next(o for o in order if o.kind == "B"):
-                for n in weights:  # gradients appear at the first backward and stay
-                    alloc(prec["grad"] * (-(-n // d) if par.zero >= 2 else n))
+            trace.backward(kept.pop(op.microbatch), grad_in, max(terms))
+            if step == 0 and op is first_backward:  # gradients appear and stay
+                for n in weights:
+                    trace.alloc(prec["grad"] * (cdiv(n, shard) if par.zero >= 2 else n))
         if step == 0:  # the optimizer creates its states at the first step
-            for n in weights:
-                n_local = -(-n // d) if par.zero >= 1 else n
-                if prec["master"]:
-                    alloc(prec["master"] * n_local)
-                per_state = 1 if setup.optimizer == "adam-8bit" else prec["state"]
-                for _ in range(OPTIMIZERS[setup.optimizer]):
-                    alloc(per_state * n_local)
-    return ev
+            _optimizer_states(trace, weights, shard if par.zero >= 1 else 1, setup)
+    return trace.events
+
+
+class _Trace:
+    """Events under construction, with a fresh key per allocation."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple] = []
+        self._keys = itertools.count()
+
+    def alloc(self, nbytes: int) -> int:
+        key = next(self._keys)
+        self.events.append(("alloc", key, nbytes))
+        return key
+
+    def free(self, keys: Iterable[int]) -> None:
+        self.events.extend(("free", k) for k in keys)
+
+    def backward(self, layers: list[list[int]], grad_in: int, largest: int) -> None:
+        """Backward through ``layers`` (last first): each allocates its input gradient and its
+        largest inner gradient, frees its saved tensors and the gradients of the layer above."""
+        below: list[int] = []
+        for layer in reversed(layers):
+            grads = [self.alloc(grad_in), self.alloc(largest)]
+            self.free(layer + below)
+            below = grads
+        self.free(below)
+
+
+def _optimizer_states(trace: _Trace, weights: list[int], shard: int, setup: TrainingSetup
+                      ) -> None:
+    """The fp32 master copy and the optimizer's states of each weight, ⌈n/shard⌉ values each."""
+    prec = PRECISIONS[setup.precision]
+    per_state = 1 if setup.optimizer == "adam-8bit" else prec["state"]
+    for n in weights:
+        n_local = cdiv(n, shard)
+        if prec["master"]:
+            trace.alloc(prec["master"] * n_local)
+        for _ in range(OPTIMIZERS[setup.optimizer]):
+            trace.alloc(per_state * n_local)
 
 
 def stage_weight_tensors(spec: ModelSpec, parallel: ParallelConfig | None = None,
