@@ -31,6 +31,7 @@ ORDER = [
     "parmem.planner",
     "parmem.hardware",
     "parmem.units",
+    "parmem.papers",
     "parmem.measure",
     "parmem.reference",
     "parmem.plots",
