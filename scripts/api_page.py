@@ -37,6 +37,7 @@ ORDER = [
     "parmem.planner.emit",
     "parmem.hardware",
     "parmem.units",
+    "parmem.papers",
     "parmem.measure",
     "parmem.reference",
     "parmem.book",

@@ -1,30 +1,13 @@
 """Activation formulas against Korthikanti et al. 2022 (Table 2, §4.2.3, §5)."""
 
-from fractions import Fraction
-
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from parmem import ModelSpec
 from parmem.activations import layer_terms, per_layer_bytes
+from parmem.papers import korthikanti_table2, table
 from parmem.pipeline import in_flight_units
-
-
-def paper_table2(s, b, h, a, t, case):
-    """Korthikanti et al. 2022, Table 2, written out as the paper prints it (bytes), in exact
-    rational arithmetic."""
-    s, b, h, a, t = (Fraction(x) for x in (s, b, h, a, t))
-    sbh = s * b * h
-    return {
-        "none": sbh * (34 + 5 * a * s / h),
-        "tp": sbh * (10 + 24 / t + 5 * a * s / (h * t)),
-        "tp+sp": sbh / t * (34 + 5 * a * s / h),
-        "tp+selective": sbh * (10 + 24 / t),
-        "tp+sp+selective": sbh * 34 / t,
-        "full": 2 * sbh,
-    }[case]
-
 
 shapes = st.tuples(st.sampled_from([128, 512, 2048, 4096]), st.integers(1, 8),
                    st.sampled_from([(4096, 32), (6144, 64), (12288, 96), (20480, 128)]),
@@ -34,15 +17,18 @@ shapes = st.tuples(st.sampled_from([128, 512, 2048, 4096]), st.integers(1, 8),
 @given(shapes)
 def test_table2_every_case(shape):
     s, b, (h, a), t = shape
-    assert per_layer_bytes(s, b, h, a) == paper_table2(s, b, h, a, 1, "none")
-    assert per_layer_bytes(s, b, h, a, tp=t) == paper_table2(s, b, h, a, t, "tp")
-    assert per_layer_bytes(s, b, h, a, tp=t, recompute="selective") == \
-        paper_table2(s, b, h, a, t, "tp+selective")
-    assert per_layer_bytes(s, b, h, a, recompute="full") == paper_table2(s, b, h, a, t, "full")
+    # Korthikanti et al. 2022, Table 2, as printed (data/papers.yaml), in exact rationals
+    def paper(case):
+        return korthikanti_table2(case, s, b, h, a, t)
+
+    assert per_layer_bytes(s, b, h, a) == korthikanti_table2("none", s, b, h, a, 1)
+    assert per_layer_bytes(s, b, h, a, tp=t) == paper("tp")
+    assert per_layer_bytes(s, b, h, a, tp=t, recompute="selective") == paper("tp+selective")
+    assert per_layer_bytes(s, b, h, a, recompute="full") == paper("full")
     if t > 1:
-        assert per_layer_bytes(s, b, h, a, tp=t, sp=True) == paper_table2(s, b, h, a, t, "tp+sp")
+        assert per_layer_bytes(s, b, h, a, tp=t, sp=True) == paper("tp+sp")
         assert per_layer_bytes(s, b, h, a, tp=t, sp=True, recompute="selective") == \
-            paper_table2(s, b, h, a, t, "tp+sp+selective")
+            paper("tp+sp+selective")
         assert per_layer_bytes(s, b, h, a, tp=t, sp=True, recompute="full") == 2 * s * b * h // t
 
 
@@ -52,13 +38,18 @@ def test_gpt3_5as_over_h_is_80():
     assert per_layer_bytes(s, b, h, a) == s * b * h * (34 + 80)
 
 
-@pytest.mark.parametrize("h,a,saving", [(12288, 96, 0.70), (20480, 128, 0.65)])
-def test_selective_recompute_saving(h, a, saving):
+SAVING = table("korthikanti2022_selective_saving")
+
+
+@pytest.mark.parametrize("row", SAVING.rows, ids=[r["preset"] for r in SAVING.rows])
+def test_selective_recompute_saving(row):
     # Korthikanti et al. 2022 §5: selective recomputation removes 70% (GPT-3) and 65% (MT-NLG)
     # of the activation memory, with s = 2048.
-    full = per_layer_bytes(2048, 1, h, a, tp=8, sp=True)
-    sel = per_layer_bytes(2048, 1, h, a, tp=8, sp=True, recompute="selective")
-    assert round(1 - sel / full, 2) == saving
+    spec, s = ModelSpec.preset(row["preset"]), SAVING.settings["seq_len"]
+    h, a = spec.hidden, spec.heads
+    full = per_layer_bytes(s, 1, h, a, tp=8, sp=True)
+    sel = per_layer_bytes(s, 1, h, a, tp=8, sp=True, recompute="selective")
+    assert round(1 - sel / full, 2) == row["percent"] / 100
 
 
 def gpt_spec(h, a):

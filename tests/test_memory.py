@@ -4,14 +4,19 @@ import pytest
 
 from parmem import ModelSpec, ParallelConfig, TrainingSetup, estimate, model_state_bytes
 from parmem.activations import per_layer_bytes
+from parmem.papers import table
+
+FIGURE1 = table("rajbhandari2020_figure1")
 
 
-@pytest.mark.parametrize("zero,gb", [(0, 120.0), (1, 31.4), (2, 16.6), (3, 1.9)])
-def test_zero_paper_figure1(zero, gb):
+@pytest.mark.parametrize("row", FIGURE1.rows, ids=[r["label"] for r in FIGURE1.rows])
+def test_zero_paper_figure1(row):
     # Rajbhandari et al. 2020, Figure 1: Psi = 7.5B, N_d = 64, K = 12 (mixed-precision Adam):
     # 120 GB, 31.4 GB, 16.6 GB and 1.9 GB per GPU (GB = 1e9 bytes).
-    m = model_state_bytes(7_500_000_000, dp=64, zero=zero)
-    assert round(m.total / 1e9, 1) == gb
+    fig = FIGURE1.settings
+    assert fig["K"] == 12  # the K of model_state_bytes' default, mixed-precision AdamW
+    m = model_state_bytes(fig["params"], dp=fig["dp"], zero=row["zero"])
+    assert round(m.total / 1e9, 1) == row["gb"]
 
 
 def test_zero_stage_formulas_16_bytes_per_param():

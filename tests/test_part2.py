@@ -34,12 +34,15 @@ def bar_heights(ax):
 # ---------------------------------------------------------------------------- figures
 def test_zero_stages_figure_reproduces_zero_paper_figure1():
     # Rajbhandari et al. 2020, Figure 1: Ψ = 7.5B, d = 64, K = 12: 120, 31.4, 16.6, 1.9 GB
-    psi, d = 7_500_000_000, 64
+    from parmem.papers import table
+
+    paper = table("rajbhandari2020_figure1")
+    psi, d = paper.settings["params"], paper.settings["dp"]
     fig = plot_zero_stages(zero_stages(psi, d))
     left, right = fig.axes
     h = bar_heights(left)  # params (4 bars), grads (4 bars), optimizer (4 bars), in GiB
     totals = [sum(h[i::4]) * GIB / 1e9 for i in range(4)]
-    assert [round(t, 1) for t in totals] == [120.0, 31.4, 16.6, 1.9]
+    assert [round(t, 1) for t in totals] == paper.column("gb")
     # §7: DP and ZeRO-1/2 move 2Ψ values per step (here exactly 2(d-1)/d Ψ), ZeRO-3 3Ψ
     assert bar_heights(right) == pytest.approx([2 * (d - 1) / d] * 3 + [3 * (d - 1) / d])
 

@@ -10,7 +10,6 @@ selective recomputation), Rajbhandari et al. 2020 §3.1 (2 + 2 + 12 bytes per pa
 from __future__ import annotations
 
 import os
-from fractions import Fraction
 
 import matplotlib
 import pytest
@@ -19,6 +18,7 @@ matplotlib.use("Agg")
 
 from parmem import ModelSpec, ParallelConfig, TrainingSetup, estimate  # noqa: E402
 from parmem.activations import kept_terms  # noqa: E402
+from parmem.papers import korthikanti_table2  # noqa: E402
 from parmem.sharding import tp_param_counts  # noqa: E402
 
 N = int(os.environ.get("PARMEM_WORLD_SIZE", "2"))
@@ -104,15 +104,14 @@ def test_tp_param_counts_rejects_bad_t():
 
 # ---------------------------------------------------------------------------- kept_terms
 def table2(s, b, h, a, t, sp, recompute):
-    """Korthikanti et al. 2022 Table 2 as printed (exact rationals)."""
-    s, b, h, a, t = (Fraction(x) for x in (s, b, h, a, t))
-    sbh = s * b * h
+    """Korthikanti et al. 2022 Table 2 as printed (exact rationals, data/papers.yaml). Its row
+    for full recomputation keeps the layer's input, 2sbh; with sequence parallelism that input is
+    the s/t slice, 2sbh/t."""
     if recompute == "full":
-        return 2 * sbh / t if sp else 2 * sbh
-    core = 0 if recompute == "selective" else 5 * a * s / h
-    if sp:
-        return sbh / t * (34 + core)
-    return sbh * (10 + (24 + core) / t)
+        full = korthikanti_table2("full", s, b, h, a, t)
+        return full / t if sp else full
+    case = "tp" + ("+sp" if sp else "") + ("+selective" if recompute == "selective" else "")
+    return korthikanti_table2(case, s, b, h, a, t)
 
 
 @pytest.mark.parametrize("t", [1, 2, 4, 8])
@@ -129,12 +128,17 @@ def test_kept_terms_are_table2_for_a_gpt_layer(t, sp, recompute):
 
 def test_selective_recompute_saves_70_and_65_percent():
     # Korthikanti et al. 2022 §5: 70% for GPT-3 (5as/h = 80 of 114), 65% for MT-NLG (64 of 98).
-    for name, saving in (("megatron-175b", 80 / 114), ("megatron-530b", 64 / 98)):
-        spec = ModelSpec.preset(name)
-        full = sum(x.bytes for x in kept_terms(spec, 2048, 1, tp=8, sp=True))
-        sel = sum(x.bytes for x in kept_terms(spec, 2048, 1, tp=8, sp=True,
-                                              recompute="selective"))
-        assert 1 - sel / full == pytest.approx(saving)
+    from parmem.papers import table
+
+    exact = {"megatron-175b": 80 / 114, "megatron-530b": 64 / 98}
+    paper = table("korthikanti2022_selective_saving")
+    s = paper.settings["seq_len"]
+    for row in paper.rows:
+        spec = ModelSpec.preset(row["preset"])
+        full = sum(x.bytes for x in kept_terms(spec, s, 1, tp=8, sp=True))
+        sel = sum(x.bytes for x in kept_terms(spec, s, 1, tp=8, sp=True, recompute="selective"))
+        assert 1 - sel / full == pytest.approx(exact[row["preset"]])
+        assert round(100 * exact[row["preset"]]) == row["percent"]
 
 
 def test_kept_terms_full_recompute_keeps_the_input_only():

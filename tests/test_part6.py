@@ -21,9 +21,11 @@ N = int(os.environ.get("PARMEM_WORLD_SIZE", "2"))
 # ---------------------------------------------------------------------------- decoder, 1 process
 def test_single_process_decoder_cache_grows_one_token_per_step():
     torch = pytest.importorskip("torch")
-    from parmem.dist.serve import Decoder, generate, generate_without_cache, tiny_spec
+    from parmem.dist.serve import Decoder, generate, generate_without_cache
+    from parmem.reference import tiny_spec
 
-    spec = tiny_spec(vocab=64, hidden=32, layers=3, heads=4, kv_heads=2, ffn=64)
+    spec = tiny_spec("llama", vocab=64, hidden=32, layers=3, heads=4, kv_heads=2, ffn_hidden=64,
+                     seq=64)
     model = Decoder(spec)
     prompt = torch.randint(0, 64, (3, 5), generator=torch.Generator().manual_seed(0))
     ids, cache, sizes, _ = generate(model, prompt, 6)
@@ -37,10 +39,11 @@ def test_single_process_decoder_cache_grows_one_token_per_step():
 
 def test_decoder_rejects_shapes_it_cannot_shard():
     pytest.importorskip("torch")
-    from parmem.dist.serve import Decoder, tiny_spec
+    from parmem.dist.serve import Decoder
+    from parmem.reference import tiny_spec
 
     with pytest.raises(ValueError, match="tp=3"):
-        Decoder(tiny_spec(), tp_size=3)
+        Decoder(tiny_spec("llama", heads=8, kv_heads=2), tp_size=3)
     with pytest.raises(ValueError, match="Llama-shaped"):
         Decoder(ModelSpec.preset("gpt2"))
 

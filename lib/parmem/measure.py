@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-__all__ = ["SavedTensorsMeter", "StateBytes", "state_bytes", "tensor_storage_bytes",
-           "cuda_peak_bytes"]
+__all__ = ["SavedTensorsMeter", "StateBytes", "state_bytes", "storage_key_and_bytes",
+           "tensor_storage_bytes", "cuda_peak_bytes"]
 
 
 def _local(t):
@@ -29,7 +29,10 @@ def _local(t):
     return to_local() if callable(to_local) else t
 
 
-def _storage_key_and_bytes(t) -> tuple[tuple, int]:
+def storage_key_and_bytes(t) -> tuple[tuple, int]:
+    """(key, bytes) of the storage behind tensor ``t`` (its local shard for a DTensor): the key
+    (device type, device index, data pointer) is the same for every view of one allocation, so
+    counting keys once counts each allocation once."""
     t = _local(t)
     st = t.untyped_storage()
     return (t.device.type, t.device.index, st.data_ptr()), st.nbytes()
@@ -41,7 +44,7 @@ def tensor_storage_bytes(tensors) -> int:
     for t in tensors:
         if t is None:
             continue
-        key, n = _storage_key_and_bytes(t)
+        key, n = storage_key_and_bytes(t)
         seen[key] = n
     return sum(seen.values())
 
@@ -65,12 +68,12 @@ class SavedTensorsMeter:
     """
 
     def __init__(self, exclude=()):
-        self._exclude = {_storage_key_and_bytes(p)[0] for p in exclude}
+        self._exclude = {storage_key_and_bytes(p)[0] for p in exclude}
         self._seen: dict[tuple, tuple[int, str, tuple]] = {}
         self._ctx = None
 
     def _pack(self, t):
-        key, n = _storage_key_and_bytes(t)
+        key, n = storage_key_and_bytes(t)
         if key not in self._exclude and key not in self._seen:
             self._seen[key] = (n, str(t.dtype), tuple(t.shape))
         return t

@@ -21,6 +21,11 @@ Choices that keep the measurement equal to the paper's accounting (each one docu
 Tensor parallelism: ``tp_size``/``tp_rank`` build the layer's shard on one rank (heads and the MLP
 split as Megatron's column/row-parallel layers, norms replicated) without communication, so the
 per-rank saved bytes of a TP layer can be measured in one process.
+
+The tiny models every demo and chapter measure are built here once: :func:`tiny_spec` gives the
+:class:`~parmem.model.ModelSpec` (GPT- or Llama-shaped), :class:`TinyGPT` the GPT-shaped model
+itself, and :func:`norm_stat_bytes` the LayerNorm/RMSNorm statistics autograd saves, the one term
+of the measured activations that the paper's accounting leaves out.
 """
 
 from __future__ import annotations
@@ -30,7 +35,68 @@ import math
 import torch
 from torch import nn
 
-__all__ = ["GPTLayer", "MixedPrecisionAdamW", "TinyGPT", "dropout"]
+from parmem._check import choice, integer
+
+__all__ = ["GPTLayer", "MixedPrecisionAdamW", "TinyGPT", "dropout", "norm_stat_bytes",
+           "norm_stat_itemsize", "tiny_spec"]
+
+#: the two shapes of :func:`tiny_spec`: GPT-2's (Radford et al. 2019: GeLU MLP, LayerNorm, biases,
+#: learned positions) and Llama's (Touvron et al. 2023: SwiGLU, RMSNorm, no biases, rotary)
+TINY_SHAPES = {
+    "gpt": {"ffn_kind": "gelu", "norm": "layernorm", "bias": True, "position": "learned"},
+    "llama": {"ffn_kind": "swiglu", "norm": "rmsnorm", "bias": False, "position": "rotary"},
+}
+
+
+def tiny_spec(shape: str = "gpt", *, vocab: int = 512, hidden: int = 64, layers: int = 2,
+              heads: int = 4, seq: int = 32, kv_heads: int | None = None,
+              ffn_hidden: int | None = None, tied: bool = False, position: str | None = None):
+    """The :class:`~parmem.model.ModelSpec` of a tiny model, named ``tiny-gpt`` or ``tiny-llama``.
+
+    ``shape="gpt"`` is the model :class:`TinyGPT` builds (GeLU MLP, LayerNorm, biases, learned
+    positions unless ``position="rotary"``: a model without a position table);
+    ``shape="llama"`` the one :class:`parmem.dist.serve.Decoder` builds (SwiGLU, RMSNorm, no
+    biases, rotary, grouped-query attention with ``kv_heads``). ``seq`` is ``max_positions``;
+    ``ffn_hidden`` defaults to 4h (:class:`~parmem.model.ModelSpec`'s default).
+    """
+    from parmem.model import ModelSpec
+
+    kw = dict(TINY_SHAPES[choice("shape", shape, tuple(TINY_SHAPES))])
+    if position is not None:
+        kw["position"] = position
+    return ModelSpec(name=f"tiny-{shape}", vocab_size=vocab, hidden=hidden, layers=layers,
+                     heads=heads, kv_heads=kv_heads, ffn_hidden=ffn_hidden,
+                     tied_embeddings=tied, max_positions=seq, **kw)
+
+
+def norm_stat_itemsize(device="cpu", dtype: torch.dtype = torch.bfloat16) -> int:
+    """Bytes per token of one statistic (mean or rstd) a LayerNorm or RMSNorm saves for backward:
+    4 on CUDA, where the kernels keep them in fp32; on CPU the input's element size (PyTorch's CPU
+    ``native_layer_norm`` returns mean and rstd in the input dtype: 2 bytes for bf16).
+
+    This is the per-token size :func:`parmem.activations.layer_terms` takes as
+    ``norm_stat_bytes``.
+    """
+    if torch.device(device).type == "cuda":
+        return 4
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def norm_stat_bytes(tokens: int, norms: int = 1, norm: str = "layernorm", device="cpu",
+                    dtype: torch.dtype = torch.bfloat16) -> int:
+    """Bytes of the statistics ``norms`` norms save for backward over ``tokens`` tokens.
+
+    A LayerNorm saves its mean and reciprocal standard deviation per token, an RMSNorm the
+    reciprocal root mean square only (PyTorch ``native_layer_norm``/``rms_norm`` backward), each
+    :func:`norm_stat_itemsize` bytes. Korthikanti et al. 2022 (§4.1, Table 2) leave them out; a
+    GPT layer has two norms, so one layer on s·b tokens saves ``norm_stat_bytes(s * b, 2)``.
+    """
+    from parmem.model import NORM_KINDS
+
+    integer("tokens", tokens, 0)
+    integer("norms", norms, 0)
+    per_token = 2 if choice("norm", norm, NORM_KINDS) == "layernorm" else 1
+    return tokens * norms * per_token * norm_stat_itemsize(device, dtype)
 
 
 def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
@@ -42,7 +108,13 @@ def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
 
 
 class GPTLayer(nn.Module):
-    """One Megatron-style GPT layer (or its tensor-parallel shard), input of shape [s, b, h]."""
+    """One Megatron-style GPT layer (or its tensor-parallel shard), input of shape [s, b, h].
+
+    :meth:`attention` projects QKV, runs :meth:`core` (scores, softmax, dropout, the product with
+    V) and projects back; subclasses swap the projections for parallel ones
+    (:class:`parmem.dist.tp.ParallelGPTLayer`) or recompute the core
+    (selective recomputation in :func:`parmem.dist.sp.demo_recompute`).
+    """
 
     def __init__(self, hidden: int, heads: int, ffn_hidden: int | None = None,
                  dropout_p: float = 0.1, dtype: torch.dtype = torch.bfloat16,
@@ -75,19 +147,22 @@ class GPTLayer(nn.Module):
             bias = torch.full((max_seq_len, max_seq_len), float("-inf"), dtype=dtype).triu(1)
             self.register_buffer("causal_bias", bias, persistent=False)
 
-    def attention(self, x: torch.Tensor) -> torch.Tensor:
-        s, b, _ = x.shape
-        qkv = self.qkv(x).view(s, b, self.local_heads, 3, self.head_dim)
-        q, k, v = qkv.unbind(dim=3)                          # views of one storage
-        q, k, v = (y.permute(1, 2, 0, 3) for y in (q, k, v))  # [b, a, s, d]
+    def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """softmax(QKᵀ/√d + causal mask) with dropout, times V; q, k, v of shape [b, a, s, d]."""
+        s = q.shape[2]
         scores = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(self.head_dim))
         if self.causal:
             scores = scores + self.causal_bias[:s, :s]
-        probs = torch.softmax(scores, dim=-1)
-        probs = dropout(probs, self.dropout_p, self.training)
-        ctx = torch.matmul(probs, v)                          # [b, a, s, d]
-        ctx = ctx.permute(2, 0, 1, 3).reshape(s, b, self.local_heads * self.head_dim)
-        return self.proj(ctx)
+        probs = dropout(torch.softmax(scores, dim=-1), self.dropout_p, self.training)
+        return torch.matmul(probs, v)
+
+    def attention(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.qkv(x)  # [s, b, 3 a d]: s is the whole sequence even if x is a slice of it
+        s, b, _ = y.shape
+        qkv = y.view(s, b, self.local_heads, 3, self.head_dim)
+        q, k, v = (z.permute(1, 2, 0, 3) for z in qkv.unbind(dim=3))  # views of one storage
+        ctx = self.core(q, k, v)                                      # [b, a, s, d]
+        return self.proj(ctx.permute(2, 0, 1, 3).reshape(s, b, self.local_heads * self.head_dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + dropout(self.attention(self.ln1(x)), self.dropout_p, self.training)
@@ -97,24 +172,32 @@ class GPTLayer(nn.Module):
 
 class TinyGPT(nn.Module):
     """A whole GPT (Radford et al. 2019 layout) built from :class:`GPTLayer`, for a GPT-shaped
-    :class:`~parmem.model.ModelSpec` (GeLU MLP, LayerNorm, biases, learned positions).
+    :class:`~parmem.model.ModelSpec` (:func:`tiny_spec`: GeLU MLP, LayerNorm, biases, MHA).
 
-    Token and position embeddings → embedding dropout → L layers → final LayerNorm → LM head
-    (tied to the token embedding if the spec says so) → logits cast to fp32 → cross-entropy, the
-    order Megatron-LM uses. Tensors are [s, b, ...]. Its parameter count equals
-    ``spec.num_params()`` exactly.
+    Token embedding (plus a learned position table if ``spec.position == "learned"``) →
+    embedding dropout → L layers → final LayerNorm → LM head without bias (tied to the token
+    embedding if ``spec.tied_embeddings``) → logits cast to fp32, the order Megatron-LM uses.
+    With ``spec.position == "rotary"`` there is no position table and no rotation is applied:
+    rotary embeddings have no parameters, so parameter, gradient and optimizer bytes are those of
+    the spec (the tensor-parallel demos compare those, and one layer's saved bytes). Tensors are
+    [s, b, ...]. Its parameter count equals ``spec.num_params()`` exactly.
+
+    ``forward(ids)`` returns the fp32 logits [s, b, V]; ``forward(ids, labels)`` the mean
+    cross-entropy loss.
     """
 
     def __init__(self, spec, dtype: torch.dtype = torch.bfloat16, dropout_p: float = 0.1):
         super().__init__()
         if spec.ffn_kind != "gelu" or spec.norm != "layernorm" or not spec.bias \
-                or spec.position != "learned" or spec.is_moe or spec.kv_heads != spec.heads:
+                or spec.is_moe or spec.kv_heads != spec.heads \
+                or spec.head_dim * spec.heads != spec.hidden:
             raise ValueError("TinyGPT needs a GPT-shaped spec: ffn_kind='gelu', "
-                             "norm='layernorm', bias=True, position='learned', dense, MHA")
+                             "norm='layernorm', bias=True, dense, MHA, head_dim = hidden/heads")
         self.spec, self.dropout_p = spec, dropout_p
         kw = {"dtype": dtype}
         self.tok = nn.Embedding(spec.vocab_size, spec.hidden, **kw)
-        self.pos = nn.Embedding(spec.max_positions, spec.hidden, **kw)
+        self.pos = (nn.Embedding(spec.max_positions, spec.hidden, **kw)
+                    if spec.position == "learned" else None)
         self.layers = nn.ModuleList(
             GPTLayer(spec.hidden, spec.heads, spec.ffn_hidden, dropout_p=dropout_p, dtype=dtype,
                      max_seq_len=spec.max_positions) for _ in range(spec.layers))
@@ -122,16 +205,18 @@ class TinyGPT(nn.Module):
         self.head = None if spec.tied_embeddings else nn.Linear(spec.hidden, spec.vocab_size,
                                                                 bias=False, **kw)
 
-    def forward(self, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        s = ids.shape[0]
-        pos = torch.arange(s, device=ids.device)
-        x = self.tok(ids) + self.pos(pos)[:, None, :]
+    def forward(self, ids: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
+        x = self.tok(ids)
+        if self.pos is not None:
+            x = x + self.pos(torch.arange(ids.shape[0], device=ids.device))[:, None, :]
         x = dropout(x, self.dropout_p, self.training)
         for layer in self.layers:
             x = layer(x)
         x = self.ln_f(x)
         weight = self.tok.weight if self.head is None else self.head.weight
         logits = torch.nn.functional.linear(x, weight).float()
+        if labels is None:
+            return logits
         return torch.nn.functional.cross_entropy(logits.view(-1, logits.shape[-1]),
                                                  labels.view(-1))
 

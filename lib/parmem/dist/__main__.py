@@ -59,7 +59,7 @@ def run_torchrun(target: str, kwargs: dict, seed: int = 0, timeout_s: float = 30
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "gloo":
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    launcher._set_state(rank, ws, backend)
+    launcher.set_state(rank, ws, backend)
     kw = {"device_id": launcher.device()} if backend == "nccl" else {}
     dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s), **kw)
     try:

@@ -11,7 +11,7 @@ AdamW moments, :class:`~parmem.reference.MixedPrecisionAdamW`) for one step unde
 and the small terms the estimate leaves out, each named and computed from its shape:
 
 * ``norm_statistics``: every LayerNorm saves a mean and an rstd per token (16-bit on CPU,
-  fp32 on CUDA), 2·(2L + 1)·s·b values;
+  fp32 on CUDA), 2·(2L + 1)·s·b values (:func:`parmem.reference.norm_stat_bytes`);
 * ``token_ids``, ``labels``, ``position_ids``: int64 indices the embedding and the loss keep;
 * ``loss_weight``: a 0-d fp32 total weight the NLL loss keeps;
 * ``adam_steps``: one 0-d fp32 ``step`` counter per parameter tensor;
@@ -25,26 +25,40 @@ import torch.distributed as dist
 
 from parmem.dist.launcher import device, rank, world_size
 
-__all__ = ["compare", "demo", "named_extras", "tiny_spec"]
+__all__ = ["compare", "demo", "named_extras"]
 
 
-def tiny_spec(vocab: int = 512, hidden: int = 64, layers: int = 2, heads: int = 4,
-              seq: int = 32, tied: bool = False):
-    from parmem import ModelSpec
+def named_extras(spec, seq: int, batch: int, n_param_tensors: int, device="cpu",
+                 dtype=torch.bfloat16, *, layers: int | None = None, first: bool = True,
+                 last: bool = True, units: int = 1) -> dict:
+    """The bytes :func:`parmem.estimate` leaves out on purpose for a
+    :class:`parmem.reference.TinyGPT` of ``spec`` in ``dtype`` on ``device``, each from its shape
+    (see the module doc), for ``units`` micro-batches of ``batch`` sequences of ``seq`` tokens.
 
-    return ModelSpec(name="tiny-gpt", vocab_size=vocab, hidden=hidden, layers=layers,
-                     heads=heads, ffn_kind="gelu", bias=True, norm="layernorm",
-                     position="learned", max_positions=seq, tied_embeddings=tied)
+    The whole model by default; a pipeline stage (:class:`parmem.dist.pp.GPTStage`) of ``layers``
+    layers, ``first`` (it holds the embeddings: token and position ids) and/or ``last`` (the final
+    LayerNorm and the loss: labels, loss weight):
 
+    * ``norm_statistics``: two LayerNorms per layer plus the final one
+      (:func:`parmem.reference.norm_stat_bytes`);
+    * ``token_ids``, ``position_ids`` (int64, s·b and s; the position table only), ``labels``
+      (int64, s·b) and the 0-d fp32 ``loss_weight``;
+    * ``adam_steps``: one 0-d fp32 ``step`` counter per parameter tensor (optimizer states);
+    * ``causal_mask_buffers``: each layer's additive causal mask (a buffer, not model state).
+    """
+    from parmem.reference import norm_stat_bytes
 
-def named_extras(spec, seq: int, batch: int, stat_bytes: int, n_param_tensors: int,
-                 elem: int = 2) -> dict:
-    """The bytes the estimate leaves out on purpose, each from its shape (see module doc)."""
+    layers = spec.layers if layers is None else layers
     sb = seq * batch
-    return {"norm_statistics": (2 * spec.layers + 1) * 2 * sb * stat_bytes,
-            "token_ids": 8 * sb, "labels": 8 * sb, "position_ids": 8 * seq, "loss_weight": 4,
+    norms = 2 * layers + (1 if last else 0)
+    mask = torch.empty((), dtype=dtype).element_size()
+    return {"norm_statistics": units * norm_stat_bytes(sb, norms, spec.norm, device, dtype),
+            "token_ids": units * 8 * sb if first else 0,
+            "position_ids": units * 8 * seq if first and spec.position == "learned" else 0,
+            "labels": units * 8 * sb if last else 0,
+            "loss_weight": units * 4 if last else 0,
             "adam_steps": 4 * n_param_tensors,
-            "causal_mask_buffers": spec.layers * spec.max_positions ** 2 * elem}
+            "causal_mask_buffers": layers * spec.max_positions ** 2 * mask}
 
 
 def demo(vocab: int = 512, hidden: int = 64, layers: int = 2, heads: int = 4, seq: int = 32,
@@ -54,9 +68,9 @@ def demo(vocab: int = 512, hidden: int = 64, layers: int = 2, heads: int = 4, se
 
     from parmem import ParallelConfig, TrainingSetup, estimate
     from parmem.measure import SavedTensorsMeter, state_bytes
-    from parmem.reference import MixedPrecisionAdamW, TinyGPT
+    from parmem.reference import MixedPrecisionAdamW, TinyGPT, tiny_spec
 
-    spec = tiny_spec(vocab, hidden, layers, heads, seq, tied)
+    spec = tiny_spec(vocab=vocab, hidden=hidden, layers=layers, heads=heads, seq=seq, tied=tied)
     dev = device()
     torch.manual_seed(0)  # same initial weights on every rank
     model = TinyGPT(spec).to(dev).train()
@@ -72,7 +86,6 @@ def demo(vocab: int = 512, hidden: int = 64, layers: int = 2, heads: int = 4, se
     st = state_bytes(model, opt)
     est = estimate(spec, ParallelConfig(dp=world_size()),
                    TrainingSetup(seq_len=seq, micro_batch=batch)).stages[0]
-    stat_bytes = 4 if dev.type == "cuda" else 2
     n_tensors = sum(1 for _ in model.parameters())
     # the weights must be identical on every rank after the all-reduced step
     flat = torch.cat([p.detach().float().flatten() for p in model.parameters()])
@@ -85,7 +98,7 @@ def demo(vocab: int = 512, hidden: int = 64, layers: int = 2, heads: int = 4, se
                      "activations_and_logits": meter.bytes, "buffers": st.buffers},
         "estimate": {"params": est.params, "grads": est.grads, "optimizer": est.optimizer,
                      "activations": est.activations, "logits": est.logits},
-        "extras": named_extras(spec, seq, batch, stat_bytes, n_tensors),
+        "extras": named_extras(spec, seq, batch, n_tensors, dev),
         "num_params": spec.num_params(),
     }
 

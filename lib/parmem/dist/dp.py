@@ -33,16 +33,22 @@ import torch.distributed as dist
 
 from parmem.dist.launcher import device, rank, world_size
 
-__all__ = ["ddp_bucket_bytes", "demo", "compare", "demo_activation_sharding"]
+__all__ = ["ddp_bucket_sizes", "ddp_bucket_bytes", "demo", "compare",
+           "demo_activation_sharding"]
 
 _ACT_EXTRAS = ("norm_statistics", "token_ids", "labels", "position_ids", "loss_weight")
 
 
-def ddp_bucket_bytes(ddp) -> int:
-    """Bytes of a DDP module's gradient buckets, as DDP reports them after a backward pass
-    (``_get_ddp_logging_data()["bucket_sizes"]``: the buckets live in the C++ reducer)."""
+def ddp_bucket_sizes(ddp) -> list[int]:
+    """Bytes of each of a DDP module's gradient buckets, as DDP reports them after a backward
+    pass (``_get_ddp_logging_data()["bucket_sizes"]``: the buckets live in the C++ reducer)."""
     sizes = str(ddp._get_ddp_logging_data().get("bucket_sizes", ""))
-    return sum(int(s) for s in sizes.split(",") if s.strip())
+    return [int(s) for s in sizes.split(",") if s.strip()]
+
+
+def ddp_bucket_bytes(ddp) -> int:
+    """Bytes of all of a DDP module's gradient buckets (:func:`ddp_bucket_sizes`)."""
+    return sum(ddp_bucket_sizes(ddp))
 
 
 def _measured_activations(model, ids, labels):
@@ -69,23 +75,22 @@ def demo(global_batch: int = 4, seq: int = 32, vocab: int = 512, hidden: int = 6
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from parmem import ParallelConfig, TrainingSetup, estimate
-    from parmem.dist.anatomy import named_extras, tiny_spec
+    from parmem.dist.anatomy import named_extras
     from parmem.measure import state_bytes
-    from parmem.reference import MixedPrecisionAdamW, TinyGPT
+    from parmem.reference import MixedPrecisionAdamW, TinyGPT, tiny_spec
 
     d, r, dev = world_size(), rank(), device()
     if global_batch < d or global_batch % d:
         raise ValueError(f"global_batch={global_batch} must be a positive multiple of world "
                          f"size={d} (a fixed global batch is split evenly over the ranks)")
     b = global_batch // d
-    spec = tiny_spec(vocab, hidden, layers, heads, seq)
+    spec = tiny_spec(vocab=vocab, hidden=hidden, layers=layers, heads=heads, seq=seq)
     torch.manual_seed(0)  # same initial weights on every rank
     model = TinyGPT(spec, dropout_p=0.0).to(dev).train()
     g = torch.Generator().manual_seed(1234)  # the same global batch on every rank
     ids = torch.randint(0, vocab, (seq, global_batch), generator=g).to(dev)
     labels = torch.randint(0, vocab, (seq, global_batch), generator=g).to(dev)
     n_tensors = sum(1 for _ in model.parameters())
-    stat_bytes = 4 if dev.type == "cuda" else 2  # LayerNorm mean/rstd (see anatomy)
 
     def setup(micro_batch: int) -> TrainingSetup:
         return TrainingSetup(seq_len=seq, micro_batch=micro_batch, dropout=False,
@@ -97,7 +102,7 @@ def demo(global_batch: int = 4, seq: int = 32, vocab: int = 512, hidden: int = 6
     loss_full = float(loss_full.detach())
     est1 = estimate(spec, ParallelConfig(), setup(global_batch)).stages[0]
     act_est[1] = est1.activations + est1.logits
-    ex = named_extras(spec, seq, global_batch, stat_bytes, n_tensors)
+    ex = named_extras(spec, seq, global_batch, n_tensors, dev)
     act_extra[1] = sum(ex[k] for k in _ACT_EXTRAS)
 
     # d = world size: DDP (default buckets), this rank's b = B/d sequences
@@ -110,7 +115,7 @@ def demo(global_batch: int = 4, seq: int = 32, vocab: int = 512, hidden: int = 6
     opt.step()
     est = estimate(spec, ParallelConfig(dp=d), setup(b)).stages[0]
     act_est[d] = est.activations + est.logits
-    ex = named_extras(spec, seq, b, stat_bytes, n_tensors)
+    ex = named_extras(spec, seq, b, n_tensors, dev)
     act_extra[d] = sum(ex[k] for k in _ACT_EXTRAS)
 
     st = state_bytes(model, opt)
@@ -176,9 +181,9 @@ def demo_activation_sharding(hidden: int = 32, heads: int = 4, seq: int = 16, ba
     from torch.distributed.fsdp import fully_shard
 
     from parmem.activations import per_layer_bytes
-    from parmem.dist.tp import ParallelGPTLayer, norm_stat_bytes
+    from parmem.dist.tp import ParallelGPTLayer
     from parmem.measure import SavedTensorsMeter, state_bytes
-    from parmem.reference import GPTLayer
+    from parmem.reference import GPTLayer, norm_stat_bytes
 
     n, dev, bf = world_size(), device(), torch.bfloat16
     if heads % n or (4 * hidden) % n:
@@ -215,5 +220,5 @@ def demo_activation_sharding(hidden: int = 32, heads: int = 4, seq: int = 16, ba
         "out_equal_zero3": bool(torch.equal(out_zero3, out_single)),
         "table2": {1: per_layer_bytes(seq, batch, hidden, heads),
                    n: per_layer_bytes(seq, batch, hidden, heads, tp=n)},
-        "norm_stat_bytes": 2 * 2 * seq * batch * norm_stat_bytes(dev, bf),
+        "norm_stat_bytes": norm_stat_bytes(seq * batch, 2, device=dev, dtype=bf),
     }

@@ -4,8 +4,8 @@
 Ranks are ordered as in Megatron-LM, tensor-parallel rank varying fastest: rank = i_dp · t + i_tp.
 The t ranks of a TP group are neighbours (on a cluster: inside one node, on NVLink); the d ranks
 of a DP group are t apart. Each DP replica is a :class:`~parmem.dist.tp.TPGPT` (the tiny GPT of
-:mod:`parmem.dist.tp`, sharded over its TP group) and trains on its own b sequences of the
-global batch of d · b.
+:mod:`parmem.dist.tp`, :class:`parmem.reference.TinyGPT`, sharded over its TP group) and trains on
+its own b sequences of the global batch of d · b.
 
 After the backward pass every rank's local gradients are flattened into one buffer (as
 Megatron-LM's contiguous gradient buffer) and reduced over the DP group:
@@ -121,14 +121,6 @@ def _flatten_params(model: nn.Module, pad_to: int) -> torch.Tensor:
     return flat
 
 
-def _tp_slice(full: torch.Tensor, local: torch.Tensor, i_tp: int, t: int) -> torch.Tensor:
-    """This rank's slice of a full (reference) tensor, on the dimension the TP model split."""
-    if full.shape == local.shape:
-        return full
-    dim = next(i for i, (a, b) in enumerate(zip(local.shape, full.shape, strict=True)) if a != b)
-    return full.chunk(t, dim=dim)[i_tp]
-
-
 def demo(tp: int = 1, zero: int = 0, vocab: int = 64, hidden: int = 32, heads: int = 4,
          layers: int = 2, seq: int = 16, batch: int = 2, lr: float = 1e-3) -> dict:
     """One Adam step of a d × t layout (d = world / ``tp``) against one process on the whole batch.
@@ -149,8 +141,9 @@ def demo(tp: int = 1, zero: int = 0, vocab: int = 64, hidden: int = 32, heads: i
     from parmem import ParallelConfig, TrainingSetup, estimate
     from parmem.comm import all_gather_bytes, all_reduce_bytes, step_comm
     from parmem.dist.collectives import all_gather_tensor, reduce_scatter_tensor
-    from parmem.dist.tp import TPGPT, TinyGPT, _spec
+    from parmem.dist.tp import TPGPT, tp_slice
     from parmem.measure import state_bytes
+    from parmem.reference import TinyGPT, tiny_spec
 
     if zero not in (0, 1):
         raise ValueError(f"zero={zero!r} must be 0 or 1 in this demo")
@@ -161,8 +154,10 @@ def demo(tp: int = 1, zero: int = 0, vocab: int = 64, hidden: int = 32, heads: i
         if v % t:
             raise ValueError(f"{name}={v} must be divisible by tp={t}")
 
+    spec = tiny_spec(vocab=vocab, hidden=hidden, layers=layers, heads=heads, seq=seq,
+                     position="rotary")
     torch.manual_seed(0)
-    full = TinyGPT(vocab, hidden, heads, layers, seq).to(dev)
+    full = TinyGPT(spec, dtype=torch.float32, dropout_p=0.0).to(dev)
     g = torch.Generator().manual_seed(3)
     tokens = torch.randint(0, vocab, (seq, d * batch), generator=g).to(dev)
     target = torch.randint(0, vocab, (seq, d * batch), generator=g).to(dev)
@@ -201,7 +196,7 @@ def demo(tp: int = 1, zero: int = 0, vocab: int = 64, hidden: int = 32, heads: i
         reduce_scatter_tensor(reduced, grads, group=dp_group)
         reduced /= d
     ref_flat = torch.zeros_like(flat)
-    torch.cat([_tp_slice(gr, p, i_tp, t).reshape(-1) for gr, p in
+    torch.cat([tp_slice(gr, p, i_tp, t).reshape(-1) for gr, p in
                zip(ref_grads, model.parameters(), strict=True)],
               out=ref_flat[:sum(p.numel() for p in model.parameters())])
     grad_err = float((reduced - ref_flat[mine]).abs().max())
@@ -212,11 +207,10 @@ def demo(tp: int = 1, zero: int = 0, vocab: int = 64, hidden: int = 32, heads: i
     if zero == 1:
         log.add("dp", "updated-parameter all-gather", "all_gather", size, d)
         all_gather_tensor(flat, flat[mine].clone(), group=dp_group)
-    param_err = max(float((p.detach() - _tp_slice(q.detach(), p, i_tp, t)).abs().max())
+    param_err = max(float((p.detach() - tp_slice(q.detach(), p, i_tp, t)).abs().max())
                     for p, q in zip(model.parameters(), full.parameters(), strict=True))
     opt_bytes = state_bytes(nn.Module(), opt).optimizer
 
-    spec = _spec(vocab, hidden, heads, layers, seq)
     par = ParallelConfig(dp=d, tp=t, zero=zero)
     setup = TrainingSetup(seq_len=seq, micro_batch=batch, precision="fp32")
     est = estimate(spec, par, setup).stages[0]

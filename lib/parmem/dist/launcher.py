@@ -39,7 +39,8 @@ import time
 import traceback
 
 __all__ = ["Pool", "RankError", "WorkerDied", "RunTimeout", "default_world_size", "rank",
-           "world_size", "device", "backend", "resolve", "format_results"]
+           "world_size", "device", "backend", "resolve", "format_results", "set_state",
+           "rank_main"]
 
 _STATE: dict = {"rank": 0, "world_size": 1, "device": "cpu", "backend": None}
 
@@ -120,7 +121,11 @@ def resolve(target):
     return target, obj
 
 
-def _set_state(rank_: int, ws: int, backend_: str) -> None:
+def set_state(rank_: int, ws: int, backend_: str) -> None:
+    """Record this process's rank, world size and backend (what :func:`rank`, :func:`world_size`,
+    :func:`device` and :func:`backend` report); under NCCL also select GPU ``$LOCAL_RANK``.
+    Called by a pool's rank before it joins the group, and by ``python -m parmem.dist`` under
+    torchrun."""
     import torch
 
     dev = "cpu"
@@ -131,8 +136,9 @@ def _set_state(rank_: int, ws: int, backend_: str) -> None:
     _STATE.update(rank=rank_, world_size=ws, device=dev, backend=backend_)
 
 
-def _main() -> None:
-    """Entry point of a rank process (``python -c ... FD``): read the set-up, then serve."""
+def rank_main() -> None:
+    """Entry point of a rank process that a :class:`Pool` starts (``python -c ... FD``): read the
+    set-up from the socket ``FD``, join the group, then run tasks until told to stop."""
     import sys
     from multiprocessing.connection import Connection
 
@@ -162,7 +168,7 @@ def _worker(rank_: int, ws: int, host: str, port: int, backend_: str, pg_timeout
     try:
         timeout = timedelta(seconds=pg_timeout)
         store = dist.TCPStore(host, port, world_size=ws, is_master=False, timeout=timeout)
-        _set_state(rank_, ws, backend_)
+        set_state(rank_, ws, backend_)
         kw = {"device_id": device()} if backend_ == "nccl" else {}
         dist.init_process_group(backend_, store=store, rank=rank_, world_size=ws,
                                 timeout=timeout, **kw)
@@ -243,7 +249,7 @@ class Pool:
                                                            os.environ.get("PYTHONPATH")]))}
         for r in range(self.world_size):
             parent, child = Pipe()  # a socket pair on POSIX
-            cmd = [sys.executable, "-c", "from parmem.dist.launcher import _main; _main()",
+            cmd = [sys.executable, "-c", "from parmem.dist.launcher import rank_main; rank_main()",
                    str(child.fileno())]
             p = subprocess.Popen(cmd, pass_fds=(child.fileno(),), env=env)
             child.close()

@@ -236,10 +236,10 @@ class _LiveSaved:
     """
 
     def __init__(self, exclude=()):
-        from parmem.measure import _storage_key_and_bytes
+        from parmem.measure import storage_key_and_bytes
 
-        self._key = _storage_key_and_bytes
-        self.exclude = {_storage_key_and_bytes(p)[0] for p in exclude}
+        self._key = storage_key_and_bytes
+        self.exclude = {storage_key_and_bytes(p)[0] for p in exclude}
         self.refs: dict = {}
         self.sizes: dict = {}
         self.live = self.peak = 0
@@ -312,37 +312,13 @@ def _gpt_loss(logits, labels):
     return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target)
 
 
-def gpt_stage_extras(n_layers: int, first: bool, last: bool, seq: int, batch: int, units: int,
-                     max_positions: int, stat_bytes: int = 2, n_param_tensors: int = 0,
-                     elem: int = 2) -> dict:
-    """Bytes a :class:`GPTStage` holds that :func:`parmem.estimate` leaves out on purpose, each
-    from its shape, for ``units`` micro-batches in flight (see :mod:`parmem.dist.anatomy`):
-
-    * ``norm_statistics``: each LayerNorm's mean and rstd per token, 2 LayerNorms per layer plus
-      the final one on the last stage (16-bit on CPU, fp32 on CUDA: ``stat_bytes``);
-    * first stage: ``token_ids`` (int64, s·b) and ``position_ids`` (int64, s) the embeddings keep;
-    * last stage: ``labels`` (int64, s·b) and the 0-d fp32 ``loss_weight`` the NLL loss keeps;
-    * ``adam_steps``: one 0-d fp32 step counter per parameter tensor (optimizer states);
-    * ``causal_mask_buffers``: each layer's additive causal mask (a buffer, not model state).
-    """
-    sb = seq * batch
-    norms = 2 * n_layers + (1 if last else 0)
-    return {"norm_statistics": units * norms * 2 * sb * stat_bytes,
-            "token_ids": units * 8 * sb if first else 0,
-            "position_ids": units * 8 * seq if first else 0,
-            "labels": units * 8 * sb if last else 0,
-            "loss_weight": units * 4 if last else 0,
-            "adam_steps": 4 * n_param_tensors,
-            "causal_mask_buffers": n_layers * max_positions ** 2 * elem}
-
-
 def demo_gpt(schedule: str = "1f1b", microbatches: int | None = None, layers_per_stage=None,
              vocab: int = 512, hidden: int = 64, layers: int | None = None, heads: int = 4,
              seq: int = 32, microbatch_size: int = 2) -> dict:
     """One training step of a GPT cut into p = world-size pipeline stages; measured bytes per stage.
 
     The model is :class:`parmem.reference.TinyGPT` (bf16, no dropout) of
-    :func:`parmem.dist.anatomy.tiny_spec`, split by ``layers_per_stage`` (default: even; L defaults
+    :func:`parmem.reference.tiny_spec`, split by ``layers_per_stage`` (default: even; L defaults
     to 2p) into :class:`GPTStage` modules and run by ``torch.distributed.pipelining``
     (``"gpipe"`` or ``"1f1b"``, m = ``microbatches``, default 2p, of ``microbatch_size``
     sequences). Each rank then takes a mixed-precision AdamW step on its stage.
@@ -351,7 +327,7 @@ def demo_gpt(schedule: str = "1f1b", microbatches: int | None = None, layers_per
     (:func:`parmem.measure.state_bytes`), the peak of the live bytes autograd saves
     (activations and logits of every micro-batch in flight), the bytes sent per micro-batch. Beside
     them: :func:`parmem.estimate` for the same spec, ``pp = p`` and split, and
-    :func:`gpt_stage_extras`. Returned: ``measured``, ``estimate``, ``extras`` (dicts of bytes),
+    the stage's :func:`parmem.dist.anatomy.named_extras`. Returned: ``measured``, ``estimate``, ``extras`` (dicts of bytes),
     ``in_flight`` (``in_flight_units``), ``layers``, ``sent_bytes``, ``grad_err`` (max abs
     difference from one process running the same micro-batches with gradient accumulation: 0,
     bit for bit), ``loss_err`` on the last stage, and from that single process
@@ -365,9 +341,9 @@ def demo_gpt(schedule: str = "1f1b", microbatches: int | None = None, layers_per
 
     from parmem import ParallelConfig, TrainingSetup, estimate
     from parmem.pipeline import in_flight_units
-    from parmem.dist.anatomy import tiny_spec
+    from parmem.dist.anatomy import named_extras
     from parmem.measure import SavedTensorsMeter, state_bytes
-    from parmem.reference import MixedPrecisionAdamW, TinyGPT
+    from parmem.reference import MixedPrecisionAdamW, TinyGPT, tiny_spec
 
     classes = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
     if schedule not in classes:
@@ -375,7 +351,7 @@ def demo_gpt(schedule: str = "1f1b", microbatches: int | None = None, layers_per
     p, r, dev = world_size(), rank(), device()
     m = microbatches or 2 * p
     b = microbatch_size
-    spec = tiny_spec(vocab, hidden, layers or 2 * p, heads, seq)
+    spec = tiny_spec(vocab=vocab, hidden=hidden, layers=layers or 2 * p, heads=heads, seq=seq)
     setup = TrainingSetup(seq_len=seq, micro_batch=b, num_microbatches=m, schedule=schedule,
                           dropout=False)
     est = estimate(spec, ParallelConfig(pp=p), setup, layers_per_stage=layers_per_stage)
@@ -439,9 +415,8 @@ def demo_gpt(schedule: str = "1f1b", microbatches: int | None = None, layers_per
                      "activations_and_logits": meter.peak, "buffers": st.buffers},
         "estimate": {"params": e.params, "grads": e.grads, "optimizer": e.optimizer,
                      "activations": e.activations, "logits": e.logits, "total": e.total},
-        "extras": gpt_stage_extras(lps[r], first, last, seq, b, units, spec.max_positions,
-                                   stat_bytes=4 if dev.type == "cuda" else 2,
-                                   n_param_tensors=st.detail["num_param_tensors"]),
+        "extras": named_extras(spec, seq, b, st.detail["num_param_tensors"], dev,
+                               layers=lps[r], first=first, last=last, units=units),
         "sent_bytes": mod.sent_bytes, "grad_err": grad_err, "saved_after_step": meter.live,
         "layer_saved_bytes": one.bytes, "all_layers_saved_bytes": all_layers.bytes,
         "num_params": e.num_params,
@@ -476,4 +451,4 @@ def bubble_rows(results: list[dict]) -> list[dict]:
              "sim_peak_stashed": r["sim_peak_stashed"]} for r in results]
 
 
-__all__ += ["Delay", "GPTStage", "bubble_rows", "compare_gpt", "demo_gpt", "gpt_stage_extras"]
+__all__ += ["Delay", "GPTStage", "bubble_rows", "compare_gpt", "demo_gpt"]

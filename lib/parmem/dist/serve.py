@@ -2,7 +2,8 @@
 tensor-parallel over its key/value heads.
 
 :class:`Decoder` has the shapes of a :class:`~parmem.model.ModelSpec` with RMSNorm, rotary
-positions, a SwiGLU MLP and grouped-query attention (``kv_heads`` < ``heads``; 1 is multi-query).
+positions, a SwiGLU MLP and grouped-query attention (``kv_heads`` < ``heads``; 1 is multi-query):
+``parmem.reference.tiny_spec("llama", ...)``.
 :class:`KVCache` keeps, for every layer, the keys and values of every token generated so far, one
 tensor each of shape [b, kv_heads_local, tokens, head_dim]; it grows by one token per decoding
 step. Its measured bytes (the storages of those tensors) must equal
@@ -30,19 +31,9 @@ from torch import nn
 
 from parmem.dist.launcher import device, rank, world_size
 
-__all__ = ["Decoder", "KVCache", "tiny_spec", "generate", "generate_without_cache", "demo"]
+__all__ = ["Decoder", "KVCache", "generate", "generate_without_cache", "demo"]
 
 _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-
-
-def tiny_spec(vocab: int = 256, hidden: int = 64, layers: int = 2, heads: int = 8,
-              kv_heads: int = 2, ffn: int = 128, max_positions: int = 64):
-    """A small Llama-shaped :class:`~parmem.model.ModelSpec` (SwiGLU, RMSNorm, rotary, GQA)."""
-    from parmem import ModelSpec
-
-    return ModelSpec(name="tiny-llama", vocab_size=vocab, hidden=hidden, layers=layers,
-                     heads=heads, kv_heads=kv_heads, ffn_hidden=ffn, ffn_kind="swiglu",
-                     norm="rmsnorm", position="rotary", max_positions=max_positions)
 
 
 def _rope(x: torch.Tensor, start: int, theta: float = 10000.0) -> torch.Tensor:
@@ -235,11 +226,13 @@ def demo(heads: int = 8, kv_heads: int = 2, hidden: int = 64, layers: int = 2, v
     ``max_logit_err`` (last step, fp32 logits).
     """
     from parmem.inference import kv_cache_bytes, serving_weight_bytes
+    from parmem.reference import tiny_spec
 
     if cache_dtype not in _DTYPES:
         raise ValueError(f"cache_dtype={cache_dtype!r} must be one of {tuple(_DTYPES)}")
     t, r, dev = world_size(), rank(), device()
-    spec = tiny_spec(vocab, hidden, layers, heads, kv_heads, ffn, prompt + new_tokens)
+    spec = tiny_spec("llama", vocab=vocab, hidden=hidden, layers=layers, heads=heads,
+                     kv_heads=kv_heads, ffn_hidden=ffn, seq=prompt + new_tokens)
     ids = torch.randint(0, vocab, (batch, prompt), generator=torch.Generator().manual_seed(1))
     ids = ids.to(dev)
     ref = Decoder(spec).to(dev)

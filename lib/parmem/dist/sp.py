@@ -151,11 +151,10 @@ def demo(hidden: int = 32, heads: int = 4, seq: int = 16, batch: int = 2,
     (:func:`~parmem.activations.per_layer_bytes`), ``norm_stat_bytes_sp`` and ``layer_terms_sp``;
     collectives issued in forward and backward of the SP layer.
     """
-    from parmem import ModelSpec
     from parmem.activations import layer_terms, per_layer_bytes
-    from parmem.dist.tp import ParallelGPTLayer, norm_stat_bytes
+    from parmem.dist.tp import ParallelGPTLayer
     from parmem.measure import SavedTensorsMeter
-    from parmem.reference import GPTLayer
+    from parmem.reference import GPTLayer, norm_stat_bytes, norm_stat_itemsize, tiny_spec
 
     t, r, dev = world_size(), rank(), device()
     if seq % t or heads % t:
@@ -195,9 +194,7 @@ def demo(hidden: int = 32, heads: int = 4, seq: int = 16, batch: int = 2,
         if sp:
             fwd = dict(COMM)
             y.sum().backward()
-    nsb = norm_stat_bytes(dev, bf)
-    spec = ModelSpec(name="tiny", vocab_size=64, hidden=hidden, layers=1, heads=heads, bias=True,
-                     max_positions=seq)
+    spec = tiny_spec(vocab=64, hidden=hidden, layers=1, heads=heads, seq=seq)
     return {
         "out_err": _err(out, out_ref.detach().chunk(t, dim=0)[r]),
         "input_grad_err": _err(xl.grad, x.grad.chunk(t, dim=0)[r]), "grad_err": grad_err,
@@ -205,9 +202,9 @@ def demo(hidden: int = 32, heads: int = 4, seq: int = 16, batch: int = 2,
         "saved_bytes_sp": measured[True],
         "table2_tp": per_layer_bytes(seq, batch, hidden, heads, tp=t),
         "table2_sp": per_layer_bytes(seq, batch, hidden, heads, tp=t, sp=True),
-        "layer_terms_sp": sum(x.bytes for x in layer_terms(spec, seq, batch, tp=t, sp=True,
-                                                           norm_stat_bytes=nsb)),
-        "norm_stat_bytes_sp": 4 * nsb * seq * batch // t,  # 2 norms x (mean, rstd) per token
+        "layer_terms_sp": sum(x.bytes for x in layer_terms(
+            spec, seq, batch, tp=t, sp=True, norm_stat_bytes=norm_stat_itemsize(dev, bf))),
+        "norm_stat_bytes_sp": norm_stat_bytes(seq * batch // t, 2, device=dev, dtype=bf),
         "fwd_all_gather": fwd["fwd_all_gather"], "fwd_reduce_scatter": fwd["fwd_reduce_scatter"],
         "bwd_all_gather": COMM["bwd_all_gather"],
         "bwd_reduce_scatter": COMM["bwd_reduce_scatter"],
@@ -221,24 +218,11 @@ def _selective_layer(full, sequence_parallel: bool):
     from torch.utils.checkpoint import checkpoint
 
     from parmem.dist.tp import ParallelGPTLayer
-    from parmem.reference import dropout
 
     class SelectiveRecomputeLayer(ParallelGPTLayer):
         def core(self, q, k, v):
-            scores = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / self.head_dim ** 0.5)
-            if self.causal:
-                scores = scores + self.causal_bias[:q.shape[2], :q.shape[2]]
-            probs = dropout(torch.softmax(scores, dim=-1), self.dropout_p, self.training)
-            return torch.matmul(probs, v)
-
-        def attention(self, x):
-            y = self.qkv(x)
-            s, b, _ = y.shape
-            qkv = y.view(s, b, self.local_heads, 3, self.head_dim)
-            q, k, v = (z.permute(1, 2, 0, 3) for z in qkv.unbind(dim=3))
             # reentrant checkpoint saves its inputs (views of the QKV output) and nothing else
-            ctx = checkpoint(self.core, q, k, v, use_reentrant=True)
-            return self.proj(ctx.permute(2, 0, 1, 3).reshape(s, b, -1))
+            return checkpoint(super().core, q, k, v, use_reentrant=True)
 
     return SelectiveRecomputeLayer(full, sequence_parallel=sequence_parallel)
 
@@ -263,9 +247,9 @@ def demo_recompute(hidden: int = 32, heads: int = 4, seq: int = 16, batch: int =
     from torch.utils.checkpoint import checkpoint
 
     from parmem.activations import per_layer_bytes
-    from parmem.dist.tp import ParallelGPTLayer, norm_stat_bytes
+    from parmem.dist.tp import ParallelGPTLayer
     from parmem.measure import SavedTensorsMeter
-    from parmem.reference import GPTLayer
+    from parmem.reference import GPTLayer, norm_stat_bytes
 
     t, dev, bf = world_size(), device(), torch.bfloat16
     if seq % t or heads % t:
@@ -273,7 +257,6 @@ def demo_recompute(hidden: int = 32, heads: int = 4, seq: int = 16, batch: int =
     torch.manual_seed(0)
     base = GPTLayer(hidden, heads, dropout_p=dropout_p, dtype=bf, max_seq_len=seq).to(dev)
     x = torch.randn(seq, batch, hidden, device=dev, dtype=bf)
-    stats = 4 * norm_stat_bytes(dev, bf) * seq * batch
     out, reference = {}, {}
     for name, (sp, recompute) in TABLE2_CASES.items():
         if recompute == "selective":
@@ -291,7 +274,8 @@ def demo_recompute(hidden: int = 32, heads: int = 4, seq: int = 16, batch: int =
             "measured": meter.bytes,
             "table2": per_layer_bytes(seq, batch, hidden, heads, tp=t, sp=sp,
                                       recompute=recompute),
-            "norm_stats": 0 if recompute == "full" else stats // (t if sp else 1),
+            "norm_stats": 0 if recompute == "full" else norm_stat_bytes(
+                seq * batch // (t if sp else 1), 2, device=dev, dtype=bf),
             "grad_err": float((xi.grad.float() - reference[sp].float()).abs().max()),
         }
     return out

@@ -7,8 +7,9 @@ in backward (f, before the column-parallel layer). Attention splits by heads (QK
 output projection row-parallel), the MLP by its inner width (FC1 column, FC2 row); LayerNorms and
 the row-parallel biases are replicated; the embedding and LM head split the vocabulary.
 
-:func:`demo` builds a tiny GPT once (:class:`TinyGPT`), shards it over the ranks
-(:class:`ParallelGPTLayer` etc.), and returns per rank: max errors of loss, logits and gradients
+:func:`demo` builds a tiny GPT once (:class:`parmem.reference.TinyGPT` of
+:func:`parmem.reference.tiny_spec`), shards it over the ranks (:class:`TPGPT`,
+:class:`ParallelGPTLayer` etc.), and returns per rank: max errors of loss, logits and gradients
 against the single-process model (fp32, dropout off), parameter bytes against
 :func:`parmem.estimate`, saved-activation bytes of one layer (bf16, dropout on) against
 Korthikanti et al. 2022 Table 2, and collectives counted. :func:`demo_dtensor` is the same layer
@@ -27,11 +28,11 @@ import torch.distributed as dist
 from torch import nn
 
 from parmem.dist.launcher import device, rank, world_size
-from parmem.reference import GPTLayer
+from parmem.reference import GPTLayer, TinyGPT, norm_stat_bytes, norm_stat_itemsize, tiny_spec
 
 __all__ = ["CopyToTP", "ReduceFromTP", "GatherFromTP", "ColumnParallelLinear",
-           "RowParallelLinear", "VocabParallelEmbedding", "ParallelGPTLayer", "TinyGPT",
-           "TPGPT", "COMM", "demo", "demo_dtensor", "norm_stat_bytes"]
+           "RowParallelLinear", "VocabParallelEmbedding", "ParallelGPTLayer", "TPGPT", "COMM",
+           "tp_slice", "demo", "demo_dtensor"]
 
 #: collectives issued by the f/g operators since the last reset (forward and backward)
 COMM = {"fwd_all_reduce": 0, "bwd_all_reduce": 0}
@@ -175,9 +176,10 @@ class VocabParallelEmbedding(nn.Module):
 class ParallelGPTLayer(GPTLayer):
     """:class:`parmem.reference.GPTLayer` sharded over the TP group: heads and MLP width split.
 
-    Built from a full layer (same weights, sliced); the forward is the reference's, with QKV/FC1
-    column-parallel and projection/FC2 row-parallel. ``sequence_parallel`` keeps the
-    LayerNorm/dropout/residual region split along the sequence (input [s/t, b, h]).
+    Built from a full layer (same weights, sliced); the forward and the attention are the
+    reference's, with QKV/FC1 column-parallel and projection/FC2 row-parallel.
+    ``sequence_parallel`` keeps the LayerNorm/dropout/residual region split along the sequence
+    (input [s/t, b, h]).
     """
 
     def __init__(self, full: GPTLayer, group=None, sequence_parallel: bool = False):
@@ -193,47 +195,21 @@ class ParallelGPTLayer(GPTLayer):
         self.proj, self.fc2 = RowParallelLinear(full.proj, **kw), RowParallelLinear(full.fc2, **kw)
         self.sequence_parallel = sequence_parallel
 
-    def attention(self, x):
-        y = self.qkv(x)  # [s, b, 3 a/t d]; s is the full sequence even under SP
-        s, b, _ = y.shape
-        qkv = y.view(s, b, self.local_heads, 3, self.head_dim)
-        q, k, v = (z.permute(1, 2, 0, 3) for z in qkv.unbind(dim=3))
-        scores = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / self.head_dim ** 0.5)
-        if self.causal:
-            scores = scores + self.causal_bias[:s, :s]
-        from parmem.reference import dropout
-
-        probs = dropout(torch.softmax(scores, dim=-1), self.dropout_p, self.training)
-        ctx = torch.matmul(probs, v).permute(2, 0, 1, 3).reshape(s, b, -1)
-        return self.proj(ctx)
-
-
-class TinyGPT(nn.Module):
-    """Embedding → L GPT layers → LayerNorm → LM head (untied, no bias); input tokens [s, b]."""
-
-    def __init__(self, vocab: int = 64, hidden: int = 32, heads: int = 4, layers: int = 2,
-                 seq: int = 16, dtype=torch.float32, dropout_p: float = 0.0):
-        super().__init__()
-        self.embed = nn.Embedding(vocab, hidden, dtype=dtype)
-        self.layers = nn.ModuleList(GPTLayer(hidden, heads, dropout_p=dropout_p, dtype=dtype,
-                                             max_seq_len=seq) for _ in range(layers))
-        self.ln_f = nn.LayerNorm(hidden, dtype=dtype)
-        self.head = nn.Linear(hidden, vocab, bias=False, dtype=dtype)
-
-    def forward(self, tokens):
-        x = self.embed(tokens)
-        for layer in self.layers:
-            x = layer(x)
-        return self.head(self.ln_f(x))
-
 
 class TPGPT(nn.Module):
-    """:class:`TinyGPT` sharded: vocab-parallel embedding and head, :class:`ParallelGPTLayer`."""
+    """A :class:`parmem.reference.TinyGPT` sharded: vocab-parallel embedding and LM head,
+    :class:`ParallelGPTLayer`; input tokens [s, b], output the gathered logits [s, b, V].
+
+    The model must have no position table and an untied head (``tiny_spec(position="rotary")``):
+    sharding those is not shown here."""
 
     def __init__(self, full: TinyGPT, group=None):
         super().__init__()
+        if full.pos is not None or full.head is None:
+            raise ValueError("TPGPT needs a TinyGPT without a position table and with an untied "
+                             "head: tiny_spec(position='rotary', tied=False)")
         self.group = group
-        self.embed = VocabParallelEmbedding(full.embed, group)
+        self.embed = VocabParallelEmbedding(full.tok, group)
         self.layers = nn.ModuleList(ParallelGPTLayer(lay, group) for lay in full.layers)
         self.ln_f = nn.LayerNorm(full.ln_f.normalized_shape, dtype=full.ln_f.weight.dtype)
         self.ln_f.load_state_dict(full.ln_f.state_dict())
@@ -246,17 +222,14 @@ class TPGPT(nn.Module):
         return GatherFromTP.apply(self.head(self.ln_f(x)), self.group)
 
 
-def norm_stat_bytes(dev, dtype) -> int:
-    """Bytes per token of one LayerNorm statistic (mean or rstd) that autograd saves: fp32 on
-    CUDA; on CPU the kernel keeps them in the input dtype (2 bytes for bf16)."""
-    return 4 if torch.device(dev).type == "cuda" else torch.empty((), dtype=dtype).element_size()
-
-
-def _spec(vocab, hidden, heads, layers, seq):
-    from parmem import ModelSpec
-
-    return ModelSpec(name="tiny-gpt", vocab_size=vocab, hidden=hidden, layers=layers,
-                     heads=heads, bias=True, position="rotary", max_positions=seq)
+def tp_slice(full: torch.Tensor, local: torch.Tensor, tp_rank: int, t: int) -> torch.Tensor:
+    """This rank's slice of a tensor of the single-process model (a weight or its gradient): the
+    ``tp_rank``-th of t chunks along the one dimension where ``local`` (the sharded tensor) is
+    smaller; ``full`` itself where the two shapes agree (a replicated tensor)."""
+    if full.shape == local.shape:
+        return full
+    dim = next(i for i, (a, b) in enumerate(zip(local.shape, full.shape, strict=True)) if a != b)
+    return full.chunk(t, dim=dim)[tp_rank]
 
 
 def _max_err(a, b) -> float:
@@ -283,8 +256,10 @@ def demo(vocab: int = 64, hidden: int = 32, heads: int = 4, layers: int = 2, seq
     for name, v in (("heads", heads), ("vocab", vocab), ("hidden", 4 * hidden)):
         if v % t:
             raise ValueError(f"{name}={v} must be divisible by world size={t}")
+    spec = tiny_spec(vocab=vocab, hidden=hidden, layers=layers, heads=heads, seq=seq,
+                     position="rotary")
     torch.manual_seed(0)
-    full = TinyGPT(vocab, hidden, heads, layers, seq).to(dev)
+    full = TinyGPT(spec, dtype=torch.float32, dropout_p=0.0).to(dev)
     tp = TPGPT(full).to(dev)
     tokens = torch.randint(0, vocab, (seq, batch), device=dev)
     target = torch.randint(0, vocab, (seq, batch), device=dev)
@@ -300,16 +275,9 @@ def demo(vocab: int = 64, hidden: int = 32, heads: int = 4, layers: int = 2, seq
     fwd_comm = dict(COMM)
     loss.backward()
     model_bwd = COMM["bwd_all_reduce"]
-    grad_err = 0.0
-    for p_full, p_tp in zip(full.parameters(), tp.parameters(), strict=True):
-        g = p_full.grad
-        if p_tp.shape != p_full.shape:  # sharded: compare with this rank's slice
-            dim = next(i for i, (a, b) in enumerate(zip(p_tp.shape, g.shape, strict=True))
-                       if a != b)
-            g = g.chunk(t, dim=dim)[r]
-        grad_err = max(grad_err, _max_err(p_tp.grad, g))
+    grad_err = max(_max_err(p_tp.grad, tp_slice(p_full.grad, p_tp, r, t))  # sharded: the slice
+                   for p_full, p_tp in zip(full.parameters(), tp.parameters(), strict=True))
 
-    spec = _spec(vocab, hidden, heads, layers, seq)
     setup = TrainingSetup(seq_len=seq, micro_batch=batch, precision="fp32")
     est = estimate(spec, ParallelConfig(tp=t), setup).stages[0]
     measured = state_bytes(tp)
@@ -321,8 +289,8 @@ def demo(vocab: int = 64, hidden: int = 32, heads: int = 4, layers: int = 2, seq
     with SavedTensorsMeter(exclude=lay.parameters()) as meter:
         lay(x)
     layer_fwd = COMM["fwd_all_reduce"]
-    nsb = norm_stat_bytes(dev, torch.bfloat16)
-    terms = layer_terms(spec, seq, batch, tp=t, norm_stat_bytes=nsb)
+    terms = layer_terms(spec, seq, batch, tp=t,
+                        norm_stat_bytes=norm_stat_itemsize(dev, torch.bfloat16))
     return {
         "loss_err": abs(loss.item() - ref_loss.item()), "logits_err": _max_err(logits, ref_logits),
         "grad_err": grad_err,
@@ -331,7 +299,7 @@ def demo(vocab: int = 64, hidden: int = 32, heads: int = 4, layers: int = 2, seq
         "saved_bytes": meter.bytes,
         "saved_bytes_table2": per_layer_bytes(seq, batch, hidden, heads, tp=t),
         "saved_bytes_layer_terms": sum(x.bytes for x in terms),
-        "norm_stat_bytes": 4 * nsb * seq * batch,  # 2 norms x (mean, rstd), not in Table 2
+        "norm_stat_bytes": norm_stat_bytes(seq * batch, 2, device=dev, dtype=torch.bfloat16),
         "model_fwd_all_reduce": fwd_comm["fwd_all_reduce"],
         "model_bwd_all_reduce": model_bwd, "layer_fwd_all_reduce": layer_fwd,
     }
@@ -397,8 +365,10 @@ def demo_states(vocab: int = 64, hidden: int = 32, heads: int = 4, layers: int =
     for name, v in (("heads", heads), ("vocab", vocab), ("hidden", 4 * hidden)):
         if v % t:
             raise ValueError(f"{name}={v} must be divisible by world size={t}")
+    spec = tiny_spec(vocab=vocab, hidden=hidden, layers=layers, heads=heads, seq=seq,
+                     position="rotary")
     torch.manual_seed(0)
-    full = TinyGPT(vocab, hidden, heads, layers, seq, dtype=torch.bfloat16).to(dev)
+    full = TinyGPT(spec, dtype=torch.bfloat16, dropout_p=0.0).to(dev)
     model = TPGPT(full).to(dev)
     opt = MixedPrecisionAdamW(model.parameters())
     tokens = torch.randint(0, vocab, (seq, batch), device=dev)
@@ -407,7 +377,7 @@ def demo_states(vocab: int = 64, hidden: int = 32, heads: int = 4, layers: int =
     nn.functional.cross_entropy(logits.flatten(0, 1), target.flatten()).backward()
     opt.step()
     st = state_bytes(model, opt)
-    est = estimate(_spec(vocab, hidden, heads, layers, seq), ParallelConfig(tp=t),
+    est = estimate(spec, ParallelConfig(tp=t),
                    TrainingSetup(seq_len=seq, micro_batch=batch)).stages[0]
     pairs = list(zip(full.parameters(), model.parameters(), strict=True))
     return {
@@ -460,7 +430,7 @@ def demo_comm(hidden: int = 32, heads: int = 4, seq: int = 16, batch: int = 2,
     return {"forward_all_reduce": sizes["forward"], "backward_all_reduce": sizes["backward"],
             "saved_bytes": meter.bytes,
             "table2": per_layer_bytes(seq, batch, hidden, heads, tp=t),
-            "norm_stat_bytes": 4 * norm_stat_bytes(dev, torch.bfloat16) * seq * batch}
+            "norm_stat_bytes": norm_stat_bytes(seq * batch, 2, device=dev, dtype=torch.bfloat16)}
 
 
 __all__ += ["demo_states", "demo_comm"]

@@ -58,14 +58,14 @@ def demo(seq_lens=(512, 256, 384, 320), hidden: int = 64, heads: int = 4, layers
     """One training step per rank at sequence length ``seq_lens[rank % len(seq_lens)]``."""
     from parmem import ParallelConfig, TrainingSetup, estimate
     from parmem.allocator import replay
+    from parmem.dist.anatomy import named_extras
     from parmem.traces import record_allocations
-    from parmem.dist.anatomy import named_extras, tiny_spec
     from parmem.measure import SavedTensorsMeter
-    from parmem.reference import TinyGPT
+    from parmem.reference import TinyGPT, tiny_spec
 
     r, dev = rank(), device()
     s = int(seq_lens[r % len(seq_lens)])
-    spec = tiny_spec(vocab, hidden, layers, heads, seq=max(seq_lens))
+    spec = tiny_spec(vocab=vocab, hidden=hidden, layers=layers, heads=heads, seq=max(seq_lens))
     torch.manual_seed(0)
     model = TinyGPT(spec).to(dev).train()
     opt_state: dict = {}
@@ -93,7 +93,7 @@ def demo(seq_lens=(512, 256, 384, 320), hidden: int = 64, heads: int = 4, layers
     est = estimate(spec, ParallelConfig(dp=world_size()),
                    TrainingSetup(seq_len=s, micro_batch=batch)).stages[0]
     n_tensors = sum(1 for _ in model.parameters())
-    x = named_extras(spec, s, batch, 4 if cuda else 2, n_tensors)
+    x = named_extras(spec, s, batch, n_tensors, dev)
     extras = (x["norm_statistics"] + x["token_ids"] + x["labels"] + x["position_ids"]
               + x["loss_weight"])
     classic = replay(events)

@@ -161,6 +161,7 @@ def demo_ddp_buckets(layers: int = 4, hidden: int = 64) -> dict:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from parmem import model_state_bytes
+    from parmem.dist.dp import ddp_bucket_sizes
     from parmem.measure import state_bytes
 
     d, dev = world_size(), device()
@@ -173,8 +174,7 @@ def demo_ddp_buckets(layers: int = 4, hidden: int = 64) -> dict:
         before = torch.cuda.memory_allocated(dev) if cuda else 0
         ddp = DDP(model, gradient_as_bucket_view=view)
         ddp(torch.randn(8, hidden, device=dev)).sum().backward()
-        sizes = [int(s) for s in str(ddp._get_ddp_logging_data()["bucket_sizes"]).split(",")
-                 if s.strip()]
+        sizes = ddp_bucket_sizes(ddp)
         grads = state_bytes(model).grads
         share = all(p.grad.untyped_storage().nbytes() in sizes for p in model.parameters())
         row = {"grads": grads, "buckets": sum(sizes), "grad_views_share_buckets": share,

@@ -1,0 +1,109 @@
+"""Published tables, read from ``data/papers.yaml``: the numbers parmem is checked against.
+
+Each table is stored once, with its source (paper, table or figure, section, page), exactly as
+printed; the tests and the chapters read it here instead of typing the numbers again::
+
+    from parmem.papers import table
+    t1 = table("narayanan2021_table1")           # Narayanan et al. 2021, Table 1
+    t1.row(params_billion=145.6)["gpus"]         # 1536
+    t1.settings["seq_len"]                       # 2048
+
+Tables: ``rajbhandari2020_figure1`` (ZeRO's per-GPU model states, Ψ = 7.5B, N_d = 64),
+``korthikanti2022_table2`` (activation memory per layer, six configurations, as coefficients:
+:func:`korthikanti_table2` evaluates a row), ``korthikanti2022_table3`` (the model configurations),
+``korthikanti2022_selective_saving`` (§5: the 70% and 65% that selective recomputation saves),
+``narayanan2021_table1`` (Megatron-LM's ten weak-scaling runs; :func:`narayanan_gpt` builds the
+:class:`~parmem.model.ModelSpec` of a row). A value the file could not check against its source
+is ``None`` and the table's ``unchecked`` says which.
+
+Standard library only (and the packaged data), so it runs wherever the estimator does.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+from ._check import choice, integer
+from ._data import load_yaml
+
+__all__ = ["PublishedTable", "table", "names", "korthikanti_table2", "narayanan_gpt"]
+
+_FILE = "papers.yaml"
+
+
+@dataclass(frozen=True)
+class PublishedTable:
+    """One published table: its ``rows`` (dicts keyed by ``columns``), the ``settings`` common to
+    every row, and where it comes from (``source``, ``cite``: its key in references.bib,
+    ``page``; ``unchecked``: what the file leaves out)."""
+
+    name: str
+    source: str
+    cite: str
+    rows: tuple[dict, ...]
+    columns: dict = field(default_factory=dict)
+    settings: dict = field(default_factory=dict)
+    page: int | None = None
+    note: str = ""
+    unchecked: str = ""
+    checked_against: str = ""
+
+    def column(self, key: str) -> list:
+        """The values of column ``key``, one per row, in the table's order."""
+        choice("key", key, tuple(self.columns))
+        return [r[key] for r in self.rows]
+
+    def row(self, **match) -> dict:
+        """The one row whose fields equal ``match`` (e.g. ``row(params_billion=145.6)``)."""
+        for key in match:
+            choice("key", key, tuple(self.columns))
+        found = [r for r in self.rows if all(r[k] == v for k, v in match.items())]
+        if len(found) != 1:
+            raise ValueError(f"{match} must match exactly one row of {self.name}, "
+                             f"matches {len(found)}")
+        return found[0]
+
+
+def names() -> list[str]:
+    """The names of the published tables, in the file's order."""
+    return list(load_yaml(_FILE))
+
+
+def table(name: str) -> PublishedTable:
+    """The published table ``name`` (see :func:`names`); a fresh copy, safe to modify."""
+    data = load_yaml(_FILE)
+    entry = copy.deepcopy(data[choice("name", name, tuple(data))])
+    rows = tuple(entry.pop("rows"))
+    return PublishedTable(name=name, rows=rows, **entry)
+
+
+def korthikanti_table2(case: str, s: int, b: int, h: int, a: int, t: int = 1) -> Fraction:
+    """Activation bytes per transformer layer of row ``case`` of Korthikanti et al. 2022,
+    Table 2, as an exact fraction: s·b·h·(c + c_t/t + (a·s/h)·(k + k_t/t)) with the row's
+    coefficients from ``data/papers.yaml`` (``case``: ``"none"``, ``"tp"``, ``"tp+sp"``,
+    ``"tp+selective"``, ``"tp+sp+selective"``, ``"full"``)."""
+    for key, v in (("s", s), ("b", b), ("h", h), ("a", a), ("t", t)):
+        integer(key, v)
+    tab = table("korthikanti2022_table2")
+    r = tab.row(case=choice("case", case, tab.column("case")))
+    s_, t_ = Fraction(s), Fraction(t)
+    attention = Fraction(a) * s_ / h * (r["attention"] + r["attention_over_t"] / t_)
+    return s_ * b * h * (r["constant"] + r["constant_over_t"] / t_ + attention)
+
+
+def narayanan_gpt(row: dict):
+    """The :class:`~parmem.model.ModelSpec` of a row of ``narayanan2021_table1``: a GPT
+    (Narayanan et al. 2021 §5.1: V = 51,200, s = 2048; GeLU MLP, LayerNorm, biases, learned
+    positions, embeddings tied to the LM head as in Megatron-LM), named ``gpt-<params>b``."""
+    from .model import ModelSpec
+
+    if row.get("heads") is None:
+        raise ValueError(f"row {row.get('params_billion')}B has no checked heads (None): "
+                         "see table('narayanan2021_table1').unchecked")
+    settings = table("narayanan2021_table1").settings
+    return ModelSpec(name=f"gpt-{row['params_billion']}b", vocab_size=settings["vocab_size"],
+                     hidden=row["hidden"], layers=row["layers"], heads=row["heads"],
+                     ffn_kind="gelu", bias=True, norm="layernorm", tied_embeddings=True,
+                     position="learned", max_positions=settings["seq_len"])
