@@ -4,10 +4,10 @@ module's private (underscore) name.
 The layers, bottom to top (DESIGN.md, "one home per formula, layers one way"); modules on the
 same layer may not import each other either, so that a formula cannot drift into a sibling:
 
-    units, _check, _data, papers          plain data and validation
+    units, _check, _data                  units, validation, packaged data
     sharding, hardware                    the parameter table; GPUs and links
     model                                 ModelSpec
-    config                                ParallelConfig, TrainingSetup, vocabularies
+    config, papers                        ParallelConfig, TrainingSetup, vocabularies; published tables
     states, pipeline, activations         model states; schedules; saved activations
     comm, flops, inference                communication; FLOPs; serving memory
     estimate                              the estimator
@@ -30,10 +30,10 @@ import pytest
 LIB = Path(__file__).resolve().parent.parent / "lib" / "parmem"
 
 LAYERS: list[set[str]] = [
-    {"units", "_check", "_data", "papers"},
+    {"units", "_check", "_data"},
     {"sharding", "hardware"},
     {"model"},
-    {"config"},
+    {"config", "papers"},
     {"states", "pipeline", "activations"},
     {"comm", "flops", "inference"},
     {"estimate"},
