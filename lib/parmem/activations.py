@@ -31,9 +31,9 @@ from typing import Any
 
 from ._check import boolean, choice, integer
 from .config import RECOMPUTE
-from .model import ModelSpec
+from .model import NORM_KINDS, ModelSpec
 
-__all__ = ["per_layer_bytes", "layer_terms", "kept_terms", "Term"]
+__all__ = ["per_layer_bytes", "layer_terms", "kept_terms", "norm_statistics", "Term"]
 
 
 def _check_pos(**kw: int) -> None:
@@ -144,8 +144,8 @@ def layer_terms(spec: ModelSpec, seq_len: int, micro_batch: int, tp: int = 1, sp
     if dropout:
         terms.append(Term("mlp dropout mask", sb * h // rep, "1 byte"))
     if norm_stat_bytes:
-        per_norm = (2 if spec.norm == "layernorm" else 1) * norm_stat_bytes * sb
-        terms.append(Term("norm statistics", 2 * per_norm // rep, "mean/rstd per token"))
+        stats = norm_statistics(spec.norm, sb, norm_stat_bytes, norms=2)
+        terms.append(Term("norm statistics", stats // rep, "mean/rstd per token"))
     return terms
 
 
@@ -212,3 +212,17 @@ def _mlp_terms(spec: ModelSpec, sb: int, t: int, rep: int, e: int, capacity_fact
     out.append(Term("router logits and probabilities", 8 * sb * spec.num_experts // rep,
                     "fp32; each rank routes its own s/t tokens under SP"))
     return out
+
+
+def norm_statistics(norm: str, tokens: int, itemsize: int, norms: int = 1) -> int:
+    """Bytes of the statistics ``norms`` norms save for backward over ``tokens`` tokens, each
+    ``itemsize`` bytes: a LayerNorm keeps its mean and reciprocal standard deviation per token, an
+    RMSNorm the reciprocal root mean square only (PyTorch's ``native_layer_norm`` and
+    ``rms_norm`` backward). Korthikanti et al. 2022 (§4.1, Table 2) leave them out; the measured
+    layers of the book include them (:func:`parmem.reference.norm_stat_bytes` gives the item size
+    of a device and dtype)."""
+    choice("norm", norm, NORM_KINDS)
+    integer("tokens", tokens, 0)
+    integer("norms", norms, 0)
+    integer("itemsize", itemsize)
+    return (2 if norm == "layernorm" else 1) * tokens * norms * itemsize

@@ -35,7 +35,8 @@ import math
 import torch
 from torch import nn
 
-from parmem._check import choice, integer
+from parmem._check import choice
+from parmem.activations import norm_statistics
 
 __all__ = ["GPTLayer", "MixedPrecisionAdamW", "TinyGPT", "dropout", "norm_stat_bytes",
            "norm_stat_itemsize", "tiny_spec"]
@@ -86,17 +87,11 @@ def norm_stat_bytes(tokens: int, norms: int = 1, norm: str = "layernorm", device
                     dtype: torch.dtype = torch.bfloat16) -> int:
     """Bytes of the statistics ``norms`` norms save for backward over ``tokens`` tokens.
 
-    A LayerNorm saves its mean and reciprocal standard deviation per token, an RMSNorm the
-    reciprocal root mean square only (PyTorch ``native_layer_norm``/``rms_norm`` backward), each
-    :func:`norm_stat_itemsize` bytes. Korthikanti et al. 2022 (§4.1, Table 2) leave them out; a
-    GPT layer has two norms, so one layer on s·b tokens saves ``norm_stat_bytes(s * b, 2)``.
+    :func:`parmem.activations.norm_statistics` with :func:`norm_stat_itemsize` bytes per
+    statistic; a GPT layer has two norms, so one layer on s·b tokens saves
+    ``norm_stat_bytes(s * b, 2)``.
     """
-    from parmem.model import NORM_KINDS
-
-    integer("tokens", tokens, 0)
-    integer("norms", norms, 0)
-    per_token = 2 if choice("norm", norm, NORM_KINDS) == "layernorm" else 1
-    return tokens * norms * per_token * norm_stat_itemsize(device, dtype)
+    return norm_statistics(norm, tokens, norm_stat_itemsize(device, dtype), norms)
 
 
 def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
