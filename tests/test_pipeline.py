@@ -243,8 +243,8 @@ def test_to_rows_and_ascii():
             {"schedule": "interleaved", "p": 4, "m": 6, "v": 2},
             r"m=6 must be a multiple of p=4 for the interleaved schedule \(Megatron-LM",
         ),
-        ({"schedule": "1f1b", "p": 2, "m": 2, "t_fwd": 0}, r"t_fwd=0 must be a number > 0"),
-        ({"schedule": "1f1b", "p": 2, "m": 2, "t_bwd": -1.0}, r"t_bwd=-1.0 must be a number > 0"),
+        ({"schedule": "1f1b", "p": 2, "m": 2, "t_fwd": 0}, r"t_fwd=0 must be > 0"),
+        ({"schedule": "1f1b", "p": 2, "m": 2, "t_bwd": -1.0}, r"t_bwd=-1.0 must be > 0"),
     ],
 )
 def test_invalid_input(kwargs, message):
@@ -261,6 +261,6 @@ def test_invalid_closed_form_input():
         bubble_fraction(0, 4)
     with pytest.raises(ValueError, match=r"v=0 must be an integer >= 1"):
         bubble_ratio(2, 4, 0)
-    with pytest.raises(ValueError, match=r"stage=9 must be in 0..1"):
+    with pytest.raises(ValueError, match=r"stage=9 must be an integer in 0..1"):
         simulate("1f1b", 2, 2).stage_events(9)
     assert set(SCHEDULES) == {"gpipe", "1f1b", "interleaved"}

@@ -111,7 +111,8 @@ def _memory_bytes(gpu) -> int:
     if hasattr(gpu, "memory_bytes"):
         return int(gpu.memory_bytes)
     if isinstance(gpu, bool) or not isinstance(gpu, int) or gpu <= 0:
-        raise ValueError(f"gpu={gpu!r} must be bytes (int > 0), a Hardware or a preset name")
+        raise ValueError(f"gpu={gpu!r} must be bytes (an integer >= 1), a Hardware or a preset "
+                         "name")
     return gpu
 
 
@@ -166,8 +167,7 @@ def random_requests(n: int, seed: int = 0, prompt: tuple[int, int] = (16, 1024),
     (exponential gaps, rounded down to whole steps). Deterministic for a given ``seed``."""
     import random
 
-    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-        raise ValueError(f"n={n!r} must be an integer >= 0")
+    integer("n", n, 0)
     for name, (lo, hi) in (("prompt", prompt), ("output", output)):
         if not 1 <= lo <= hi:
             raise ValueError(f"{name}={(lo, hi)!r} must satisfy 1 <= low <= high")

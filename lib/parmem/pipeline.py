@@ -37,7 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from ._check import choice, integer
+from ._check import choice, integer, number
 from .config import SCHEDULES
 
 __all__ = [
@@ -126,8 +126,7 @@ class PipelineResult:
 
     def stage_events(self, stage: int) -> list[Event]:
         """The events of ``stage`` in execution order."""
-        if not 0 <= stage < self.p:
-            raise ValueError(f"stage={stage} must be in 0..{self.p - 1}")
+        integer("stage", stage, 0, self.p - 1)
         return [e for e in self.events if e.stage == stage]
 
     def to_rows(self) -> list[dict[str, object]]:
@@ -240,8 +239,7 @@ def simulate(
     """
     _validate(schedule, p, m, v)
     for name, value in (("t_fwd", t_fwd), ("t_bwd", t_bwd)):
-        if not isinstance(value, int | float) or isinstance(value, bool) or not value > 0:
-            raise ValueError(f"{name}={value!r} must be a number > 0")
+        number(name, value, 0, lo_open=True)
     dur = {"F": t_fwd / v, "B": t_bwd / v}
     orders = [_stage_order(schedule, p, m, v, i) for i in range(p)]
     pos = [0] * p
@@ -384,8 +382,7 @@ def in_flight_timeline(result: PipelineResult, stage: int) -> list[tuple[float, 
     """
     if not isinstance(result, PipelineResult):
         raise ValueError(f"result must be a PipelineResult, got {type(result).__name__}")
-    if isinstance(stage, bool) or not isinstance(stage, int) or not 0 <= stage < result.p:
-        raise ValueError(f"stage={stage!r} must be an integer in 0..{result.p - 1}")
+    integer("stage", stage, 0, result.p - 1)
     changes: list[tuple[float, int]] = []
     for e in result.stage_events(stage):
         if e.kind == "F":

@@ -38,6 +38,8 @@ import os
 import time
 import traceback
 
+from parmem._check import integer
+
 __all__ = ["Pool", "RankError", "WorkerDied", "RunTimeout", "default_world_size", "rank",
            "world_size", "device", "backend", "resolve", "format_results", "set_state",
            "rank_main"]
@@ -75,10 +77,8 @@ def default_world_size() -> int:
     return 4
 
 
-def _check_world_size(n) -> int:
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"world_size={n!r} must be a positive integer")
-    return n
+def _check_world_size(n: object) -> int:
+    return integer("world_size", n)
 
 
 def rank() -> int:
