@@ -19,8 +19,12 @@ T = TypeVar("T")
 
 def integer(name: str, value: Any, minimum: int = 1, maximum: int | None = None) -> int:
     """``value`` if it is an ``int`` (not a bool) within ``[minimum, maximum]``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum or (
-            maximum is not None and value > maximum):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or value < minimum
+        or (maximum is not None and value > maximum)
+    ):
         rule = f">= {minimum}" if maximum is None else f"in {minimum}..{maximum}"
         raise ValueError(f"{name}={value!r} must be an integer {rule}")
     return value
@@ -33,8 +37,15 @@ def boolean(name: str, value: Any) -> bool:
     return value
 
 
-def number(name: str, value: Any, lo: float | None = None, hi: float | None = None, *,
-           lo_open: bool = False, hi_open: bool = False) -> float:
+def number(
+    name: str,
+    value: Any,
+    lo: float | None = None,
+    hi: float | None = None,
+    *,
+    lo_open: bool = False,
+    hi_open: bool = False,
+) -> float:
     """``value`` as a float if it is a finite real number within the given bounds."""
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise ValueError(f"{name}={value!r} must be a finite number")

@@ -41,8 +41,16 @@ def _check_pos(**kw: int) -> None:
         integer(k, v)
 
 
-def per_layer_bytes(seq_len: int, micro_batch: int, hidden: int, heads: int, tp: int = 1,
-                    sp: bool = False, recompute: str = "none", flash: bool = False) -> int:
+def per_layer_bytes(
+    seq_len: int,
+    micro_batch: int,
+    hidden: int,
+    heads: int,
+    tp: int = 1,
+    sp: bool = False,
+    recompute: str = "none",
+    flash: bool = False,
+) -> int:
     """Activation bytes of one GPT layer for one micro-batch (Korthikanti et al. 2022, Table 2).
 
     ``s = seq_len``, ``b = micro_batch``, ``h = hidden``, ``a = heads``, ``t = tp``.
@@ -68,7 +76,7 @@ def per_layer_bytes(seq_len: int, micro_batch: int, hidden: int, heads: int, tp:
     if recompute == "full":
         return 2 * sbh // t if sp else 2 * sbh
     replicated = 10 * sbh  # LayerNorm inputs, QKV/FC1 inputs, dropout masks (Table 2)
-    sharded = 24 * sbh     # Q, K, V, projection input, GeLU input and output
+    sharded = 24 * sbh  # Q, K, V, projection input, GeLU input and output
     if recompute == "selective":
         core = 0
     elif flash:
@@ -90,9 +98,19 @@ class Term:
     core: bool = False  # part of the attention core that selective recompute drops
 
 
-def layer_terms(spec: ModelSpec, seq_len: int, micro_batch: int, tp: int = 1, sp: bool = False,
-                cp: int = 1, flash: bool = False, dropout: bool = True, act_bytes: int = 2,
-                norm_stat_bytes: int = 0, capacity_factor: float = 1.0) -> list[Term]:
+def layer_terms(
+    spec: ModelSpec,
+    seq_len: int,
+    micro_batch: int,
+    tp: int = 1,
+    sp: bool = False,
+    cp: int = 1,
+    flash: bool = False,
+    dropout: bool = True,
+    act_bytes: int = 2,
+    norm_stat_bytes: int = 0,
+    capacity_factor: float = 1.0,
+) -> list[Term]:
     """Per-layer, per-micro-batch activation terms for any :class:`~parmem.model.ModelSpec`.
 
     The accounting is Korthikanti et al. 2022 §4.1, term by term, with the shapes generalised:
@@ -149,8 +167,15 @@ def layer_terms(spec: ModelSpec, seq_len: int, micro_batch: int, tp: int = 1, sp
     return terms
 
 
-def kept_terms(spec: ModelSpec, seq_len: int, micro_batch: int, tp: int = 1, sp: bool = False,
-               recompute: str = "none", **kw: Any) -> list[Term]:
+def kept_terms(
+    spec: ModelSpec,
+    seq_len: int,
+    micro_batch: int,
+    tp: int = 1,
+    sp: bool = False,
+    recompute: str = "none",
+    **kw: Any,
+) -> list[Term]:
     """The :func:`layer_terms` one layer keeps for backward under activation recomputation.
 
     ``"none"`` keeps every term; ``"selective"`` drops the attention core (the ``core`` terms:
@@ -172,24 +197,29 @@ def kept_terms(spec: ModelSpec, seq_len: int, micro_batch: int, tp: int = 1, sp:
     return [Term("layer input", n, "the only tensor kept; the layer runs again in backward")]
 
 
-def _core_terms(q_local: int, s: int, cp: int, b: int, e: int, flash: bool, dropout: bool
-                ) -> list[Term]:
+def _core_terms(
+    q_local: int, s: int, cp: int, b: int, e: int, flash: bool, dropout: bool
+) -> list[Term]:
     """The attention core (what selective recomputation drops): the (s/cp)×s softmax output per
     local head, its dropout mask and output (Korthikanti et al. 2022 §4.1, 5as²b); with
     FlashAttention only the fp32 log-sum-exp per query and head (Dao et al. 2022)."""
     if flash:
-        return [Term("attention log-sum-exp", 4 * q_local * s * b, "fp32, FlashAttention",
-                     core=True)]
+        return [
+            Term("attention log-sum-exp", 4 * q_local * s * b, "fp32, FlashAttention", core=True)
+        ]
     score = q_local * s * (s * cp) * b  # (s/cp) queries x s keys per head
     out = [Term("softmax output", e * score, "s×s per head", core=True)]
     if dropout:
-        out += [Term("attention dropout mask", score, "1 byte", core=True),
-                Term("attention dropout output", e * score, core=True)]
+        out += [
+            Term("attention dropout mask", score, "1 byte", core=True),
+            Term("attention dropout output", e * score, core=True),
+        ]
     return out
 
 
-def _mlp_terms(spec: ModelSpec, sb: int, t: int, rep: int, e: int, capacity_factor: float
-               ) -> list[Term]:
+def _mlp_terms(
+    spec: ModelSpec, sb: int, t: int, rep: int, e: int, capacity_factor: float
+) -> list[Term]:
     """The MLP's inner tensors: GeLU input and output (2·2sbf/t), or SwiGLU's gate, up,
     SiLU(gate) and down-projection input (4·2sbf/t); for MoE the tokens dispatched to
     ``top_k`` experts (times the capacity factor), their hidden tensors, the shared experts' and
@@ -200,17 +230,29 @@ def _mlp_terms(spec: ModelSpec, sb: int, t: int, rep: int, e: int, capacity_fact
 
     h = spec.hidden
     if not spec.is_moe:
-        return [Term("mlp hidden", inner(spec.ffn_hidden, 1.0),
-                     "GeLU input/output" if spec.ffn_kind == "gelu" else
-                     "gate, up, SiLU(gate), down input")]
+        return [
+            Term(
+                "mlp hidden",
+                inner(spec.ffn_hidden, 1.0),
+                "GeLU input/output"
+                if spec.ffn_kind == "gelu"
+                else "gate, up, SiLU(gate), down input",
+            )
+        ]
     k = spec.top_k * capacity_factor
-    out = [Term("expert inputs", int(e * sb * h * k), "tokens dispatched to top_k experts"),
-           Term("expert hidden", inner(spec.expert_ffn_hidden, k))]
+    out = [
+        Term("expert inputs", int(e * sb * h * k), "tokens dispatched to top_k experts"),
+        Term("expert hidden", inner(spec.expert_ffn_hidden, k)),
+    ]
     if spec.shared_experts:
-        out.append(Term("shared expert hidden",
-                        inner(spec.expert_ffn_hidden, spec.shared_experts)))
-    out.append(Term("router logits and probabilities", 8 * sb * spec.num_experts // rep,
-                    "fp32; each rank routes its own s/t tokens under SP"))
+        out.append(Term("shared expert hidden", inner(spec.expert_ffn_hidden, spec.shared_experts)))
+    out.append(
+        Term(
+            "router logits and probabilities",
+            8 * sb * spec.num_experts // rep,
+            "fp32; each rank routes its own s/t tokens under SP",
+        )
+    )
     return out
 
 

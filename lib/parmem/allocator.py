@@ -72,19 +72,31 @@ from dataclasses import dataclass, field
 from ._check import integer
 from .units import MIB
 
-__all__ = ["K_MIN_BLOCK_SIZE", "K_SMALL_SIZE", "K_SMALL_BUFFER", "K_LARGE_BUFFER",
-           "K_MIN_LARGE_ALLOC", "K_ROUND_LARGE", "round_size", "pool_of", "segment_size",
-           "CachingAllocator", "OutOfMemory", "ReplayResult", "replay"]
+__all__ = [
+    "K_MIN_BLOCK_SIZE",
+    "K_SMALL_SIZE",
+    "K_SMALL_BUFFER",
+    "K_LARGE_BUFFER",
+    "K_MIN_LARGE_ALLOC",
+    "K_ROUND_LARGE",
+    "round_size",
+    "pool_of",
+    "segment_size",
+    "CachingAllocator",
+    "OutOfMemory",
+    "ReplayResult",
+    "replay",
+]
 
-K_MIN_BLOCK_SIZE = 512          # all sizes are rounded to at least 512 bytes
-K_SMALL_SIZE = 1 * MIB          # largest "small" allocation
-K_SMALL_BUFFER = 2 * MIB        # small allocations are packed in 2 MiB segments
-K_LARGE_BUFFER = 20 * MIB       # large allocations under 10 MiB are packed in 20 MiB segments
-K_MIN_LARGE_ALLOC = 10 * MIB    # from here a request gets a segment of its own
-K_ROUND_LARGE = 2 * MIB         # which is rounded up to 2 MiB
+K_MIN_BLOCK_SIZE = 512  # all sizes are rounded to at least 512 bytes
+K_SMALL_SIZE = 1 * MIB  # largest "small" allocation
+K_SMALL_BUFFER = 2 * MIB  # small allocations are packed in 2 MiB segments
+K_LARGE_BUFFER = 20 * MIB  # large allocations under 10 MiB are packed in 20 MiB segments
+K_MIN_LARGE_ALLOC = 10 * MIB  # from here a request gets a segment of its own
+K_ROUND_LARGE = 2 * MIB  # which is rounded up to 2 MiB
 
-_VA_SIZE = 5 * 2**48            # virtual addresses of one expandable segment: never exhausted,
-                                # a multiple of both page sizes so pages stay aligned
+_VA_SIZE = 5 * 2**48  # virtual addresses of one expandable segment: never exhausted,
+# a multiple of both page sizes so pages stay aligned
 
 
 def _check_bytes(name: str, n: object) -> None:
@@ -125,12 +137,18 @@ class OutOfMemory(RuntimeError):
     Carries ``nbytes`` (the request), ``allocated`` and ``reserved`` at the moment of failure and
     ``capacity``, like PyTorch's ``torch.OutOfMemoryError`` message."""
 
-    def __init__(self, nbytes: int, allocated: int, reserved: int, capacity: int):
-        self.nbytes, self.allocated, self.reserved, self.capacity = (nbytes, allocated, reserved,
-                                                                     capacity)
+    def __init__(self, nbytes: int, allocated: int, reserved: int, capacity: int | None):
+        self.nbytes, self.allocated, self.reserved, self.capacity = (
+            nbytes,
+            allocated,
+            reserved,
+            capacity,
+        )
+        cap = "unlimited" if capacity is None else f"{capacity:,}"
         super().__init__(
-            f"out of memory: tried to allocate {nbytes:,} bytes; capacity {capacity:,}, "
-            f"allocated {allocated:,}, reserved but unallocated {reserved - allocated:,}")
+            f"out of memory: tried to allocate {nbytes:,} bytes; capacity {cap}, "
+            f"allocated {allocated:,}, reserved but unallocated {reserved - allocated:,}"
+        )
 
 
 @dataclass(eq=False)
@@ -180,13 +198,13 @@ class CachingAllocator:
         self.expandable_segments = bool(expandable_segments)
         self.capacity = capacity
         self._free: dict[str, list[tuple[int, int]]] = {"small": [], "large": []}
-        self._by_addr: dict[int, _Block] = {}          # free mapped blocks, by address
-        self._live: dict[int, _Block] = {}             # allocated blocks, by handle
+        self._by_addr: dict[int, _Block] = {}  # free mapped blocks, by address
+        self._live: dict[int, _Block] = {}  # allocated blocks, by handle
         self._handles = itertools.count(1)
         self._next_addr = 0
         self._segments: dict[int, tuple[str, int]] = {}  # id -> (pool, size) (classic segments)
         self._segment_ids = itertools.count()
-        self._expandable: dict[str, _Block] = {}       # pool -> first block of its VA range
+        self._expandable: dict[str, _Block] = {}  # pool -> first block of its VA range
         self.allocated = self.requested = self.reserved = 0
         self.peak_allocated = self.peak_requested = self.peak_reserved = 0
         self.num_device_alloc = self.num_alloc_retries = self.num_ooms = 0
@@ -199,7 +217,8 @@ class CachingAllocator:
             return len(self._segments)
         n = 0
         for head in self._expandable.values():
-            b, prev_mapped = head, False
+            b: _Block | None = head
+            prev_mapped = False
             while b is not None:
                 if b.mapped and not prev_mapped:
                     n += 1
@@ -234,8 +253,9 @@ class CachingAllocator:
         else:
             split = remaining > K_SMALL_SIZE
         if split:
-            rest = _Block(pool, block.segment, block.addr + size, remaining, prev=block,
-                          next=block.next)
+            rest = _Block(
+                pool, block.segment, block.addr + size, remaining, prev=block, next=block.next
+            )
             if block.next is not None:
                 block.next.prev = rest
             block.next = rest
@@ -279,8 +299,11 @@ class CachingAllocator:
             if hi <= lo:
                 continue
             self._remove_free(b)
-            pieces = [(b.addr, lo - b.addr, True), (lo, hi - lo, False),
-                      (hi, b.addr + b.size - hi, True)]
+            pieces = [
+                (b.addr, lo - b.addr, True),
+                (lo, hi - lo, False),
+                (hi, b.addr + b.size - hi, True),
+            ]
             self._replace(b, [p for p in pieces if p[1] > 0])
             self.reserved -= hi - lo
 
@@ -342,12 +365,15 @@ class CachingAllocator:
         """Put contiguous free pieces ``(addr, size, mapped)`` in the place of free block ``b``
         (already out of the free lists) and merge each with free neighbours of its kind."""
         prev, nxt, new = b.prev, b.next, []
+        if not pieces:
+            raise ValueError("pieces must not be empty")
         for addr, size, mapped in pieces:
             nb = _Block(b.pool, b.segment, addr, size, mapped=mapped, prev=prev)
             if prev is not None:
                 prev.next = nb
             new.append(nb)
             prev = nb
+        assert prev is not None  # pieces is not empty
         prev.next = nxt
         if nxt is not None:
             nxt.prev = prev
@@ -393,11 +419,13 @@ class CachingAllocator:
             self._next_addr += _VA_SIZE
             self._expandable[pool] = head
             self._insert_free(head)
-        b, start = self._expandable[pool], None
+        b: _Block | None = self._expandable[pool]
+        start: _Block | None = None
         while b is not None and start is None:
             if not b.mapped:  # unmapped blocks are never allocated
                 first = b.prev if (b.prev is not None and not b.prev.allocated) else b
-                span, c = 0, first
+                span = 0
+                c: _Block | None = first
                 while c is not None and not c.allocated and span < size:
                     span, c = span + c.size, c.next
                 if span >= size:
@@ -407,6 +435,7 @@ class CachingAllocator:
             return None
         plan, need, c = [], size, start
         while need > 0:
+            assert c is not None  # the span found above covers the request
             if c.mapped:
                 need -= c.size
             else:
@@ -456,8 +485,9 @@ class ReplayResult:
         return self.peak_reserved / self.peak_requested if self.peak_requested else 1.0
 
 
-def replay(events: Iterable[tuple], expandable_segments: bool = False,
-           capacity: int | None = None) -> ReplayResult:
+def replay(
+    events: Iterable[tuple], expandable_segments: bool = False, capacity: int | None = None
+) -> ReplayResult:
     """Run allocation events through a fresh :class:`CachingAllocator`.
 
     ``events``: ``("alloc", key, nbytes)`` and ``("free", key)`` tuples (extra trailing fields,
@@ -490,5 +520,13 @@ def replay(events: Iterable[tuple], expandable_segments: bool = False,
         alloc_t.append(a.allocated)
         res_t.append(a.reserved)
         req_t.append(a.requested)
-    return ReplayResult(tuple(alloc_t), tuple(res_t), tuple(req_t), a.peak_allocated,
-                        a.peak_reserved, a.peak_requested, oom_at, a.memory_stats())
+    return ReplayResult(
+        tuple(alloc_t),
+        tuple(res_t),
+        tuple(req_t),
+        a.peak_allocated,
+        a.peak_reserved,
+        a.peak_requested,
+        oom_at,
+        a.memory_stats(),
+    )

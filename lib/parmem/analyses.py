@@ -40,14 +40,27 @@ from .pipeline import bubble_fraction, in_flight
 from .sharding import tp_param_counts
 from .states import model_state_bytes
 
-__all__ = ["balance_layers", "microbatch_sweep", "axis_by_axis", "layout_sweep",
-           "collective_curves", "zero_stages", "zero3_vs_tp", "tp_shard_layout",
-           "tp_component_bytes", "tp_tradeoff"]
+__all__ = [
+    "balance_layers",
+    "microbatch_sweep",
+    "axis_by_axis",
+    "layout_sweep",
+    "collective_curves",
+    "zero_stages",
+    "zero3_vs_tp",
+    "tp_shard_layout",
+    "tp_component_bytes",
+    "tp_tradeoff",
+]
 
 
-def balance_layers(spec: ModelSpec, parallel: ParallelConfig | None = None,
-                   setup: TrainingSetup | None = None, *,
-                   world_size: int | None = None) -> tuple[int, ...]:
+def balance_layers(
+    spec: ModelSpec,
+    parallel: ParallelConfig | None = None,
+    setup: TrainingSetup | None = None,
+    *,
+    world_size: int | None = None,
+) -> tuple[int, ...]:
     """The ``layers_per_stage`` split that minimises the peak stage of :func:`estimate`.
 
     Pipeline stages are not equal: the first holds the embedding and (under 1F1B) the most
@@ -93,8 +106,14 @@ def balance_layers(spec: ModelSpec, parallel: ParallelConfig | None = None,
     return tuple(split)
 
 
-def _split_dp(p: int, L: int, v: int, counts: list[int], cost: Callable[[int, int], float],
-              fold: Callable[[float, float], float]) -> tuple[float, list[int]]:
+def _split_dp(
+    p: int,
+    L: int,
+    v: int,
+    counts: list[int],
+    cost: Callable[[int, int], float],
+    fold: Callable[[float, float], float],
+) -> tuple[float, list[int]]:
     """min over splits of L layers into p stages (each a multiple of v, from ``counts``) of
     ``fold`` over the stages of ``cost(stage, layers)``: fold is max for the peak, + for a sum.
     Dynamic programme over the stages, last to first."""
@@ -118,10 +137,14 @@ def _split_dp(p: int, L: int, v: int, counts: list[int], cost: Callable[[int, in
     return best[0][L], split
 
 
-
-def microbatch_sweep(spec: ModelSpec, parallel: ParallelConfig | None = None,
-                     setup: TrainingSetup | None = None, *, global_batch: int,
-                     micro_batches=None) -> list[dict]:
+def microbatch_sweep(
+    spec: ModelSpec,
+    parallel: ParallelConfig | None = None,
+    setup: TrainingSetup | None = None,
+    *,
+    global_batch: int,
+    micro_batches=None,
+) -> list[dict]:
     """Memory and pipeline bubble for every micro-batch size b at a fixed batch per step.
 
     ``global_batch`` is the number of sequences one pipeline (one data-parallel replica) processes
@@ -154,17 +177,24 @@ def microbatch_sweep(spec: ModelSpec, parallel: ParallelConfig | None = None,
         if setup.schedule == "interleaved" and m % par.pp:
             continue
         est = estimate(spec, par, replace(setup, micro_batch=b, num_microbatches=m))
-        rows.append({"b": b, "m": m, "in_flight": in_flight(setup.schedule, par.pp, m, par.vpp),
-                     "activations": est.stages[0].activations,
-                     "logits": est.stages[-1].logits, "peak_stage": est.peak.stage,
-                     "peak_total": est.peak_bytes,
-                     "bubble_fraction": bubble_fraction(par.pp, m, par.vpp)})
+        rows.append(
+            {
+                "b": b,
+                "m": m,
+                "in_flight": in_flight(setup.schedule, par.pp, m, par.vpp),
+                "activations": est.stages[0].activations,
+                "logits": est.stages[-1].logits,
+                "peak_stage": est.peak.stage,
+                "peak_total": est.peak_bytes,
+                "bubble_fraction": bubble_fraction(par.pp, m, par.vpp),
+            }
+        )
     return rows
 
 
-
-def axis_by_axis(spec: ModelSpec, parallel: ParallelConfig, setup: TrainingSetup
-                 ) -> dict[str, Estimate]:
+def axis_by_axis(
+    spec: ModelSpec, parallel: ParallelConfig, setup: TrainingSetup
+) -> dict[str, Estimate]:
     """Estimates that add the axes of ``parallel`` one at a time, to show which term each removes.
 
     Starting from one GPU (the same ``setup``), the steps are: data parallelism d (no ZeRO),
@@ -202,9 +232,21 @@ def axis_by_axis(spec: ModelSpec, parallel: ParallelConfig, setup: TrainingSetup
     return {label: estimate(spec, par, st) for label, par, st in steps}
 
 
-def layout_sweep(spec, world_size: int, setup, *, global_batch: int, zero: int = 1,
-                 sp: bool = True, ep: int = 1, cp: int = 1, hardware: Hardware | str = "h100-sxm",
-                 gpus_per_node: int = 8, tps=None, pps=None) -> list[dict]:
+def layout_sweep(
+    spec,
+    world_size: int,
+    setup,
+    *,
+    global_batch: int,
+    zero: int = 1,
+    sp: bool = True,
+    ep: int = 1,
+    cp: int = 1,
+    hardware: Hardware | str = "h100-sxm",
+    gpus_per_node: int = 8,
+    tps=None,
+    pps=None,
+) -> list[dict]:
     """Every d·t·p layout of ``world_size`` GPUs: peak memory and communication per GPU.
 
     For each t in ``tps`` and p in ``pps`` (default: all divisors of the world size) with
@@ -240,16 +282,32 @@ def layout_sweep(spec, world_size: int, setup, *, global_batch: int, zero: int =
             except ValueError:
                 continue
             where = placement(par, gpus_per_node)
-            rows.append({"d": d, "t": t, "p": p, "m": m, "peak_bytes": est.peak_bytes,
-                         "peak_stage": est.peak.stage, **com.as_dict(), "comm_bytes": com.total,
-                         "comm_time_s": com.time(hw, **where), "tp_in_node": where["tp_intra"],
-                         "fits": est.peak_bytes <= hw.memory_bytes})
+            rows.append(
+                {
+                    "d": d,
+                    "t": t,
+                    "p": p,
+                    "m": m,
+                    "peak_bytes": est.peak_bytes,
+                    "peak_stage": est.peak.stage,
+                    **com.as_dict(),
+                    "comm_bytes": com.total,
+                    "comm_time_s": com.time(hw, **where),
+                    "tp_in_node": where["tp_intra"],
+                    "fits": est.peak_bytes <= hw.memory_bytes,
+                }
+            )
     return rows
 
 
 # ---------------------------------------------------------------------------- collectives, ZeRO
-def collective_curves(op: str = "all_reduce", n: int = 8, links=("nvlink4", "ib-ndr"),
-                      sizes=None, mark: int | None = None) -> list[dict]:
+def collective_curves(
+    op: str = "all_reduce",
+    n: int = 8,
+    links=("nvlink4", "ib-ndr"),
+    sizes=None,
+    mark: int | None = None,
+) -> list[dict]:
     """Alpha-beta time of one collective against the message size, one row per link.
 
     ``op`` and ``n`` as in :func:`parmem.comm.collective_time`; ``links``: link preset names;
@@ -270,16 +328,29 @@ def collective_curves(op: str = "all_reduce", n: int = 8, links=("nvlink4", "ib-
         link = link_preset(name)
         steps, per_byte = collective_steps(op, n), collective_bytes(op, 2**30, n) / 2**30
         cross = steps * link.latency * link.bandwidth / per_byte if steps and per_byte else None
-        rows.append({"op": op, "n": n, "link": name, "bandwidth": link.bandwidth,
-                     "latency": link.latency, "sizes": sizes,
-                     "times": [collective_time(op, s, n, link) for s in sizes],
-                     "crossover": cross,
-                     "mark": None if mark is None else (mark, collective_time(op, mark, n, link))})
+        rows.append(
+            {
+                "op": op,
+                "n": n,
+                "link": name,
+                "bandwidth": link.bandwidth,
+                "latency": link.latency,
+                "sizes": sizes,
+                "times": [collective_time(op, s, n, link) for s in sizes],
+                "crossover": cross,
+                "mark": None if mark is None else (mark, collective_time(op, mark, n, link)),
+            }
+        )
     return rows
 
 
-def zero_stages(num_params: int, dp: int, num_microbatches: int = 1,
-                precision: str = "bf16-mixed", optimizer: str = "adamw") -> list[dict]:
+def zero_stages(
+    num_params: int,
+    dp: int,
+    num_microbatches: int = 1,
+    precision: str = "bf16-mixed",
+    optimizer: str = "adamw",
+) -> list[dict]:
     """ZeRO stages 0–3 for Ψ = ``num_params`` parameters over ``dp`` data-parallel GPUs: one
     row per stage with the per-GPU model states and the bytes each GPU sends per optimizer step.
 
@@ -297,19 +368,43 @@ def zero_stages(num_params: int, dp: int, num_microbatches: int = 1,
     rows = []
     for z in range(4):
         st = model_state_bytes(num_params, dp, z, precision, optimizer)
-        sent = collectives(StageShape(params=num_params, seq_len=1, micro_batch=1, hidden=1,
-                                      layers=0, num_microbatches=num_microbatches, dp=dp,
-                                      zero=z)).dp
-        rows.append({"zero": z, "num_params": num_params, "dp": dp,
-                     "num_microbatches": num_microbatches, "params": st.params,
-                     "grads": st.grads, "optimizer": st.optimizer, "model_states": st.total,
-                     "dp_bytes": sent, "dp_values": sent / (2 * num_params)})
+        sent = collectives(
+            StageShape(
+                params=num_params,
+                seq_len=1,
+                micro_batch=1,
+                hidden=1,
+                layers=0,
+                num_microbatches=num_microbatches,
+                dp=dp,
+                zero=z,
+            )
+        ).dp
+        rows.append(
+            {
+                "zero": z,
+                "num_params": num_params,
+                "dp": dp,
+                "num_microbatches": num_microbatches,
+                "params": st.params,
+                "grads": st.grads,
+                "optimizer": st.optimizer,
+                "model_states": st.total,
+                "dp_bytes": sent,
+                "dp_values": sent / (2 * num_params),
+            }
+        )
     return rows
 
 
-def zero3_vs_tp(spec: ModelSpec, seq_len: int, tp: int = 8,
-                dps=(1, 2, 4, 8, 16, 32, 64, 128), flash: bool = True,
-                recompute: str = "none") -> list[dict]:
+def zero3_vs_tp(
+    spec: ModelSpec,
+    seq_len: int,
+    tp: int = 8,
+    dps=(1, 2, 4, 8, 16, 32, 64, 128),
+    flash: bool = True,
+    recompute: str = "none",
+) -> list[dict]:
     """Per-GPU model states and activations of ``spec`` under ZeRO-3 against d, for t = 1 and
     for t = ``tp`` with sequence parallelism (b = 1, one sequence of ``seq_len`` tokens per GPU,
     no dropout), from :func:`parmem.estimate` (the first stage; no pipeline).
@@ -320,15 +415,25 @@ def zero3_vs_tp(spec: ModelSpec, seq_len: int, tp: int = 8,
     depend on d and are divided by t only by TP+SP (Korthikanti et al. 2022 §4.2.2). Used in
     chapter 4 (is TP still needed with ZeRO-3?).
     """
-    setup = TrainingSetup(seq_len=seq_len, flash_attention=flash, dropout=False,
-                          recompute=recompute)
+    setup = TrainingSetup(
+        seq_len=seq_len, flash_attention=flash, dropout=False, recompute=recompute
+    )
     rows = []
     for t in dict.fromkeys((1, tp)):
         for d in dps:
             st = estimate(spec, ParallelConfig(dp=d, tp=t, sp=t > 1, zero=3), setup).stages[0]
-            rows.append({"model": spec.name, "seq_len": seq_len, "t": t, "sp": t > 1, "d": d,
-                         "model_states": st.model_states, "activations": st.activations,
-                         "logits": st.logits})
+            rows.append(
+                {
+                    "model": spec.name,
+                    "seq_len": seq_len,
+                    "t": t,
+                    "sp": t > 1,
+                    "d": d,
+                    "model_states": st.model_states,
+                    "activations": st.activations,
+                    "logits": st.logits,
+                }
+            )
     return rows
 
 
@@ -356,30 +461,46 @@ def tp_shard_layout(spec: ModelSpec, tp: int) -> dict:
     f = spec.expert_ffn_hidden if spec.is_moe else spec.ffn_hidden
     up = 2 * f if spec.ffn_kind == "swiglu" else f
     ranks = list(range(t))
-    kv_groups = [list(range(j * t // kv, (j + 1) * t // kv)) for j in range(kv)] if t > kv else \
-        [[r] for r in ranks]
+    kv_groups = (
+        [list(range(j * t // kv, (j + 1) * t // kv)) for j in range(kv)]
+        if t > kv
+        else [[r] for r in ranks]
+    )
     mlp = "expert" if spec.is_moe else "MLP"
     each = [(1 / t, [r]) for r in ranks]
     panels = [
         (f"embedding\n[V={V:,}, h]", V, h, "rows", each),
-        (f"Q | K | V\n[h, (a+2kv)·d], kv={kv}", h, (a + 2 * kv) * d, "cols",
-         [(a / t / (a + 2 * kv), [r]) for r in ranks]
-         + 2 * [(kv / len(kv_groups) / (a + 2 * kv), g) for g in kv_groups]),
+        (
+            f"Q | K | V\n[h, (a+2kv)·d], kv={kv}",
+            h,
+            (a + 2 * kv) * d,
+            "cols",
+            [(a / t / (a + 2 * kv), [r]) for r in ranks]
+            + 2 * [(kv / len(kv_groups) / (a + 2 * kv), g) for g in kv_groups],
+        ),
         ("attention out\n[a·d, h]", a * d, h, "rows", each),
-        (f"{mlp} in{' (gate | up)' if spec.ffn_kind == 'swiglu' else ''}\n[h, {up:,}]", h, up,
-         "cols", (up // f) * [(f / up / t, [r]) for r in ranks]),
+        (
+            f"{mlp} in{' (gate | up)' if spec.ffn_kind == 'swiglu' else ''}\n[h, {up:,}]",
+            h,
+            up,
+            "cols",
+            (up // f) * [(f / up / t, [r]) for r in ranks],
+        ),
         (f"{mlp} out\n[{f:,}, h]", f, h, "rows", each),
         ("norms\n[h]", 1, h, "cols", [(1.0, ranks)]),
     ]
     if not spec.tied_embeddings:
         panels.append((f"LM head\n[h, V={V:,}]", h, V, "cols", each))
     keys = ("title", "rows", "cols", "axis", "parts")
-    return {"model": spec.name, "tp": t, "kv_heads": kv,
-            "panels": [dict(zip(keys, p, strict=True)) for p in panels]}
+    return {
+        "model": spec.name,
+        "tp": t,
+        "kv_heads": kv,
+        "panels": [dict(zip(keys, p, strict=True)) for p in panels],
+    }
 
 
-def tp_component_bytes(spec: ModelSpec, tps=(1, 2, 4, 8), bytes_per_param: int = 2
-                       ) -> list[dict]:
+def tp_component_bytes(spec: ModelSpec, tps=(1, 2, 4, 8), bytes_per_param: int = 2) -> list[dict]:
     """Bytes one tensor-parallel rank holds, by model component, for each t in ``tps``.
 
     One row per t: ``model``, ``t``, ``bytes_per_param`` and ``components``, a dict component →
@@ -395,8 +516,9 @@ def tp_component_bytes(spec: ModelSpec, tps=(1, 2, 4, 8), bytes_per_param: int =
         comps: dict[str, int] = {}
         for r in tp_param_counts(spec, t):
             comps[r.component] = comps.get(r.component, 0) + r.per_rank * bytes_per_param
-        rows.append({"model": spec.name, "t": t, "bytes_per_param": bytes_per_param,
-                     "components": comps})
+        rows.append(
+            {"model": spec.name, "t": t, "bytes_per_param": bytes_per_param, "components": comps}
+        )
     return rows
 
 
@@ -416,6 +538,12 @@ def tp_tradeoff(spec: ModelSpec, setup: TrainingSetup, tps=(1, 2, 4, 8)) -> list
     for t in tps:
         par = ParallelConfig(tp=t)
         est = estimate(spec, par, setup)
-        rows.append({"t": t, "estimate": est, "tp_bytes": step_comm(spec, par, setup).tp,
-                     "comm_buffer": est.stages[0].comm_buffers})
+        rows.append(
+            {
+                "t": t,
+                "estimate": est,
+                "tp_bytes": step_comm(spec, par, setup).tp,
+                "comm_buffer": est.stages[0].comm_buffers,
+            }
+        )
     return rows

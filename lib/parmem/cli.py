@@ -38,30 +38,56 @@ def _cmd_models(args) -> int:
     rows = []
     for n in presets():
         s = ModelSpec.preset(n)
-        rows.append({"name": n, "params": s.num_params(), "active_params": s.num_params(True),
-                     "layers": s.layers, "hidden": s.hidden, "heads": s.heads,
-                     "kv_heads": s.kv_heads, "vocab": s.vocab_size})
+        rows.append(
+            {
+                "name": n,
+                "params": s.num_params(),
+                "active_params": s.num_params(True),
+                "layers": s.layers,
+                "hidden": s.hidden,
+                "heads": s.heads,
+                "kv_heads": s.kv_heads,
+                "vocab": s.vocab_size,
+            }
+        )
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
     print(f"{'name':<15} {'params':>18} {'L':>4} {'h':>6} {'a':>4} {'kv':>4} {'V':>7}")
     for r in rows:
-        print(f"{r['name']:<15} {r['params']:>18,} {r['layers']:>4} {r['hidden']:>6} "
-              f"{r['heads']:>4} {r['kv_heads']:>4} {r['vocab']:>7}")
+        print(
+            f"{r['name']:<15} {r['params']:>18,} {r['layers']:>4} {r['hidden']:>6} "
+            f"{r['heads']:>4} {r['kv_heads']:>4} {r['vocab']:>7}"
+        )
     return 0
 
 
 def _cmd_estimate(args) -> int:
     spec = _model(args.model)
-    par = ParallelConfig(dp=args.dp, tp=args.tp, pp=args.pp, ep=args.ep, cp=args.cp, sp=args.sp,
-                         zero=args.zero, vpp=args.vpp)
+    par = ParallelConfig(
+        dp=args.dp,
+        tp=args.tp,
+        pp=args.pp,
+        ep=args.ep,
+        cp=args.cp,
+        sp=args.sp,
+        zero=args.zero,
+        vpp=args.vpp,
+    )
     schedule = args.schedule or ("interleaved" if args.vpp > 1 else "1f1b")
-    setup = TrainingSetup(seq_len=args.seq, micro_batch=args.micro_batch,
-                          num_microbatches=args.microbatches, precision=args.precision,
-                          optimizer=args.optimizer, recompute=args.recompute, schedule=schedule,
-                          flash_attention=args.flash, dropout=not args.no_dropout,
-                          grad_buckets=args.grad_buckets,
-                          cuda_context=int(round(args.context_gib * GIB)))
+    setup = TrainingSetup(
+        seq_len=args.seq,
+        micro_batch=args.micro_batch,
+        num_microbatches=args.microbatches,
+        precision=args.precision,
+        optimizer=args.optimizer,
+        recompute=args.recompute,
+        schedule=schedule,
+        flash_attention=args.flash,
+        dropout=not args.no_dropout,
+        grad_buckets=args.grad_buckets,
+        cuda_context=int(round(args.context_gib * GIB)),
+    )
     lps = [int(x) for x in args.layers_per_stage.split(",")] if args.layers_per_stage else None
     est = estimate(spec, par, setup, layers_per_stage=lps, world_size=args.world_size)
     print(json.dumps(est.to_dict(), indent=2) if args.json else est)
@@ -73,13 +99,26 @@ def _cmd_kv(args) -> int:
     per_tok = kv_cache_bytes_per_token(spec, args.dtype, args.tp)
     total = kv_cache_bytes(spec, args.seq, args.batch, args.dtype, args.tp)
     if args.json:
-        print(json.dumps({"model": spec.name, "bytes_per_token": per_tok, "bytes": total,
-                          "seq_len": args.seq, "batch": args.batch, "tp": args.tp,
-                          "dtype": args.dtype}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "model": spec.name,
+                    "bytes_per_token": per_tok,
+                    "bytes": total,
+                    "seq_len": args.seq,
+                    "batch": args.batch,
+                    "tp": args.tp,
+                    "dtype": args.dtype,
+                },
+                indent=2,
+            )
+        )
     else:
-        print(f"{spec.name}: KV cache {per_tok:,} bytes/token per GPU ({per_tok / 2**10:.0f} KiB); "
-              f"{args.batch} x {args.seq} tokens at tp={args.tp}: {total:,} bytes "
-              f"= {total / GIB:.2f} GiB per GPU")
+        print(
+            f"{spec.name}: KV cache {per_tok:,} bytes/token per GPU ({per_tok / 2**10:.0f} KiB); "
+            f"{args.batch} x {args.seq} tokens at tp={args.tp}: {total:,} bytes "
+            f"= {total / GIB:.2f} GiB per GPU"
+        )
     return 0
 
 
@@ -87,14 +126,20 @@ def _cmd_serve(args) -> int:
     spec = _model(args.model)
     w = _weight_bytes(spec, args.weights) // args.tp
     kv = kv_cache_bytes(spec, args.seq, args.batch, args.kv_dtype, args.tp)
-    out = {"model": spec.name, "weights_bytes_per_gpu": w, "kv_cache_bytes_per_gpu": kv,
-           "total_bytes_per_gpu": w + kv}
+    out = {
+        "model": spec.name,
+        "weights_bytes_per_gpu": w,
+        "kv_cache_bytes_per_gpu": kv,
+        "total_bytes_per_gpu": w + kv,
+    }
     if args.json:
         print(json.dumps(out, indent=2))
     else:
-        print(f"{spec.name} at tp={args.tp}: weights ({args.weights}) {w / GIB:.2f} GiB + KV cache "
-              f"({args.kv_dtype}, {args.batch} x {args.seq}) {kv / GIB:.2f} GiB = "
-              f"{(w + kv) / GIB:.2f} GiB per GPU (GiB = 2**30 bytes; weights split evenly by t)")
+        print(
+            f"{spec.name} at tp={args.tp}: weights ({args.weights}) {w / GIB:.2f} GiB + KV cache "
+            f"({args.kv_dtype}, {args.batch} x {args.seq}) {kv / GIB:.2f} GiB = "
+            f"{(w + kv) / GIB:.2f} GiB per GPU (GiB = 2**30 bytes; weights split evenly by t)"
+        )
     return 0
 
 
@@ -102,8 +147,7 @@ def _ints(text: str) -> tuple[int, ...]:
     try:
         return tuple(int(x) for x in text.split(","))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} must be integers separated by commas") \
-            from None
+        raise argparse.ArgumentTypeError(f"{text!r} must be integers separated by commas") from None
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -126,9 +170,19 @@ def _cmd_plan(args) -> int:
             opts[name] = value
     if args.no_sp:
         opts["sp"] = (False,)
-    result = plan(spec, cluster, args.global_batch, args.seq, top=args.top,
-                  uneven_pp=args.uneven_pp, precision=args.precision, optimizer=args.optimizer,
-                  flash_attention=args.flash, dropout=not args.no_dropout, **opts)
+    result = plan(
+        spec,
+        cluster,
+        args.global_batch,
+        args.seq,
+        top=args.top,
+        uneven_pp=args.uneven_pp,
+        precision=args.precision,
+        optimizer=args.optimizer,
+        flash_attention=args.flash,
+        dropout=not args.no_dropout,
+        **opts,
+    )
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
     elif result.best is not None:
@@ -196,13 +250,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--global-batch", type=int, required=True, help="sequences per step")
     p.add_argument("--seq", type=int, required=True, help="sequence length s")
     p.add_argument("--top", type=int, default=10, help="candidates to list")
-    p.add_argument("--emit", choices=("megatron", "deepspeed", "torchtitan"), default=None,
-                   help="print the best layout as settings for this engine")
+    p.add_argument(
+        "--emit",
+        choices=("megatron", "deepspeed", "torchtitan"),
+        default=None,
+        help="print the best layout as settings for this engine",
+    )
     p.add_argument("--json", action="store_true", help="the whole plan as JSON")
     for flag in ("tp", "pp", "cp", "ep", "zero", "micro-batch", "vpp"):
-        p.add_argument(f"--{flag}", type=_ints, default=None,
-                       help="allowed values, comma-separated (default: all valid"
-                            + ("; cp: 1)" if flag == "cp" else ")"))
+        p.add_argument(
+            f"--{flag}",
+            type=_ints,
+            default=None,
+            help="allowed values, comma-separated (default: all valid"
+            + ("; cp: 1)" if flag == "cp" else ")"),
+        )
     p.add_argument("--recompute", type=_names, default=None, help="e.g. selective,full")
     p.add_argument("--no-sp", action="store_true", help="never use sequence parallelism")
     p.add_argument("--uneven-pp", action="store_true", help="allow pp not dividing the layers")
@@ -210,13 +272,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--optimizer", default="adamw", choices=tuple(OPTIMIZERS))
     p.add_argument("--flash", action="store_true", help="attention keeps no s x s matrix")
     p.add_argument("--no-dropout", action="store_true")
-    for flag, what in (("mfu", "busy fraction of peak FLOP/s"),
-                       ("headroom", "fraction of GPU memory kept free"),
-                       ("tp-overlap", "fraction of TP comm hidden"),
-                       ("dp-overlap", "fraction of the DP overlap window used"),
-                       ("pp-overlap", "fraction of PP comm hidden")):
-        p.add_argument(f"--{flag}", type=float, default=None,
-                       help=f"{what} (default: parmem.planner.Assumptions)")
+    for flag, what in (
+        ("mfu", "busy fraction of peak FLOP/s"),
+        ("headroom", "fraction of GPU memory kept free"),
+        ("tp-overlap", "fraction of TP comm hidden"),
+        ("dp-overlap", "fraction of the DP overlap window used"),
+        ("pp-overlap", "fraction of PP comm hidden"),
+    ):
+        p.add_argument(
+            f"--{flag}",
+            type=float,
+            default=None,
+            help=f"{what} (default: parmem.planner.Assumptions)",
+        )
     p.set_defaults(func=_cmd_plan)
     return ap
 

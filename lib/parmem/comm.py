@@ -56,6 +56,8 @@ COLLECTIVES: tuple[str, ...] = (
 )  # fmt: skip
 #: Categories of a :class:`CommBreakdown`.
 CATEGORIES: tuple[str, ...] = ("dp", "tp", "sp", "pp", "ep", "cp")
+
+
 def _chunk(size: int, n: int) -> int:
     integer("size", size, 0)
     integer("n", n, 1)
@@ -253,8 +255,13 @@ class CommBreakdown:
         hw = hardware_preset(hardware) if isinstance(hardware, str) else hardware
         if not isinstance(hw, Hardware):
             raise ValueError(f"hardware={hardware!r} must be a Hardware or a preset name")
-        where = dict(dp_intra=dp_intra, tp_intra=tp_intra, pp_intra=pp_intra, ep_intra=ep_intra,
-                     cp_intra=cp_intra)
+        where = dict(
+            dp_intra=dp_intra,
+            tp_intra=tp_intra,
+            pp_intra=pp_intra,
+            ep_intra=ep_intra,
+            cp_intra=cp_intra,
+        )
         return category_times(self.ops, hw, where)
 
     def time(self, hardware: Hardware | str, **placement: bool) -> float:
@@ -302,8 +309,15 @@ class StageShape:
     sp_regather: bool = False
 
 
-def stage_shape(spec: ModelSpec, parallel: ParallelConfig, setup: TrainingSetup, stage: int,
-                layers_per_stage: Sequence[int], *, sp_regather: bool = False) -> StageShape:
+def stage_shape(
+    spec: ModelSpec,
+    parallel: ParallelConfig,
+    setup: TrainingSetup,
+    stage: int,
+    layers_per_stage: Sequence[int],
+    *,
+    sp_regather: bool = False,
+) -> StageShape:
     """The :class:`StageShape` of pipeline stage ``stage`` (layers per stage already checked by
     :func:`parmem.config.check_layout`): parameters from the sharding table, element sizes from
     the setup's precision, every layer of an MoE model an MoE layer."""
@@ -313,17 +327,44 @@ def stage_shape(spec: ModelSpec, parallel: ParallelConfig, setup: TrainingSetup,
     dense, expert = stage_params(spec, parallel.tp, parallel.ep, n, stage == 0, stage == p - 1)
     cf = setup.capacity_factor if spec.is_moe and setup.capacity_factor != 1.0 else None
     return StageShape(
-        params=dense, seq_len=setup.seq_len, micro_batch=setup.micro_batch, hidden=spec.hidden,
-        layers=n, num_microbatches=setup.num_microbatches, dp=parallel.dp, zero=parallel.zero,
-        grad_bytes=prec["grad"], param_bytes=prec["param"], tp=parallel.tp, sp=parallel.sp, pp=p,
-        v=parallel.vpp, stage=stage, cp=parallel.cp, kv_hidden=spec.kv_dim, ep=parallel.ep,
-        moe_layers=n if spec.is_moe else 0, expert_params=expert, top_k=spec.top_k or 1,
-        capacity_factor=cf, act_bytes=prec["act"], recompute=setup.recompute,
-        sp_regather=sp_regather)
+        params=dense,
+        seq_len=setup.seq_len,
+        micro_batch=setup.micro_batch,
+        hidden=spec.hidden,
+        layers=n,
+        num_microbatches=setup.num_microbatches,
+        dp=parallel.dp,
+        zero=parallel.zero,
+        grad_bytes=prec["grad"],
+        param_bytes=prec["param"],
+        tp=parallel.tp,
+        sp=parallel.sp,
+        pp=p,
+        v=parallel.vpp,
+        stage=stage,
+        cp=parallel.cp,
+        kv_hidden=spec.kv_dim,
+        ep=parallel.ep,
+        moe_layers=n if spec.is_moe else 0,
+        expert_params=expert,
+        top_k=spec.top_k or 1,
+        capacity_factor=cf,
+        act_bytes=prec["act"],
+        recompute=setup.recompute,
+        sp_regather=sp_regather,
+    )
 
 
-def _zero_ops(add: Callable[..., None], params: int, n: int, zero: int, m: int, gbytes: int,
-              pbytes: int, tag: str) -> None:
+def _zero_ops(
+    add: Callable[..., None],
+    params: int,
+    n: int,
+    zero: int,
+    m: int,
+    gbytes: int,
+    pbytes: int,
+    tag: str,
+) -> None:
     """DP / ZeRO collectives for ``params`` parameters reduced over ``n`` ranks."""
     grads, weights = params * gbytes, params * pbytes
     if zero == 0:
@@ -386,8 +427,16 @@ def collectives(x: StageShape) -> CommBreakdown:
 
     _zero_ops(add, x.params, x.dp * x.cp, x.zero, m, x.grad_bytes, x.param_bytes, "")
     if x.expert_params:
-        _zero_ops(add, x.expert_params, x.dp * x.cp // x.ep, x.zero, m, x.grad_bytes,
-                  x.param_bytes, "expert ")
+        _zero_ops(
+            add,
+            x.expert_params,
+            x.dp * x.cp // x.ep,
+            x.zero,
+            m,
+            x.grad_bytes,
+            x.param_bytes,
+            "expert ",
+        )
     if tp > 1 and L:
         per = 2 * L * m
         if not x.sp:
@@ -420,10 +469,15 @@ def collectives(x: StageShape) -> CommBreakdown:
     return CommBreakdown(tuple(ops))
 
 
-def step_comm(spec: ModelSpec, parallel: ParallelConfig | None = None,
-              setup: TrainingSetup | None = None, *, stage: int | None = None,
-              layers_per_stage: Sequence[int] | None = None,
-              sp_regather: bool = False) -> CommBreakdown:
+def step_comm(
+    spec: ModelSpec,
+    parallel: ParallelConfig | None = None,
+    setup: TrainingSetup | None = None,
+    *,
+    stage: int | None = None,
+    layers_per_stage: Sequence[int] | None = None,
+    sp_regather: bool = False,
+) -> CommBreakdown:
     """Collectives of one GPU in one optimizer step of ``spec`` trained with
     ``parallel``/``setup``, as :func:`parmem.estimate` sees the layout (the terms and their
     sources: :func:`collectives`).
@@ -443,8 +497,10 @@ def step_comm(spec: ModelSpec, parallel: ParallelConfig | None = None,
     if stage is not None:
         integer("stage", stage, 0, p - 1)
     if par.sp and (setup.seq_len // par.cp) % par.tp:
-        raise ValueError(f"seq_len / cp = {setup.seq_len // par.cp} must be divisible by "
-                         f"tp={par.tp} with sp=True")
+        raise ValueError(
+            f"seq_len / cp = {setup.seq_len // par.cp} must be divisible by "
+            f"tp={par.tp} with sp=True"
+        )
     best = None
     for i in range(p) if stage is None else (stage,):
         out = collectives(stage_shape(spec, par, setup, i, lps, sp_regather=sp_regather))
@@ -465,12 +521,18 @@ def placement(parallel: ParallelConfig, gpus_per_node: int = 8) -> dict[str, boo
     """
     g = integer("gpus_per_node", gpus_per_node, 1)
     t, cp, e, d, p = parallel.tp, parallel.cp, parallel.ep, parallel.dp, parallel.pp
-    return {"tp_intra": t <= g, "cp_intra": t * cp <= g, "ep_intra": t * cp * e <= g,
-            "dp_intra": t * cp * d <= g, "pp_intra": t * cp * d * p <= g}
+    return {
+        "tp_intra": t <= g,
+        "cp_intra": t * cp <= g,
+        "ep_intra": t * cp * e <= g,
+        "dp_intra": t * cp * d <= g,
+        "pp_intra": t * cp * d * p <= g,
+    }
 
 
-def category_times(ops: Iterable[CommOp], hardware: Hardware, where: Mapping[str, bool]
-                   ) -> dict[str, float]:
+def category_times(
+    ops: Iterable[CommOp], hardware: Hardware, where: Mapping[str, bool]
+) -> dict[str, float]:
     """Alpha-beta seconds per category of ``ops``, the one place communication is timed.
 
     ``where`` is :func:`placement`'s answer: a category whose ``<category>_intra`` is true runs
@@ -479,6 +541,5 @@ def category_times(ops: Iterable[CommOp], hardware: Hardware, where: Mapping[str
     intra = {c: where[f"{'tp' if c == 'sp' else c}_intra"] for c in CATEGORIES}
     out = dict.fromkeys(CATEGORIES, 0.0)
     for o in ops:
-        out[o.category] += o.time(hardware.intra_node if intra[o.category] else
-                                  hardware.inter_node)
+        out[o.category] += o.time(hardware.intra_node if intra[o.category] else hardware.inter_node)
     return out

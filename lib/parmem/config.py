@@ -20,8 +20,18 @@ from .sharding import check_tp
 if TYPE_CHECKING:  # pragma: no cover
     from .model import ModelSpec
 
-__all__ = ["ParallelConfig", "TrainingSetup", "PRECISIONS", "OPTIMIZERS", "ADAM8BIT_BLOCK",
-           "RECOMPUTE", "SCHEDULES", "GRAD_BUCKETS", "even_split", "check_layout"]
+__all__ = [
+    "ParallelConfig",
+    "TrainingSetup",
+    "PRECISIONS",
+    "OPTIMIZERS",
+    "ADAM8BIT_BLOCK",
+    "RECOMPUTE",
+    "SCHEDULES",
+    "GRAD_BUCKETS",
+    "even_split",
+    "check_layout",
+]
 
 #: bytes per parameter of (16/32-bit) weights, gradients, fp32 master copy, optimizer state
 #: element, and activations.
@@ -76,11 +86,15 @@ class ParallelConfig:
         integer("zero", self.zero, 0, 3)
         boolean("sp", self.sp)
         if self.sp and self.tp == 1:
-            raise ValueError("sp=True needs tp >= 2 (sequence parallelism splits over the TP group)")
+            raise ValueError(
+                "sp=True needs tp >= 2 (sequence parallelism splits over the TP group)"
+            )
         if (self.dp * self.cp) % self.ep:
-            raise ValueError(f"ep={self.ep} must divide dp*cp={self.dp * self.cp} (experts are "
-                             "sharded over the data- and context-parallel ranks, as in "
-                             "Megatron-Core)")
+            raise ValueError(
+                f"ep={self.ep} must divide dp*cp={self.dp * self.cp} (experts are "
+                "sharded over the data- and context-parallel ranks, as in "
+                "Megatron-Core)"
+            )
         if self.vpp > 1 and self.pp == 1:
             raise ValueError(f"vpp={self.vpp} needs pp >= 2")
 
@@ -92,8 +106,10 @@ class ParallelConfig:
     def check_world_size(self, world_size: int) -> None:
         """Raise ``ValueError`` unless d·t·p·cp equals ``world_size``."""
         if self.world_size != world_size:
-            raise ValueError(f"dp*tp*pp*cp = {self.dp}*{self.tp}*{self.pp}*{self.cp} = "
-                             f"{self.world_size} must equal world size={world_size}")
+            raise ValueError(
+                f"dp*tp*pp*cp = {self.dp}*{self.tp}*{self.pp}*{self.cp} = "
+                f"{self.world_size} must equal world size={world_size}"
+            )
 
     def __str__(self) -> str:
         parts = [f"d={self.dp}", f"t={self.tp}", f"p={self.pp}"]
@@ -149,8 +165,9 @@ class TrainingSetup:
         number("capacity_factor", self.capacity_factor, 1.0, 1e6)
 
 
-def check_layout(spec: ModelSpec, par: ParallelConfig, setup: TrainingSetup,
-                 layers_per_stage: Any = None) -> list[int]:
+def check_layout(
+    spec: ModelSpec, par: ParallelConfig, setup: TrainingSetup, layers_per_stage: Any = None
+) -> list[int]:
     """Raise ``ValueError`` unless ``par`` and ``setup`` fit ``spec``; return the layers of each
     pipeline stage (``layers_per_stage``, checked, or :func:`even_split`)."""
     p = par.pp
@@ -160,15 +177,21 @@ def check_layout(spec: ModelSpec, par: ParallelConfig, setup: TrainingSetup,
     if setup.seq_len % par.cp:
         raise ValueError(f"cp={par.cp} must divide seq_len={setup.seq_len}")
     if spec.position == "learned" and setup.seq_len > spec.max_positions:
-        raise ValueError(f"seq_len={setup.seq_len} > max_positions={spec.max_positions} "
-                         f"(learned positions of {spec.name})")
+        raise ValueError(
+            f"seq_len={setup.seq_len} > max_positions={spec.max_positions} "
+            f"(learned positions of {spec.name})"
+        )
     interleaved = setup.schedule == "interleaved"
     if interleaved != (par.vpp > 1):
-        raise ValueError(f"schedule={setup.schedule!r} and vpp={par.vpp}: the interleaved "
-                         "schedule needs vpp >= 2 and vpp >= 2 needs schedule='interleaved'")
+        raise ValueError(
+            f"schedule={setup.schedule!r} and vpp={par.vpp}: the interleaved "
+            "schedule needs vpp >= 2 and vpp >= 2 needs schedule='interleaved'"
+        )
     if interleaved and setup.num_microbatches % p:
-        raise ValueError(f"num_microbatches={setup.num_microbatches} must be a multiple of "
-                         f"pp={p} for the interleaved schedule (Megatron-LM requirement)")
+        raise ValueError(
+            f"num_microbatches={setup.num_microbatches} must be a multiple of "
+            f"pp={p} for the interleaved schedule (Megatron-LM requirement)"
+        )
     return _stage_layers(spec, par, layers_per_stage)
 
 
@@ -180,14 +203,16 @@ def _stage_layers(spec: ModelSpec, par: ParallelConfig, layers_per_stage: Any) -
         lps = list(even_split(spec.layers, p))
     else:
         if isinstance(layers_per_stage, str | bytes) or not hasattr(layers_per_stage, "__len__"):
-            raise ValueError(f"layers_per_stage={layers_per_stage!r} must be a list of {p} "
-                             "layer counts")
+            raise ValueError(
+                f"layers_per_stage={layers_per_stage!r} must be a list of {p} layer counts"
+            )
         lps = [integer(f"layers_per_stage[{i}]", n) for i, n in enumerate(layers_per_stage)]
         if len(lps) != p:
             raise ValueError(f"layers_per_stage has {len(lps)} entries; it needs pp={p}")
         if sum(lps) != spec.layers:
-            raise ValueError(f"layers_per_stage sums to {sum(lps)}; it must sum to "
-                             f"layers={spec.layers}")
+            raise ValueError(
+                f"layers_per_stage sums to {sum(lps)}; it must sum to layers={spec.layers}"
+            )
     for i, n in enumerate(lps):
         if n % par.vpp:
             raise ValueError(f"vpp={par.vpp} must divide the {n} layers of stage {i}")

@@ -53,8 +53,15 @@ class MemoryBreakdown:
     cuda_context: int
     notes: tuple[str, ...] = field(default=(), compare=False)
 
-    FIELDS = ("params", "grads", "optimizer", "activations", "logits", "comm_buffers",
-              "cuda_context")
+    FIELDS = (
+        "params",
+        "grads",
+        "optimizer",
+        "activations",
+        "logits",
+        "comm_buffers",
+        "cuda_context",
+    )
 
     @property
     def model_states(self) -> int:
@@ -75,9 +82,18 @@ class MemoryBreakdown:
         return {f: getattr(self, f) / GIB for f in (*self.FIELDS, "total")}
 
 
-_COLS = (("stage", "stage"), ("layers", "layers"), ("params", "params"), ("grads", "grads"),
-         ("optimizer", "optim"), ("activations", "activ"), ("logits", "logits"),
-         ("comm_buffers", "comm"), ("cuda_context", "ctx"), ("total", "total"))
+_COLS = (
+    ("stage", "stage"),
+    ("layers", "layers"),
+    ("params", "params"),
+    ("grads", "grads"),
+    ("optimizer", "optim"),
+    ("activations", "activ"),
+    ("logits", "logits"),
+    ("comm_buffers", "comm"),
+    ("cuda_context", "ctx"),
+    ("total", "total"),
+)
 
 
 @dataclass(frozen=True)
@@ -99,9 +115,14 @@ class Estimate:
         return self.peak.total
 
     def to_dict(self) -> dict[str, Any]:
-        return {"model": self.spec.name, "parallel": asdict(self.parallel),
-                "setup": asdict(self.setup), "stages": [s.to_dict() for s in self.stages],
-                "peak_stage": self.peak.stage, "peak_bytes": self.peak_bytes}
+        return {
+            "model": self.spec.name,
+            "parallel": asdict(self.parallel),
+            "setup": asdict(self.setup),
+            "stages": [s.to_dict() for s in self.stages],
+            "peak_stage": self.peak.stage,
+            "peak_bytes": self.peak_bytes,
+        }
 
     def _rows(self) -> list[list[str]]:
         rows = []
@@ -113,9 +134,11 @@ class Estimate:
 
     def _title(self) -> str:
         st = self.setup
-        return (f"{self.spec.name} | {self.parallel} | s={st.seq_len}, b={st.micro_batch}, "
-                f"m={st.num_microbatches}, {st.precision}, {st.optimizer}, "
-                f"recompute={st.recompute}, {st.schedule}")
+        return (
+            f"{self.spec.name} | {self.parallel} | s={st.seq_len}, b={st.micro_batch}, "
+            f"m={st.num_microbatches}, {st.precision}, {st.optimizer}, "
+            f"recompute={st.recompute}, {st.schedule}"
+        )
 
     def __str__(self) -> str:
         heads = [h for _, h in _COLS]
@@ -124,8 +147,10 @@ class Estimate:
         fmt = "  ".join(f"{{:>{w}}}" for w in widths)
         lines = [self._title(), "GiB per GPU (2**30 bytes)", fmt.format(*heads)]
         lines += [fmt.format(*r) for r in rows]
-        lines.append(f"peak: stage {self.peak.stage}, {self.peak_bytes / GIB:.2f} GiB "
-                     f"({self.peak_bytes:,} bytes)")
+        lines.append(
+            f"peak: stage {self.peak.stage}, {self.peak_bytes / GIB:.2f} GiB "
+            f"({self.peak_bytes:,} bytes)"
+        )
         return "\n".join(lines)
 
     def _repr_html_(self) -> str:
@@ -137,17 +162,23 @@ class Estimate:
         for s, row in zip(self.stages, self._rows(), strict=True):
             style = ' style="font-weight:bold"' if s.stage == peak else ""
             body.append(f"<tr{style}>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>")
-        return (f"<div><p><code>{html.escape(self._title())}</code></p>"
-                f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
-                f"<p>GiB per GPU (2<sup>30</sup> bytes). Peak: stage {peak}, "
-                f"{self.peak_bytes / GIB:.2f} GiB.</p></div>")
+        return (
+            f"<div><p><code>{html.escape(self._title())}</code></p>"
+            f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+            f"<p>GiB per GPU (2<sup>30</sup> bytes). Peak: stage {peak}, "
+            f"{self.peak_bytes / GIB:.2f} GiB.</p></div>"
+        )
 
 
 # ---------------------------------------------------------------------------- estimator
-def estimate(spec: ModelSpec, parallel: ParallelConfig | None = None,
-             setup: TrainingSetup | None = None, *,
-             layers_per_stage: Sequence[int] | None = None,
-             world_size: int | None = None) -> Estimate:
+def estimate(
+    spec: ModelSpec,
+    parallel: ParallelConfig | None = None,
+    setup: TrainingSetup | None = None,
+    *,
+    layers_per_stage: Sequence[int] | None = None,
+    world_size: int | None = None,
+) -> Estimate:
     """Per-GPU memory of every pipeline stage for ``spec`` trained with ``parallel``/``setup``.
 
     Each stage's :class:`MemoryBreakdown` holds, in bytes:
@@ -198,42 +229,74 @@ def estimate(spec: ModelSpec, parallel: ParallelConfig | None = None,
         units = in_flight[i]
         layer_units = units * (n_layers // par.vpp)  # layer-micro-batches held at the peak
         act = kept * layer_units + (full - kept if layer_units else 0)
-        notes = [f"{units} micro-batch{'es' if units != 1 else ''} in flight"
-                 if par.vpp == 1 else f"{units} chunk-micro-batches in flight (v={par.vpp})"]
+        notes = [
+            f"{units} micro-batch{'es' if units != 1 else ''} in flight"
+            if par.vpp == 1
+            else f"{units} chunk-micro-batches in flight (v={par.vpp})"
+        ]
         mb_units = cdiv(units, par.vpp)
         if first and setup.dropout:
             act += boundary // PRECISIONS[setup.precision]["act"] * mb_units  # 1-byte mask
         logits = 0
         if last:
             act += 2 * boundary * mb_units  # final norm input and LM-head input
-            logits = 4 * (setup.seq_len // par.cp) * setup.micro_batch \
-                * vocab_rows(spec, par.tp) * mb_units
+            logits = (
+                4
+                * (setup.seq_len // par.cp)
+                * setup.micro_batch
+                * vocab_rows(spec, par.tp)
+                * mb_units
+            )
         comm = buffers + (zero3_gather if n_layers else 0)
         if ddp_copy:
             comm += g_bytes
             notes.append("DDP buckets hold a second copy of the gradients")
-        stages.append(MemoryBreakdown(
-            stage=i, layers=n_layers, num_params=n_params, params=p_bytes, grads=g_bytes,
-            optimizer=o_bytes, activations=act, logits=logits, comm_buffers=comm,
-            cuda_context=setup.cuda_context, notes=tuple(notes)))
+        stages.append(
+            MemoryBreakdown(
+                stage=i,
+                layers=n_layers,
+                num_params=n_params,
+                params=p_bytes,
+                grads=g_bytes,
+                optimizer=o_bytes,
+                activations=act,
+                logits=logits,
+                comm_buffers=comm,
+                cuda_context=setup.cuda_context,
+                notes=tuple(notes),
+            )
+        )
     return Estimate(spec=spec, parallel=par, setup=setup, stages=tuple(stages))
 
 
 def _boundary(spec: ModelSpec, par: ParallelConfig, setup: TrainingSetup) -> int:
     """One s·b·h activation tensor on this GPU (s/cp tokens; divided by t under SP)."""
     act = PRECISIONS[setup.precision]["act"]
-    return act * (setup.seq_len // par.cp) * setup.micro_batch * spec.hidden // \
-        (par.tp if par.sp else 1)
+    return (
+        act
+        * (setup.seq_len // par.cp)
+        * setup.micro_batch
+        * spec.hidden
+        // (par.tp if par.sp else 1)
+    )
 
 
 def _layer_bytes(spec: ModelSpec, par: ParallelConfig, setup: TrainingSetup) -> tuple[int, int]:
     """(all, kept) activation bytes of one layer and one micro-batch: everything
     :func:`~parmem.activations.layer_terms` lists, and what the recompute mode keeps (selective:
     all but the attention core; full: the layer's input, Korthikanti et al. 2022 Table 2)."""
-    terms = layer_terms(spec, setup.seq_len, setup.micro_batch, tp=par.tp, sp=par.sp,
-                        cp=par.cp, flash=setup.flash_attention, dropout=setup.dropout,
-                        act_bytes=PRECISIONS[setup.precision]["act"],
-                        capacity_factor=setup.capacity_factor)
+    terms = layer_terms(
+        spec,
+        setup.seq_len,
+        setup.micro_batch,
+        tp=par.tp,
+        sp=par.sp,
+        cp=par.cp,
+        flash=setup.flash_attention,
+        dropout=setup.dropout,
+        act_bytes=PRECISIONS[setup.precision]["act"],
+        capacity_factor=setup.capacity_factor,
+    )
     full = sum(x.bytes for x in terms)
     if setup.recompute == "none":
         return full, full
@@ -256,14 +319,25 @@ def _buffers(spec: ModelSpec, par: ParallelConfig, setup: TrainingSetup) -> int:
     return out
 
 
-def _stage_states(spec: ModelSpec, par: ParallelConfig, setup: TrainingSetup, n_layers: int,
-                  first: bool, last: bool) -> tuple[int, int, int, int]:
+def _stage_states(
+    spec: ModelSpec,
+    par: ParallelConfig,
+    setup: TrainingSetup,
+    n_layers: int,
+    first: bool,
+    last: bool,
+) -> tuple[int, int, int, int]:
     """(parameters, their bytes, gradient bytes, optimizer bytes) on one GPU of a stage: dense
     parameters ZeRO-sharded over d·cp, expert parameters over the d·cp/e expert-data ranks."""
     dense_n, expert_n = stage_params(spec, par.tp, par.ep, n_layers, first, last)
     group = par.dp * par.cp
     dense = model_state_bytes(dense_n, group, par.zero, setup.precision, setup.optimizer)
-    expert = model_state_bytes(expert_n, group // par.ep, par.zero, setup.precision,
-                               setup.optimizer)
-    return (dense_n + expert_n, dense.params + expert.params, dense.grads + expert.grads,
-            dense.optimizer + expert.optimizer)
+    expert = model_state_bytes(
+        expert_n, group // par.ep, par.zero, setup.precision, setup.optimizer
+    )
+    return (
+        dense_n + expert_n,
+        dense.params + expert.params,
+        dense.grads + expert.grads,
+        dense.optimizer + expert.optimizer,
+    )

@@ -19,8 +19,9 @@ from .sharding import layer_matmul_params
 __all__ = ["narayanan_flops", "flops_per_sequence", "step_flops"]
 
 
-def narayanan_flops(batch: int, seq_len: int, layers: int, hidden: int, vocab: int,
-                    recompute: bool = True) -> Fraction:
+def narayanan_flops(
+    batch: int, seq_len: int, layers: int, hidden: int, vocab: int, recompute: bool = True
+) -> Fraction:
     """FLOPs of one training iteration of a GPT model, Narayanan et al. 2021, eq. (3).
 
     With activation recomputation: ``96·B·s·L·h²·(1 + s/(6h) + V/(16·L·h))``. Without it, one

@@ -25,9 +25,19 @@ from .sharding import (
     stage_params,
 )
 
-__all__ = ["KV_DTYPES", "WEIGHT_DTYPES", "kv_cache_bytes", "kv_cache_bytes_per_token",
-           "weight_bytes", "serving_weight_bytes",
-           "max_concurrency", "Request", "random_requests", "KVCacheSim", "simulate_kv_cache"]
+__all__ = [
+    "KV_DTYPES",
+    "WEIGHT_DTYPES",
+    "kv_cache_bytes",
+    "kv_cache_bytes_per_token",
+    "weight_bytes",
+    "serving_weight_bytes",
+    "max_concurrency",
+    "Request",
+    "random_requests",
+    "KVCacheSim",
+    "simulate_kv_cache",
+]
 
 KV_DTYPES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
 WEIGHT_DTYPES = {"fp32": 32, "fp16": 16, "bf16": 16, "int8": 8, "int4": 4}
@@ -44,8 +54,9 @@ def kv_cache_bytes_per_token(spec: ModelSpec, dtype: str = "fp16", tp: int = 1) 
     return 2 * spec.layers * kv_heads_local(spec, tp) * spec.head_dim * KV_DTYPES[dtype]
 
 
-def kv_cache_bytes(spec: ModelSpec, seq_len: int, batch: int = 1, dtype: str = "fp16",
-                   tp: int = 1) -> int:
+def kv_cache_bytes(
+    spec: ModelSpec, seq_len: int, batch: int = 1, dtype: str = "fp16", tp: int = 1
+) -> int:
     """KV-cache bytes on one GPU for ``batch`` sequences of ``seq_len`` tokens each."""
     _spec(spec)
     integer("seq_len", seq_len, 0)
@@ -58,8 +69,13 @@ def _spec(spec: object) -> None:
         raise ValueError(f"spec must be a ModelSpec (ModelSpec.preset(name)), got {spec!r}")
 
 
-def weight_bytes(spec: ModelSpec, dtype: str = "fp16", group_size: int | None = 128,
-                 zero_point: bool | None = None, tp: int = 1) -> int:
+def weight_bytes(
+    spec: ModelSpec,
+    dtype: str = "fp16",
+    group_size: int | None = 128,
+    zero_point: bool | None = None,
+    tp: int = 1,
+) -> int:
     """Bytes of the model weights for serving on one GPU of a t-way tensor-parallel group
     (``tp=1``: one whole copy).
 
@@ -82,8 +98,9 @@ def weight_bytes(spec: ModelSpec, dtype: str = "fp16", group_size: int | None = 
     zp = (bits == 4) if zero_point is None else boolean("zero_point", zero_point)
     per_group = 2 + (2 if zp else 0)
     total = 0
-    for x, copies in [(x, spec.layers) for x in layer_tensors(spec)] + \
-            [(x, 1) for x in model_tensors(spec)]:
+    for x, copies in [(x, spec.layers) for x in layer_tensors(spec)] + [
+        (x, 1) for x in model_tensors(spec)
+    ]:
         n = local_numel(spec, x, tp)
         if x.kind != "linear":
             total += 2 * n * copies
@@ -96,8 +113,13 @@ def weight_bytes(spec: ModelSpec, dtype: str = "fp16", group_size: int | None = 
     return total
 
 
-def serving_weight_bytes(spec: ModelSpec, dtype: str = "fp16", tp: int = 1,
-                         group_size: int | None = 128, zero_point: bool | None = None) -> int:
+def serving_weight_bytes(
+    spec: ModelSpec,
+    dtype: str = "fp16",
+    tp: int = 1,
+    group_size: int | None = 128,
+    zero_point: bool | None = None,
+) -> int:
     """Weight bytes on one GPU when serving with t-way tensor parallelism:
     :func:`weight_bytes` with ``tp`` (replicated norms and biases counted on every GPU)."""
     return weight_bytes(spec, dtype, group_size, zero_point, tp=tp)
@@ -111,14 +133,23 @@ def _memory_bytes(gpu) -> int:
     if hasattr(gpu, "memory_bytes"):
         return int(gpu.memory_bytes)
     if isinstance(gpu, bool) or not isinstance(gpu, int) or gpu <= 0:
-        raise ValueError(f"gpu={gpu!r} must be bytes (an integer >= 1), a Hardware or a preset "
-                         "name")
+        raise ValueError(
+            f"gpu={gpu!r} must be bytes (an integer >= 1), a Hardware or a preset name"
+        )
     return gpu
 
 
-def max_concurrency(spec: ModelSpec, seq_len: int, gpu, tp: int = 1, weight_dtype: str = "fp16",
-                    kv_dtype: str = "fp16", utilization: float = 1.0, reserved: int = 0,
-                    group_size: int | None = 128) -> int:
+def max_concurrency(
+    spec: ModelSpec,
+    seq_len: int,
+    gpu,
+    tp: int = 1,
+    weight_dtype: str = "fp16",
+    kv_dtype: str = "fp16",
+    utilization: float = 1.0,
+    reserved: int = 0,
+    group_size: int | None = 128,
+) -> int:
     """How many sequences of ``seq_len`` tokens fit in the KV cache next to the weights on one
     GPU of a t-way tensor-parallel group.
 
@@ -134,8 +165,11 @@ def max_concurrency(spec: ModelSpec, seq_len: int, gpu, tp: int = 1, weight_dtyp
     integer("seq_len", seq_len)
     number("utilization", utilization, 0, 1, lo_open=True)
     integer("reserved", reserved, 0)
-    budget = (int(_memory_bytes(gpu) * utilization) - reserved
-              - serving_weight_bytes(spec, weight_dtype, tp, group_size))
+    budget = (
+        int(_memory_bytes(gpu) * utilization)
+        - reserved
+        - serving_weight_bytes(spec, weight_dtype, tp, group_size)
+    )
     if budget <= 0:
         return 0
     return budget // kv_cache_bytes(spec, seq_len, 1, kv_dtype, tp)
@@ -159,9 +193,13 @@ class Request:
         return self.prompt + self.output
 
 
-def random_requests(n: int, seed: int = 0, prompt: tuple[int, int] = (16, 1024),
-                    output: tuple[int, int] = (16, 1024), rate: float | None = None
-                    ) -> list[Request]:
+def random_requests(
+    n: int,
+    seed: int = 0,
+    prompt: tuple[int, int] = (16, 1024),
+    output: tuple[int, int] = (16, 1024),
+    rate: float | None = None,
+) -> list[Request]:
     """``n`` requests with prompt and output lengths drawn uniformly from the inclusive ranges;
     all arrive at step 0, or, with ``rate``, as a Poisson stream of ``rate`` requests per step
     (exponential gaps, rounded down to whole steps). Deterministic for a given ``seed``."""
@@ -225,8 +263,9 @@ class KVCacheSim:
         return self.generated / self.steps if self.steps else 0.0
 
 
-def simulate_kv_cache(requests, capacity: int, policy: str = "paged", block_size: int = 16,
-                      max_len: int = 2048) -> KVCacheSim:
+def simulate_kv_cache(
+    requests, capacity: int, policy: str = "paged", block_size: int = 16, max_len: int = 2048
+) -> KVCacheSim:
     """Serve ``requests`` (:class:`Request`) with a KV cache of ``capacity`` tokens, one decoding
     step at a time, and count how much of the cache holds real tokens.
 
@@ -253,8 +292,13 @@ def simulate_kv_cache(requests, capacity: int, policy: str = "paged", block_size
     for name, v in (("capacity", capacity), ("block_size", block_size), ("max_len", max_len)):
         integer(name, v)
     reqs = sorted(requests, key=lambda r: r.arrival)
-    server = _Server(reqs, capacity, block_size if policy == "paged" else max_len,
-                     policy == "contiguous", max_len)
+    server = _Server(
+        reqs,
+        capacity,
+        block_size if policy == "paged" else max_len,
+        policy == "contiguous",
+        max_len,
+    )
     stored, allocated, n_running = [], [], []
     step = 0
     while server.waiting or server.running:
@@ -266,16 +310,24 @@ def simulate_kv_cache(requests, capacity: int, policy: str = "paged", block_size
         server.generated += len(server.running)
         server.retire()
         step += 1
-    return KVCacheSim(policy, capacity, tuple(stored), tuple(allocated), tuple(n_running),
-                      server.generated, server.preemptions)
+    return KVCacheSim(
+        policy,
+        capacity,
+        tuple(stored),
+        tuple(allocated),
+        tuple(n_running),
+        server.generated,
+        server.preemptions,
+    )
 
 
 class _Server:
     """The state of :func:`simulate_kv_cache`: requests waiting and running (each
     ``[request, tokens generated so far]``, running in admission order) and the slots used."""
 
-    def __init__(self, reqs: list[Request], capacity: int, unit: int, contiguous: bool,
-                 max_len: int):
+    def __init__(
+        self, reqs: list[Request], capacity: int, unit: int, contiguous: bool, max_len: int
+    ):
         for r in reqs:
             if r.prompt < 1 or r.output < 1 or r.arrival < 0:
                 raise ValueError(f"{r}: prompt and output must be >= 1 and arrival >= 0")

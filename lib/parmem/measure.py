@@ -19,8 +19,14 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-__all__ = ["SavedTensorsMeter", "StateBytes", "state_bytes", "storage_key_and_bytes",
-           "tensor_storage_bytes", "cuda_peak_bytes"]
+__all__ = [
+    "SavedTensorsMeter",
+    "StateBytes",
+    "state_bytes",
+    "storage_key_and_bytes",
+    "tensor_storage_bytes",
+    "cuda_peak_bytes",
+]
 
 
 def _local(t):
@@ -89,8 +95,9 @@ class SavedTensorsMeter:
         self._ctx.__enter__()
         return self
 
-    def __exit__(self, *exc) -> None:
-        self._ctx.__exit__(*exc)
+    def __exit__(self, *exc: object) -> None:
+        if self._ctx is not None:
+            self._ctx.__exit__(*exc)
 
     @property
     def bytes(self) -> int:
@@ -151,9 +158,17 @@ def state_bytes(module, optimizer=None, extra_grad_buffers=()) -> StateBytes:
                 if isinstance(v, torch.Tensor):
                     o_tensors.append(v)
     o_bytes = tensor_storage_bytes(o_tensors)
-    return StateBytes(params=p_bytes, grads=g_all, optimizer=o_bytes, buffers=b_bytes,
-                      detail={"num_param_tensors": len(params), "num_grads": len(grads),
-                              "num_optimizer_tensors": len(o_tensors)})
+    return StateBytes(
+        params=p_bytes,
+        grads=g_all,
+        optimizer=o_bytes,
+        buffers=b_bytes,
+        detail={
+            "num_param_tensors": len(params),
+            "num_grads": len(grads),
+            "num_optimizer_tensors": len(o_tensors),
+        },
+    )
 
 
 def cuda_peak_bytes(device=None, reset: bool = False) -> int:

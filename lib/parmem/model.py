@@ -89,7 +89,8 @@ class ModelSpec:
         if not self.head_dim:
             if self.hidden % self.heads:
                 raise ValueError(
-                    f"heads={self.heads} must divide hidden={self.hidden} (or give head_dim)")
+                    f"heads={self.heads} must divide hidden={self.hidden} (or give head_dim)"
+                )
             object.__setattr__(self, "head_dim", self.hidden // self.heads)
         if not self.ffn_hidden:
             object.__setattr__(self, "ffn_hidden", 4 * self.hidden)
@@ -103,7 +104,8 @@ class ModelSpec:
         if self.num_experts:
             if not 1 <= self.top_k <= self.num_experts:
                 raise ValueError(
-                    f"top_k={self.top_k} must be between 1 and num_experts={self.num_experts}")
+                    f"top_k={self.top_k} must be between 1 and num_experts={self.num_experts}"
+                )
             if not self.expert_ffn_hidden:
                 object.__setattr__(self, "expert_ffn_hidden", self.ffn_hidden)
             integer("expert_ffn_hidden", self.expert_ffn_hidden)
@@ -138,7 +140,9 @@ class ModelSpec:
             try:
                 cfg = json.loads(path.read_text())
             except json.JSONDecodeError as e:
-                raise ValueError(f"config: {path} is not valid JSON ({e.msg} at line {e.lineno})") from None
+                raise ValueError(
+                    f"config: {path} is not valid JSON ({e.msg} at line {e.lineno})"
+                ) from None
             if not isinstance(cfg, dict):
                 raise ValueError(f"config: {path} must hold a JSON object")
             label = name or cfg.get("_name_or_path") or path.parent.name or "hf-model"
@@ -194,8 +198,10 @@ class ModelSpec:
 
     def __str__(self) -> str:
         kind = f"MoE {self.num_experts}x top-{self.top_k}" if self.is_moe else "dense"
-        return (f"{self.name}: {self.num_params() / 1e9:.2f}B params ({kind}), L={self.layers}, "
-                f"h={self.hidden}, a={self.heads}, kv={self.kv_heads}, V={self.vocab_size}")
+        return (
+            f"{self.name}: {self.num_params() / 1e9:.2f}B params ({kind}), L={self.layers}, "
+            f"h={self.hidden}, a={self.heads}, kv={self.kv_heads}, V={self.vocab_size}"
+        )
 
 
 def presets() -> list[str]:
@@ -219,36 +225,55 @@ def _from_hf(cfg: dict) -> dict:
     if mtype == "gpt2" or "n_embd" in cfg:
         h = int(_need(cfg, "n_embd"))
         inner = cfg.get("n_inner")
-        return dict(vocab_size=int(_need(cfg, "vocab_size")), hidden=h,
-                    layers=int(_need(cfg, "n_layer")), heads=int(_need(cfg, "n_head")),
-                    ffn_hidden=int(inner) if inner else 4 * h, ffn_kind="gelu", bias=True,
-                    norm="layernorm", tied_embeddings=bool(cfg.get("tie_word_embeddings", True)),
-                    position="learned", max_positions=int(_need(cfg, "n_positions", "n_ctx")),
-                    source=f"Hugging Face config.json (model_type={mtype or 'gpt2'})")
+        return dict(
+            vocab_size=int(_need(cfg, "vocab_size")),
+            hidden=h,
+            layers=int(_need(cfg, "n_layer")),
+            heads=int(_need(cfg, "n_head")),
+            ffn_hidden=int(inner) if inner else 4 * h,
+            ffn_kind="gelu",
+            bias=True,
+            norm="layernorm",
+            tied_embeddings=bool(cfg.get("tie_word_embeddings", True)),
+            position="learned",
+            max_positions=int(_need(cfg, "n_positions", "n_ctx")),
+            source=f"Hugging Face config.json (model_type={mtype or 'gpt2'})",
+        )
     h = int(_need(cfg, "hidden_size"))
     heads = int(_need(cfg, "num_attention_heads"))
-    out = dict(vocab_size=int(_need(cfg, "vocab_size")), hidden=h,
-               layers=int(_need(cfg, "num_hidden_layers")), heads=heads,
-               kv_heads=int(cfg.get("num_key_value_heads") or heads),
-               head_dim=int(cfg["head_dim"]) if cfg.get("head_dim") else 0,
-               ffn_hidden=int(_need(cfg, "intermediate_size")), ffn_kind="swiglu",
-               bias=bool(cfg.get("mlp_bias", False)) and bool(cfg.get("attention_bias", False)),
-               qkv_bias=mtype.startswith("qwen2") or bool(cfg.get("attention_bias", False)),
-               norm="rmsnorm", tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-               position="rotary", max_positions=int(cfg.get("max_position_embeddings") or 2048),
-               source=f"Hugging Face config.json (model_type={mtype or 'unknown'})")
+    out = dict(
+        vocab_size=int(_need(cfg, "vocab_size")),
+        hidden=h,
+        layers=int(_need(cfg, "num_hidden_layers")),
+        heads=heads,
+        kv_heads=int(cfg.get("num_key_value_heads") or heads),
+        head_dim=int(cfg["head_dim"]) if cfg.get("head_dim") else 0,
+        ffn_hidden=int(_need(cfg, "intermediate_size")),
+        ffn_kind="swiglu",
+        bias=bool(cfg.get("mlp_bias", False)) and bool(cfg.get("attention_bias", False)),
+        qkv_bias=mtype.startswith("qwen2") or bool(cfg.get("attention_bias", False)),
+        norm="rmsnorm",
+        tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        position="rotary",
+        max_positions=int(cfg.get("max_position_embeddings") or 2048),
+        source=f"Hugging Face config.json (model_type={mtype or 'unknown'})",
+    )
     experts = cfg.get("num_local_experts") or cfg.get("num_experts")
     if experts:
-        out.update(num_experts=int(experts), top_k=int(_need(cfg, "num_experts_per_tok")),
-                   expert_ffn_hidden=int(cfg.get("moe_intermediate_size")
-                                         or cfg["intermediate_size"]))
+        out.update(
+            num_experts=int(experts),
+            top_k=int(_need(cfg, "num_experts_per_tok")),
+            expert_ffn_hidden=int(cfg.get("moe_intermediate_size") or cfg["intermediate_size"]),
+        )
         if cfg.get("shared_expert_intermediate_size"):
             # Qwen2-MoE: one shared expert of its own width; counted as shared_experts of
             # expert width, so we only support the case where it is a multiple of that width.
             shared = int(cfg["shared_expert_intermediate_size"])
             width = int(cfg.get("moe_intermediate_size") or cfg["intermediate_size"])
             if shared % width:
-                raise ValueError("config: shared_expert_intermediate_size must be a multiple of "
-                                 "moe_intermediate_size for parmem's shared-expert model")
+                raise ValueError(
+                    "config: shared_expert_intermediate_size must be a multiple of "
+                    "moe_intermediate_size for parmem's shared-expert model"
+                )
             out["shared_experts"] = shared // width
     return {k: v for k, v in out.items() if k in _SPEC_FIELDS}

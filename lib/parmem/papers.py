@@ -61,8 +61,9 @@ class PublishedTable:
             choice("key", key, tuple(self.columns))
         found = [r for r in self.rows if all(r[k] == v for k, v in match.items())]
         if len(found) != 1:
-            raise ValueError(f"{match} must match exactly one row of {self.name}, "
-                             f"matches {len(found)}")
+            raise ValueError(
+                f"{match} must match exactly one row of {self.name}, matches {len(found)}"
+            )
         return found[0]
 
 
@@ -100,10 +101,21 @@ def narayanan_gpt(row: dict):
     from .model import ModelSpec
 
     if row.get("heads") is None:
-        raise ValueError(f"row {row.get('params_billion')}B has no checked heads (None): "
-                         "see table('narayanan2021_table1').unchecked")
+        raise ValueError(
+            f"row {row.get('params_billion')}B has no checked heads (None): "
+            "see table('narayanan2021_table1').unchecked"
+        )
     settings = table("narayanan2021_table1").settings
-    return ModelSpec(name=f"gpt-{row['params_billion']}b", vocab_size=settings["vocab_size"],
-                     hidden=row["hidden"], layers=row["layers"], heads=row["heads"],
-                     ffn_kind="gelu", bias=True, norm="layernorm", tied_embeddings=True,
-                     position="learned", max_positions=settings["seq_len"])
+    return ModelSpec(
+        name=f"gpt-{row['params_billion']}b",
+        vocab_size=settings["vocab_size"],
+        hidden=row["hidden"],
+        layers=row["layers"],
+        heads=row["heads"],
+        ffn_kind="gelu",
+        bias=True,
+        norm="layernorm",
+        tied_embeddings=True,
+        position="learned",
+        max_positions=settings["seq_len"],
+    )

@@ -53,6 +53,7 @@ __all__ = [
     "in_flight_timeline",
 ]
 
+
 def _validate(schedule: str, p: int, m: int, v: int) -> None:
     choice("schedule", schedule, SCHEDULES)
     integer("p", p, 1)
@@ -199,8 +200,9 @@ def _stage_order(schedule: str, p: int, m: int, v: int, i: int) -> list[tuple[st
     return ops
 
 
-def _dependency(kind: str, i: int, c: int, mb: int, p: int, v: int
-                ) -> tuple[str, int, int, int] | None:
+def _dependency(
+    kind: str, i: int, c: int, mb: int, p: int, v: int
+) -> tuple[str, int, int, int] | None:
     """The operation whose output ``(kind, stage i, chunk c, micro-batch mb)`` consumes.
 
     Chunk ``c`` of stage ``i`` holds layer block ``c p + i`` (Narayanan et al.

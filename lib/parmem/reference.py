@@ -31,6 +31,7 @@ of the measured activations that the paper's accounting leaves out.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -38,8 +39,18 @@ from torch import nn
 from parmem._check import choice
 from parmem.activations import norm_statistics
 
-__all__ = ["GPTLayer", "MixedPrecisionAdamW", "TinyGPT", "dropout", "norm_stat_bytes",
-           "norm_stat_itemsize", "tiny_spec"]
+if TYPE_CHECKING:  # pragma: no cover
+    from parmem.model import ModelSpec
+
+__all__ = [
+    "GPTLayer",
+    "MixedPrecisionAdamW",
+    "TinyGPT",
+    "dropout",
+    "norm_stat_bytes",
+    "norm_stat_itemsize",
+    "tiny_spec",
+]
 
 #: the two shapes of :func:`tiny_spec`: GPT-2's (Radford et al. 2019: GeLU MLP, LayerNorm, biases,
 #: learned positions) and Llama's (Touvron et al. 2023: SwiGLU, RMSNorm, no biases, rotary)
@@ -49,9 +60,19 @@ TINY_SHAPES = {
 }
 
 
-def tiny_spec(shape: str = "gpt", *, vocab: int = 512, hidden: int = 64, layers: int = 2,
-              heads: int = 4, seq: int = 32, kv_heads: int | None = None,
-              ffn_hidden: int | None = None, tied: bool = False, position: str | None = None):
+def tiny_spec(
+    shape: str = "gpt",
+    *,
+    vocab: int = 512,
+    hidden: int = 64,
+    layers: int = 2,
+    heads: int = 4,
+    seq: int = 32,
+    kv_heads: int = 0,
+    ffn_hidden: int = 0,
+    tied: bool = False,
+    position: str | None = None,
+) -> ModelSpec:
     """The :class:`~parmem.model.ModelSpec` of a tiny model, named ``tiny-gpt`` or ``tiny-llama``.
 
     ``shape="gpt"`` is the model :class:`TinyGPT` builds (GeLU MLP, LayerNorm, biases, learned
@@ -62,12 +83,21 @@ def tiny_spec(shape: str = "gpt", *, vocab: int = 512, hidden: int = 64, layers:
     """
     from parmem.model import ModelSpec
 
-    kw = dict(TINY_SHAPES[choice("shape", shape, tuple(TINY_SHAPES))])
+    kw: dict[str, Any] = dict(TINY_SHAPES[choice("shape", shape, tuple(TINY_SHAPES))])
     if position is not None:
         kw["position"] = position
-    return ModelSpec(name=f"tiny-{shape}", vocab_size=vocab, hidden=hidden, layers=layers,
-                     heads=heads, kv_heads=kv_heads, ffn_hidden=ffn_hidden,
-                     tied_embeddings=tied, max_positions=seq, **kw)
+    return ModelSpec(
+        name=f"tiny-{shape}",
+        vocab_size=vocab,
+        hidden=hidden,
+        layers=layers,
+        heads=heads,
+        kv_heads=kv_heads,
+        ffn_hidden=ffn_hidden,
+        tied_embeddings=tied,
+        max_positions=seq,
+        **kw,
+    )
 
 
 def norm_stat_itemsize(device="cpu", dtype: torch.dtype = torch.bfloat16) -> int:
@@ -83,8 +113,13 @@ def norm_stat_itemsize(device="cpu", dtype: torch.dtype = torch.bfloat16) -> int
     return torch.empty((), dtype=dtype).element_size()
 
 
-def norm_stat_bytes(tokens: int, norms: int = 1, norm: str = "layernorm", device="cpu",
-                    dtype: torch.dtype = torch.bfloat16) -> int:
+def norm_stat_bytes(
+    tokens: int,
+    norms: int = 1,
+    norm: str = "layernorm",
+    device="cpu",
+    dtype: torch.dtype = torch.bfloat16,
+) -> int:
     """Bytes of the statistics ``norms`` norms save for backward over ``tokens`` tokens.
 
     :func:`parmem.activations.norm_statistics` with :func:`norm_stat_itemsize` bytes per
@@ -111,10 +146,18 @@ class GPTLayer(nn.Module):
     (selective recomputation in :func:`parmem.dist.sp.demo_recompute`).
     """
 
-    def __init__(self, hidden: int, heads: int, ffn_hidden: int | None = None,
-                 dropout_p: float = 0.1, dtype: torch.dtype = torch.bfloat16,
-                 tp_size: int = 1, tp_rank: int = 0, causal: bool = True,
-                 max_seq_len: int = 4096):
+    def __init__(
+        self,
+        hidden: int,
+        heads: int,
+        ffn_hidden: int | None = None,
+        dropout_p: float = 0.1,
+        dtype: torch.dtype = torch.bfloat16,
+        tp_size: int = 1,
+        tp_rank: int = 0,
+        causal: bool = True,
+        max_seq_len: int = 4096,
+    ):
         super().__init__()
         ffn_hidden = ffn_hidden or 4 * hidden
         for name, v in (("hidden", hidden), ("heads", heads), ("tp_size", tp_size)):
@@ -123,8 +166,9 @@ class GPTLayer(nn.Module):
         if hidden % heads:
             raise ValueError(f"heads={heads} must divide hidden={hidden}")
         if heads % tp_size or ffn_hidden % tp_size:
-            raise ValueError(f"tp_size={tp_size} must divide heads={heads} and "
-                             f"ffn_hidden={ffn_hidden}")
+            raise ValueError(
+                f"tp_size={tp_size} must divide heads={heads} and ffn_hidden={ffn_hidden}"
+            )
         if not 0 <= tp_rank < tp_size:
             raise ValueError(f"tp_rank={tp_rank} must be in [0, tp_size={tp_size})")
         self.hidden, self.heads, self.head_dim = hidden, heads, hidden // heads
@@ -133,11 +177,11 @@ class GPTLayer(nn.Module):
         kw = {"dtype": dtype}
         local_qkv = 3 * self.local_heads * self.head_dim
         self.ln1 = nn.LayerNorm(hidden, **kw)
-        self.qkv = nn.Linear(hidden, local_qkv, **kw)                     # column parallel
+        self.qkv = nn.Linear(hidden, local_qkv, **kw)  # column parallel
         self.proj = nn.Linear(self.local_heads * self.head_dim, hidden, **kw)  # row parallel
         self.ln2 = nn.LayerNorm(hidden, **kw)
-        self.fc1 = nn.Linear(hidden, ffn_hidden // tp_size, **kw)        # column parallel
-        self.fc2 = nn.Linear(ffn_hidden // tp_size, hidden, **kw)        # row parallel
+        self.fc1 = nn.Linear(hidden, ffn_hidden // tp_size, **kw)  # column parallel
+        self.fc2 = nn.Linear(ffn_hidden // tp_size, hidden, **kw)  # row parallel
         if causal:
             bias = torch.full((max_seq_len, max_seq_len), float("-inf"), dtype=dtype).triu(1)
             self.register_buffer("causal_bias", bias, persistent=False)
@@ -156,7 +200,7 @@ class GPTLayer(nn.Module):
         s, b, _ = y.shape
         qkv = y.view(s, b, self.local_heads, 3, self.head_dim)
         q, k, v = (z.permute(1, 2, 0, 3) for z in qkv.unbind(dim=3))  # views of one storage
-        ctx = self.core(q, k, v)                                      # [b, a, s, d]
+        ctx = self.core(q, k, v)  # [b, a, s, d]
         return self.proj(ctx.permute(2, 0, 1, 3).reshape(s, b, self.local_heads * self.head_dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -183,22 +227,43 @@ class TinyGPT(nn.Module):
 
     def __init__(self, spec, dtype: torch.dtype = torch.bfloat16, dropout_p: float = 0.1):
         super().__init__()
-        if spec.ffn_kind != "gelu" or spec.norm != "layernorm" or not spec.bias \
-                or spec.is_moe or spec.kv_heads != spec.heads \
-                or spec.head_dim * spec.heads != spec.hidden:
-            raise ValueError("TinyGPT needs a GPT-shaped spec: ffn_kind='gelu', "
-                             "norm='layernorm', bias=True, dense, MHA, head_dim = hidden/heads")
+        if (
+            spec.ffn_kind != "gelu"
+            or spec.norm != "layernorm"
+            or not spec.bias
+            or spec.is_moe
+            or spec.kv_heads != spec.heads
+            or spec.head_dim * spec.heads != spec.hidden
+        ):
+            raise ValueError(
+                "TinyGPT needs a GPT-shaped spec: ffn_kind='gelu', "
+                "norm='layernorm', bias=True, dense, MHA, head_dim = hidden/heads"
+            )
         self.spec, self.dropout_p = spec, dropout_p
         kw = {"dtype": dtype}
         self.tok = nn.Embedding(spec.vocab_size, spec.hidden, **kw)
-        self.pos = (nn.Embedding(spec.max_positions, spec.hidden, **kw)
-                    if spec.position == "learned" else None)
+        self.pos = (
+            nn.Embedding(spec.max_positions, spec.hidden, **kw)
+            if spec.position == "learned"
+            else None
+        )
         self.layers = nn.ModuleList(
-            GPTLayer(spec.hidden, spec.heads, spec.ffn_hidden, dropout_p=dropout_p, dtype=dtype,
-                     max_seq_len=spec.max_positions) for _ in range(spec.layers))
+            GPTLayer(
+                spec.hidden,
+                spec.heads,
+                spec.ffn_hidden,
+                dropout_p=dropout_p,
+                dtype=dtype,
+                max_seq_len=spec.max_positions,
+            )
+            for _ in range(spec.layers)
+        )
         self.ln_f = nn.LayerNorm(spec.hidden, **kw)
-        self.head = None if spec.tied_embeddings else nn.Linear(spec.hidden, spec.vocab_size,
-                                                                bias=False, **kw)
+        self.head = (
+            None
+            if spec.tied_embeddings
+            else nn.Linear(spec.hidden, spec.vocab_size, bias=False, **kw)
+        )
 
     def forward(self, ids: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         x = self.tok(ids)
@@ -212,8 +277,7 @@ class TinyGPT(nn.Module):
         logits = torch.nn.functional.linear(x, weight).float()
         if labels is None:
             return logits
-        return torch.nn.functional.cross_entropy(logits.view(-1, logits.shape[-1]),
-                                                 labels.view(-1))
+        return torch.nn.functional.cross_entropy(logits.view(-1, logits.shape[-1]), labels.view(-1))
 
 
 class MixedPrecisionAdamW:
@@ -231,8 +295,10 @@ class MixedPrecisionAdamW:
 
     @property
     def state(self) -> dict:
-        return {p: {"master": m, **self.inner.state.get(m, {})}
-                for p, m in zip(self.params, self.masters, strict=True)}
+        return {
+            p: {"master": m, **self.inner.state.get(m, {})}
+            for p, m in zip(self.params, self.masters, strict=True)
+        }
 
     def zero_grad(self) -> None:
         for p in self.params:

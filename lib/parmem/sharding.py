@@ -43,10 +43,25 @@ from ._check import cdiv, integer
 if TYPE_CHECKING:  # pragma: no cover
     from .model import ModelSpec
 
-__all__ = ["SPLITS", "Tensor", "ShardCount", "layer_tensors", "model_tensors", "local_numel",
-           "kv_heads_local", "vocab_rows", "check_heads", "check_tp", "param_counts", "layer_params",
-           "stage_params", "stage_tensor_numels", "tp_param_counts", "linear_shapes",
-           "layer_matmul_params"]
+__all__ = [
+    "SPLITS",
+    "Tensor",
+    "ShardCount",
+    "layer_tensors",
+    "model_tensors",
+    "local_numel",
+    "kv_heads_local",
+    "vocab_rows",
+    "check_heads",
+    "check_tp",
+    "param_counts",
+    "layer_params",
+    "stage_params",
+    "stage_tensor_numels",
+    "tp_param_counts",
+    "linear_shapes",
+    "layer_matmul_params",
+]
 
 SPLITS = ("column", "kv", "row", "vocab", "replicated")
 
@@ -85,12 +100,21 @@ class Tensor:
 
 
 # ---------------------------------------------------------------------------- the table
-def _mlp(spec: Any, prefix: str, width: int, component: str, group: str, count: int,
-         expert: bool, row_bias_group: str) -> list[Tensor]:
+def _mlp(
+    spec: Any,
+    prefix: str,
+    width: int,
+    component: str,
+    group: str,
+    count: int,
+    expert: bool,
+    row_bias_group: str,
+) -> list[Tensor]:
     """A dense MLP (or ``count`` experts) of inner size ``width``: weights, then the column
     biases, then the row-parallel bias (Shoeybi et al. 2019 §3: FC1 column-, FC2 row-parallel)."""
     h = spec.hidden
     names = ("gate", "up", "down") if spec.ffn_kind == "swiglu" else ("fc1", "fc2")
+
     def t(name: str, rows: int, cols: int, split: str, grp: str, kind: str) -> Tensor:
         return Tensor(prefix + name, rows, cols, split, component, grp, kind, count, expert)
 
@@ -109,24 +133,37 @@ def layer_tensors(spec: Any) -> tuple[Tensor, ...]:
     the two norms."""
     h, q, kv = spec.hidden, spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim
     qo, kvg, rb = "attention Q, O", "attention K, V", "row-parallel biases"
-    out = [Tensor("attn.q.weight", q, h, "column", "attention", qo, "linear"),
-           Tensor("attn.k.weight", kv, h, "kv", "attention", kvg, "linear"),
-           Tensor("attn.v.weight", kv, h, "kv", "attention", kvg, "linear"),
-           Tensor("attn.o.weight", h, q, "row", "attention", qo, "linear")]
+    out = [
+        Tensor("attn.q.weight", q, h, "column", "attention", qo, "linear"),
+        Tensor("attn.k.weight", kv, h, "kv", "attention", kvg, "linear"),
+        Tensor("attn.v.weight", kv, h, "kv", "attention", kvg, "linear"),
+        Tensor("attn.o.weight", h, q, "row", "attention", qo, "linear"),
+    ]
     if spec.bias or spec.qkv_bias:
-        out += [Tensor("attn.q.bias", q, 1, "column", "attention", qo, "bias"),
-                Tensor("attn.k.bias", kv, 1, "kv", "attention", kvg, "bias"),
-                Tensor("attn.v.bias", kv, 1, "kv", "attention", kvg, "bias")]
+        out += [
+            Tensor("attn.q.bias", q, 1, "column", "attention", qo, "bias"),
+            Tensor("attn.k.bias", kv, 1, "kv", "attention", kvg, "bias"),
+            Tensor("attn.v.bias", kv, 1, "kv", "attention", kvg, "bias"),
+        ]
     if spec.bias:
         out.append(Tensor("attn.o.bias", h, 1, "replicated", "attention", rb, "bias"))
     if spec.num_experts:
         ef = spec.expert_ffn_hidden
         out += _mlp(spec, "experts.", ef, "experts", "experts", spec.num_experts, True, "experts")
         if spec.shared_experts:
-            out += _mlp(spec, "shared_experts.", ef, "shared_experts", "shared experts",
-                        spec.shared_experts, False, "shared experts")
-        out.append(Tensor("router.weight", spec.num_experts, h, "replicated", "router", "router",
-                          "router"))
+            out += _mlp(
+                spec,
+                "shared_experts.",
+                ef,
+                "shared_experts",
+                "shared experts",
+                spec.shared_experts,
+                False,
+                "shared experts",
+            )
+        out.append(
+            Tensor("router.weight", spec.num_experts, h, "replicated", "router", "router", "router")
+        )
     else:
         out += _mlp(spec, "mlp.", spec.ffn_hidden, "mlp", "MLP", 1, False, rb)
     out += _norm(spec, "attn_norm") + _norm(spec, "mlp_norm")
@@ -135,11 +172,17 @@ def layer_tensors(spec: Any) -> tuple[Tensor, ...]:
 
 def _norm(spec: Any, name: str, place: str = "layer") -> list[Tensor]:
     """LayerNorm has a weight and a bias of h values, RMSNorm a weight (Zhang & Sennrich 2019)."""
-    out = [Tensor(f"{name}.weight", spec.hidden, 1, "replicated", "norms", "norms", "norm",
-                  place=place)]
+    out = [
+        Tensor(
+            f"{name}.weight", spec.hidden, 1, "replicated", "norms", "norms", "norm", place=place
+        )
+    ]
     if spec.norm == "layernorm":
-        out.append(Tensor(f"{name}.bias", spec.hidden, 1, "replicated", "norms", "norms", "norm",
-                          place=place))
+        out.append(
+            Tensor(
+                f"{name}.bias", spec.hidden, 1, "replicated", "norms", "norms", "norm", place=place
+            )
+        )
     return out
 
 
@@ -151,15 +194,29 @@ def model_tensors(spec: Any, pipeline: bool = False) -> tuple[Tensor, ...]:
     2019 §3; Megatron-LM's ``shared_embedding``) whose gradient is all-reduced with the first's.
     """
     h, V = spec.hidden, spec.vocab_size
-    out = [Tensor("embedding.weight", V, h, "vocab", "embedding", "embedding", "embedding",
-                  place="first")]
+    out = [
+        Tensor(
+            "embedding.weight", V, h, "vocab", "embedding", "embedding", "embedding", place="first"
+        )
+    ]
     if spec.position == "learned":
-        out.append(Tensor("positions.weight", spec.max_positions, h, "replicated", "positions",
-                          "positions", "positions", place="first"))
+        out.append(
+            Tensor(
+                "positions.weight",
+                spec.max_positions,
+                h,
+                "replicated",
+                "positions",
+                "positions",
+                "positions",
+                place="first",
+            )
+        )
     out += _norm(spec, "final_norm", place="last")
     if not spec.tied_embeddings or pipeline:
-        out.append(Tensor("lm_head.weight", V, h, "vocab", "lm_head", "LM head", "lm_head",
-                          place="last"))
+        out.append(
+            Tensor("lm_head.weight", V, h, "vocab", "lm_head", "LM head", "lm_head", place="last")
+        )
     return tuple(out)
 
 
@@ -229,8 +286,14 @@ def layer_params(spec: Any, tp: int = 1, ep: int = 1) -> tuple[int, int]:
     return dense, expert
 
 
-def stage_params(spec: Any, tp: int = 1, ep: int = 1, n_layers: int | None = None,
-                 first: bool = True, last: bool = True) -> tuple[int, int]:
+def stage_params(
+    spec: Any,
+    tp: int = 1,
+    ep: int = 1,
+    n_layers: int | None = None,
+    first: bool = True,
+    last: bool = True,
+) -> tuple[int, int]:
     """(dense, expert) parameters one GPU of a pipeline stage holds before ZeRO sharding.
 
     ``n_layers`` transformer layers (default: all), plus the embedding on the ``first`` stage
@@ -247,8 +310,14 @@ def stage_params(spec: Any, tp: int = 1, ep: int = 1, n_layers: int | None = Non
     return dense, expert
 
 
-def stage_tensor_numels(spec: Any, tp: int = 1, ep: int = 1, n_layers: int | None = None,
-                        first: bool = True, last: bool = True) -> list[int]:
+def stage_tensor_numels(
+    spec: Any,
+    tp: int = 1,
+    ep: int = 1,
+    n_layers: int | None = None,
+    first: bool = True,
+    last: bool = True,
+) -> list[int]:
     """Element counts of the tensors one GPU of a stage holds, one entry per tensor (an expert's
     matrices are one entry per local expert), layer by layer, then the first stage's and the
     last stage's own tensors. Their sum is :func:`stage_params` (dense + expert)."""
@@ -302,11 +371,18 @@ class ShardCount:
         return self.split == "replicated"
 
 
-_GROUP_SPLIT = {"embedding": "vocabulary rows", "positions": "replicated",
-                "attention Q, O": "heads", "MLP": "inner width", "shared experts": "inner width",
-                "experts": "experts over e, width over t", "router": "replicated",
-                "row-parallel biases": "replicated", "norms": "replicated",
-                "LM head": "vocabulary rows"}
+_GROUP_SPLIT = {
+    "embedding": "vocabulary rows",
+    "positions": "replicated",
+    "attention Q, O": "heads",
+    "MLP": "inner width",
+    "shared experts": "inner width",
+    "experts": "experts over e, width over t",
+    "router": "replicated",
+    "row-parallel biases": "replicated",
+    "norms": "replicated",
+    "LM head": "vocabulary rows",
+}
 
 
 def tp_param_counts(spec: ModelSpec, tp: int = 1, ep: int = 1) -> list[ShardCount]:
@@ -324,20 +400,38 @@ def tp_param_counts(spec: ModelSpec, tp: int = 1, ep: int = 1) -> list[ShardCoun
     for x, times in [(x, L) for x in layer_tensors(spec)] + [(x, 1) for x in model_tensors(spec)]:
         full[x.group] = full.get(x.group, 0) + times * x.numel
         local[x.group] = local.get(x.group, 0) + times * local_numel(spec, x, tp, ep)
-    order = ("embedding", "positions", "attention Q, O", "attention K, V", "experts",
-             "shared experts", "router", "MLP", "row-parallel biases", "norms", "LM head")
-    kv_split = ("kv heads" if tp <= spec.kv_heads
-                else f"kv heads, each kept by {tp // spec.kv_heads} ranks")
-    return [ShardCount(g, full[g], local[g], kv_split if g == "attention K, V" else
-                       _GROUP_SPLIT[g]) for g in order if g in full]
+    order = (
+        "embedding",
+        "positions",
+        "attention Q, O",
+        "attention K, V",
+        "experts",
+        "shared experts",
+        "router",
+        "MLP",
+        "row-parallel biases",
+        "norms",
+        "LM head",
+    )
+    kv_split = (
+        "kv heads" if tp <= spec.kv_heads else f"kv heads, each kept by {tp // spec.kv_heads} ranks"
+    )
+    return [
+        ShardCount(g, full[g], local[g], kv_split if g == "attention K, V" else _GROUP_SPLIT[g])
+        for g in order
+        if g in full
+    ]
 
 
 def linear_shapes(spec: Any) -> list[tuple[str, int, int, int]]:
     """(name, in_features, out_features, count over all layers) of every transformer-layer weight
     matrix (the ones weight quantisation touches; the router, embeddings and LM head are not
     among them)."""
-    return [(x.name.removesuffix(".weight").replace(".", "_"), x.cols, x.rows,
-             x.count * spec.layers) for x in layer_tensors(spec) if x.kind == "linear"]
+    return [
+        (x.name.removesuffix(".weight").replace(".", "_"), x.cols, x.rows, x.count * spec.layers)
+        for x in layer_tensors(spec)
+        if x.kind == "linear"
+    ]
 
 
 def layer_matmul_params(spec: Any) -> int:

@@ -43,8 +43,13 @@ def _optimizer_bytes(n: int, precision: str, optimizer: str) -> int:
     return prec["master"] * n + states * per_state
 
 
-def model_state_bytes(num_params: int, dp: int = 1, zero: int = 0,
-                      precision: str = "bf16-mixed", optimizer: str = "adamw") -> ModelStateBytes:
+def model_state_bytes(
+    num_params: int,
+    dp: int = 1,
+    zero: int = 0,
+    precision: str = "bf16-mixed",
+    optimizer: str = "adamw",
+) -> ModelStateBytes:
     """Parameters, gradients and optimizer states per GPU for Ψ = ``num_params``.
 
     Rajbhandari et al. 2020 (ZeRO) §5.1 for mixed-precision Adam (K = 12): without ZeRO each GPU
@@ -64,11 +69,15 @@ def model_state_bytes(num_params: int, dp: int = 1, zero: int = 0,
     p_n = shard if zero >= 3 else num_params
     g_n = shard if zero >= 2 else num_params
     o_n = shard if zero >= 1 else num_params
-    return ModelStateBytes(params=prec["param"] * p_n, grads=prec["grad"] * g_n,
-                           optimizer=_optimizer_bytes(o_n, precision, optimizer))
+    return ModelStateBytes(
+        params=prec["param"] * p_n,
+        grads=prec["grad"] * g_n,
+        optimizer=_optimizer_bytes(o_n, precision, optimizer),
+    )
 
 
-def total_model_state_floor(spec: ModelSpec, precision: str = "bf16-mixed",
-                            optimizer: str = "adamw") -> int:
+def total_model_state_floor(
+    spec: ModelSpec, precision: str = "bf16-mixed", optimizer: str = "adamw"
+) -> int:
     """The bytes of one full copy of the model states: no layout can hold less in total."""
     return model_state_bytes(spec.num_params(), 1, 0, precision, optimizer).total

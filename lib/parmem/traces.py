@@ -76,8 +76,11 @@ class record_allocations:  # noqa: N801 - used like a function: ``with record_al
 
         def dispatch(mode, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
-            ins = {a.untyped_storage()._cdata for a in tree_flatten((args, kwargs))[0]
-                   if isinstance(a, torch.Tensor)}
+            ins = {
+                a.untyped_storage()._cdata
+                for a in tree_flatten((args, kwargs))[0]
+                if isinstance(a, torch.Tensor)
+            }
             rec._sweep()
             for t in tree_flatten(out)[0]:
                 if isinstance(t, torch.Tensor):
@@ -98,8 +101,9 @@ class record_allocations:  # noqa: N801 - used like a function: ``with record_al
         self._mode.__enter__()
         return self
 
-    def __exit__(self, *exc) -> None:
-        self._mode.__exit__(*exc)
+    def __exit__(self, *exc: object) -> None:
+        if self._mode is not None:
+            self._mode.__exit__(*exc)
         self._sweep()
 
     def finish(self) -> list[tuple]:
@@ -113,9 +117,13 @@ class record_allocations:  # noqa: N801 - used like a function: ``with record_al
         return len(self._live)
 
 
-def training_step_events(spec: ModelSpec, parallel: ParallelConfig | None = None,
-                         setup: TrainingSetup | None = None, stage: int = 0,
-                         seq_lens: Sequence[int] | None = None) -> list[tuple]:
+def training_step_events(
+    spec: ModelSpec,
+    parallel: ParallelConfig | None = None,
+    setup: TrainingSetup | None = None,
+    stage: int = 0,
+    seq_lens: Sequence[int] | None = None,
+) -> list[tuple]:
     """Allocation events of training steps on one GPU of pipeline stage ``stage``, built from
     :func:`parmem.estimate`'s own terms (a synthetic trace, not a recording).
 
@@ -154,16 +162,28 @@ def training_step_events(spec: ModelSpec, parallel: ParallelConfig | None = None
     n_layers = even_split(spec.layers, par.pp)[stage]
     shard = par.dp * par.cp
     for step, s in enumerate(list(seq_lens) if seq_lens is not None else [setup.seq_len]):
-        terms = [x.bytes for x in layer_terms(spec, s, setup.micro_batch, tp=par.tp, sp=par.sp,
-                                              cp=par.cp, flash=setup.flash_attention,
-                                              dropout=setup.dropout, act_bytes=prec["act"])]
+        terms = [
+            x.bytes
+            for x in layer_terms(
+                spec,
+                s,
+                setup.micro_batch,
+                tp=par.tp,
+                sp=par.sp,
+                cp=par.cp,
+                flash=setup.flash_attention,
+                dropout=setup.dropout,
+                act_bytes=prec["act"],
+            )
+        ]
         grad_in = prec["act"] * (s // par.cp) * setup.micro_batch * spec.hidden
         grad_in //= par.tp if par.sp else 1
         kept: dict[int, list[list[int]]] = {}
         for op in order:
             if op.kind == "F":
-                kept[op.microbatch] = [[trace.alloc(n) for n in terms if n]
-                                       for _ in range(n_layers)]
+                kept[op.microbatch] = [
+                    [trace.alloc(n) for n in terms if n] for _ in range(n_layers)
+                ]
                 continue
             trace.backward(kept.pop(op.microbatch), grad_in, max(terms))
             if step == 0 and op is first_backward:  # gradients appear and stay
@@ -200,8 +220,7 @@ class _Trace:
         self.free(below)
 
 
-def _optimizer_states(trace: _Trace, weights: list[int], shard: int, setup: TrainingSetup
-                      ) -> None:
+def _optimizer_states(trace: _Trace, weights: list[int], shard: int, setup: TrainingSetup) -> None:
     """The fp32 master copy and the optimizer's states of each weight, ⌈n/shard⌉ values each."""
     prec = PRECISIONS[setup.precision]
     per_state = 1 if setup.optimizer == "adam-8bit" else prec["state"]
@@ -213,8 +232,9 @@ def _optimizer_states(trace: _Trace, weights: list[int], shard: int, setup: Trai
             trace.alloc(per_state * n_local)
 
 
-def stage_weight_tensors(spec: ModelSpec, parallel: ParallelConfig | None = None,
-                         stage: int = 0) -> list[int]:
+def stage_weight_tensors(
+    spec: ModelSpec, parallel: ParallelConfig | None = None, stage: int = 0
+) -> list[int]:
     """Element counts of the weight tensors one GPU of pipeline stage ``stage`` holds, one entry
     per tensor, in layer order (:func:`parmem.sharding.stage_tensor_numels` for the stage's layers
     of the even split): 2 bytes times the sum is the estimate's ``params`` for 16-bit weights."""

@@ -19,9 +19,14 @@ class Table:
     with separators).
     """
 
-    def __init__(self, rows: Sequence[Mapping], title: str | None = None,
-                 formats: Mapping[str, Callable] | None = None,
-                 columns: Sequence[str] | None = None, note: str | None = None):
+    def __init__(
+        self,
+        rows: Sequence[Mapping],
+        title: str | None = None,
+        formats: Mapping[str, Callable] | None = None,
+        columns: Sequence[str] | None = None,
+        note: str | None = None,
+    ):
         self.rows = [dict(r) for r in rows]
         self.title, self.note = title, note
         self.formats = dict(formats or {})
@@ -44,8 +49,10 @@ class Table:
 
     def __str__(self) -> str:
         body = self.text_rows()
-        widths = [max(len(c), *(len(r[i]) for r in body)) if body else len(c)
-                  for i, c in enumerate(self.columns)]
+        widths = [
+            max(len(c), *(len(r[i]) for r in body)) if body else len(c)
+            for i, c in enumerate(self.columns)
+        ]
         line = "  ".join(f"{{:>{w}}}" for w in widths)
         out = [self.title] if self.title else []
         out.append(line.format(*self.columns))
@@ -56,8 +63,12 @@ class Table:
 
     def _repr_html_(self) -> str:
         head = "".join(f"<th>{html.escape(c)}</th>" for c in self.columns)
-        body = "".join("<tr>" + "".join(f'<td style="text-align:right">{html.escape(x)}</td>'
-                                        for x in r) + "</tr>" for r in self.text_rows())
+        body = "".join(
+            "<tr>"
+            + "".join(f'<td style="text-align:right">{html.escape(x)}</td>' for x in r)
+            + "</tr>"
+            for r in self.text_rows()
+        )
         cap = f"<caption>{html.escape(self.title)}</caption>" if self.title else ""
         note = f"<p><small>{html.escape(self.note)}</small></p>" if self.note else ""
         return f"<table>{cap}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>{note}"

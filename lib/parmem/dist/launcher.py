@@ -37,6 +37,7 @@ import importlib
 import os
 import time
 import traceback
+from typing import Any
 
 from parmem._check import integer
 
@@ -215,7 +216,7 @@ class Pool:
         self.backend, self.pg_timeout, self.start_timeout = backend, pg_timeout, start_timeout
         self._procs: list = []
         self._conns: list = []
-        self._store = None
+        self._store: Any = None
         self.start_seconds: float | None = None
 
     # -- life cycle -------------------------------------------------------------------------
@@ -327,7 +328,7 @@ class Pool:
         n = self.world_size
         results: list = [None] * n
         pending = set(range(n))
-        errors: dict[int, tuple[type, str]] = {}
+        errors: dict[int, tuple[type, object]] = {}
         deadline = time.monotonic() + timeout
         while pending:
             left = deadline - time.monotonic()

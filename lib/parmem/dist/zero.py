@@ -46,7 +46,7 @@ def _batches(steps: int, batch: int, hidden: int, dev):
 
 def _train(model, opt, batches, shard) -> list:
     """Train; return the (full) gradients of the first step, before any update."""
-    first = []
+    first: list = []
     for x, y in batches:
         opt.zero_grad()
         nn.functional.mse_loss(model(shard(x)), shard(y)).backward()

@@ -9,10 +9,12 @@ DeepSpeed and torchtitan (:meth:`Plan.emit`).
 
 The package, from the bottom up:
 
-* :mod:`parmem.planner.cost`: the cluster, the :class:`Assumptions` and the step-time model
-  (:class:`StepTime`; every formula and its source is in that module's docstring);
+* :mod:`parmem.planner.inputs`: the :class:`Cluster` and the :class:`Assumptions`;
+* :mod:`parmem.planner.cost`: the step-time model (:class:`StepTime`; every formula and its
+  source is in that module's docstring);
 * :mod:`parmem.planner.emit`: a layout as Megatron-LM, DeepSpeed or torchtitan settings;
 * :mod:`parmem.planner.result`: :class:`Candidate` and :class:`Plan` and their tables;
+* :mod:`parmem.planner.families`: the request checked and the families of layouts enumerated;
 * :mod:`parmem.planner.search`: :func:`plan` (validate, enumerate the families, search each,
   rank, the Pareto front) and :func:`evaluate`.
 
@@ -31,10 +33,10 @@ Rajbhandari et al. 2020 (ZeRO) §7; DeepSpeed's rule that pipeline parallelism d
 with ZeRO-2/3 (``deepspeed.runtime.pipe.engine``).
 """
 
-from .cost import Assumptions, Cluster, StepTime
+from .cost import StepTime
 from .emit import ENGINES
+from .inputs import Assumptions, Cluster
 from .result import Candidate, Plan
 from .search import evaluate, plan
 
-__all__ = ["Assumptions", "Candidate", "Cluster", "Plan", "StepTime", "evaluate", "plan",
-           "ENGINES"]
+__all__ = ["Assumptions", "Candidate", "Cluster", "Plan", "StepTime", "evaluate", "plan", "ENGINES"]

@@ -52,21 +52,26 @@ Liu et al. 2023 (ring attention).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field, fields, replace
-from typing import TypedDict
+from dataclasses import dataclass, replace
 
-from .._check import integer, number
 from ..comm import CommOp, StageShape, category_times, collectives, placement
 from ..config import PRECISIONS, ParallelConfig, TrainingSetup
 from ..estimate import Estimate, estimate
 from ..flops import flops_per_sequence
-from ..hardware import Hardware, hardware_preset, hardware_presets
+from ..hardware import Hardware
 from ..model import ModelSpec
 from ..pipeline import bubble_ratio
 from ..sharding import stage_params
+from .inputs import Assumptions, Cluster, SetupOptions
 
-__all__ = ["AssumptionOptions", "Assumptions", "Cluster", "CostModel", "SetupOptions",
-           "StageComm", "StageKey", "StepTime", "StepTimer", "stage_keys"]
+__all__ = [
+    "CostModel",
+    "StageComm",
+    "StageKey",
+    "StepTime",
+    "StepTimer",
+    "stage_keys",
+]
 
 _ACT = ("tp", "cp", "ep", "pp")
 
@@ -75,147 +80,6 @@ StageKey = tuple[int, bool, bool]
 
 
 # ---------------------------------------------------------------------------- inputs
-@dataclass(frozen=True)
-class Cluster:
-    """``nodes`` nodes of ``gpus_per_node`` GPUs of one kind.
-
-    ``gpu`` is a :func:`~parmem.hardware.hardware_preset` name (``"a100-40gb"``, ``"a100-80gb"``,
-    ``"h100-sxm"``, ``"h200"``) or a :class:`~parmem.hardware.Hardware`; its ``intra_node`` link
-    (NVLink) joins GPUs of a node and its ``inter_node`` link (one InfiniBand port per GPU) joins
-    nodes.
-    """
-
-    gpu: str | Hardware = "h100-sxm"
-    gpus_per_node: int = 8
-    nodes: int = 1
-    hardware: Hardware = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        if isinstance(self.gpu, Hardware):
-            hw = self.gpu
-        elif isinstance(self.gpu, str):
-            try:
-                hw = hardware_preset(self.gpu)
-            except ValueError:
-                raise ValueError(f"gpu={self.gpu!r} is not a hardware preset; known: "
-                                 f"{', '.join(hardware_presets())}") from None
-        else:
-            raise ValueError(f"gpu={self.gpu!r} must be a preset name or a Hardware")
-        integer("gpus_per_node", self.gpus_per_node)
-        integer("nodes", self.nodes)
-        object.__setattr__(self, "hardware", hw)
-
-    @property
-    def world_size(self) -> int:
-        """All GPUs, ``gpus_per_node · nodes``."""
-        return self.gpus_per_node * self.nodes
-
-    def __str__(self) -> str:
-        return f"{self.nodes} x {self.gpus_per_node} {self.hardware.name}"
-
-
-@dataclass(frozen=True)
-class Assumptions:
-    """Every assumption of the planner's memory and time model, with its default.
-
-    Pass any of them to :func:`parmem.planner.plan` or :func:`parmem.planner.evaluate` by name
-    (``plan(..., mfu=0.5)``).
-    """
-
-    mfu: float = 0.55
-    """Fraction of the GPU's dense BF16 peak (``Hardware.peak_flops_bf16``) that the training
-    kernels sustain while a GPU is busy (executed FLOPs, recomputation included, over busy time).
-    An assumption, not a measurement. End-to-end utilisation comes out lower, once bubbles and
-    exposed communication are added: Narayanan et al. 2021, Table 1, report 44–52% of peak end
-    to end for GPT models of 1.7B–1T parameters on A100s, so the busy fraction must be above
-    that."""
-
-    headroom: float = 0.10
-    """Fraction of GPU memory kept free for what :func:`~parmem.estimate.estimate` does not count:
-    allocator fragmentation (PyTorch's caching allocator), the CUDA context and kernels, NCCL's
-    own buffers, temporaries of fused kernels. A layout fits when its peak stage is at most
-    ``(1 − headroom) · memory``."""
-
-    tp_overlap: float = 0.0
-    """Fraction of TP/SP collective time hidden behind computation. 0: Megatron-LM's default,
-    where the all-reduces (all-gathers, reduce-scatters) wait for the GEMMs around them;
-    Transformer Engine's user-buffer overlap can hide part of them."""
-
-    dp_overlap: float = 1.0
-    """Fraction of the window during which data-parallel collectives are issued that hides them:
-    the gradient reduce-scatter (all-reduce) runs during the backward pass of the last
-    micro-batch (every micro-batch with ZeRO-2/3), ZeRO's parameter all-gather during the first
-    forward of the next step (every forward and backward with ZeRO-3). 1: Megatron-LM's
-    ``--overlap-grad-reduce --overlap-param-gather``; 0: nothing overlaps."""
-
-    dp_bucket_params: int = 40_000_000
-    """Parameters per gradient bucket. The last bucket's reduction starts after the last
-    gradient is computed, so it is never hidden. 40M is Megatron-LM's default bucket size."""
-
-    pp_overlap: float = 0.0
-    """Fraction of pipeline point-to-point transfer time hidden behind computation (0: the
-    sends and receives of each micro-batch sit between its forward and backward passes)."""
-
-    cp_overlap: float = 1.0
-    """Fraction of the attention computation that the context-parallel K/V ring can hide behind
-    (ring attention overlaps each block's transfer with the previous block's attention; Liu et
-    al. 2023). Exposed CP time is ``max(0, cp_time − cp_overlap · attention_time)``."""
-
-    ep_overlap: float = 0.0
-    """Fraction of expert-parallel all-to-all time hidden behind computation (0: dispatch and
-    combine wait for the router and the experts)."""
-
-    def __post_init__(self) -> None:
-        number("mfu", self.mfu, 0.0, 1.0, lo_open=True)
-        number("headroom", self.headroom, 0.0, 1.0, hi_open=True)
-        for f in ("tp_overlap", "dp_overlap", "pp_overlap", "cp_overlap", "ep_overlap"):
-            number(f, getattr(self, f), 0.0, 1.0)
-        integer("dp_bucket_params", self.dp_bucket_params)
-
-    @classmethod
-    def from_kwargs(cls, kwargs: AssumptionOptions) -> Assumptions:
-        """The assumptions named in ``kwargs`` (the rest at their defaults); an unknown name is a
-        ``ValueError`` that lists the known ones."""
-        known = {f.name for f in fields(cls)}
-        for k in kwargs:
-            if k not in known:
-                raise ValueError(f"unknown option {k!r}; planner assumptions are: "
-                                 f"{', '.join(sorted(known))}")
-        return cls(**kwargs)
-
-    def usable_bytes(self, hardware: Hardware) -> int:
-        """GPU memory a layout may use: ``(1 − headroom)`` of ``hardware.memory_bytes``."""
-        return int(hardware.memory_bytes * (1 - self.headroom))
-
-
-class AssumptionOptions(TypedDict, total=False):
-    """The ``**assumptions`` keywords of :func:`parmem.planner.plan` and
-    :func:`parmem.planner.evaluate`: any fields of :class:`Assumptions` (its docstrings say what
-    each means; keep the two lists equal)."""
-
-    mfu: float
-    headroom: float
-    tp_overlap: float
-    dp_overlap: float
-    dp_bucket_params: int
-    pp_overlap: float
-    cp_overlap: float
-    ep_overlap: float
-
-
-class SetupOptions(TypedDict):
-    """The :class:`~parmem.config.TrainingSetup` fields that every layout of one request shares
-    (the planner chooses ``micro_batch``, ``num_microbatches``, ``recompute`` and ``schedule``)."""
-
-    precision: str
-    optimizer: str
-    flash_attention: bool
-    dropout: bool
-    capacity_factor: float
-    cuda_context: int
-
-
-# ---------------------------------------------------------------------------- results
 @dataclass(frozen=True)
 class StepTime:
     """Seconds of one step on the slowest stage: compute, recompute, exposed communication by
@@ -255,8 +119,14 @@ class StageComm:
 
     __slots__ = ("alpha", "beta", "dp_fixed", "dp_per_mb", "grad_once")
 
-    def __init__(self, alpha: dict[str, float], beta: dict[str, float], dp_fixed: float,
-                 dp_per_mb: float, grad_once: float) -> None:
+    def __init__(
+        self,
+        alpha: dict[str, float],
+        beta: dict[str, float],
+        dp_fixed: float,
+        dp_per_mb: float,
+        grad_once: float,
+    ) -> None:
         self.alpha, self.beta = alpha, beta
         self.dp_fixed, self.dp_per_mb, self.grad_once = dp_fixed, dp_per_mb, grad_once
 
@@ -290,8 +160,15 @@ class CostModel:
     """Everything fixed for one (spec, cluster, batch, seq, assumptions, setup options), with
     caches of estimates and communication coefficients."""
 
-    def __init__(self, spec: ModelSpec, cluster: Cluster, global_batch: int, seq_len: int,
-                 a: Assumptions, setup_kw: SetupOptions) -> None:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        cluster: Cluster,
+        global_batch: int,
+        seq_len: int,
+        a: Assumptions,
+        setup_kw: SetupOptions,
+    ) -> None:
         self.spec, self.cluster, self.G, self.s, self.a = spec, cluster, global_batch, seq_len, a
         self.setup_kw = setup_kw
         hw = cluster.hardware
@@ -311,11 +188,16 @@ class CostModel:
     def setup(self, b: int, m: int, recompute: str, v: int) -> TrainingSetup:
         """The :class:`~parmem.config.TrainingSetup` of micro-batch ``b``, ``m`` micro-batches,
         ``recompute`` and ``v`` virtual stages (interleaved 1F1B when ``v > 1``)."""
-        return TrainingSetup(seq_len=self.s, micro_batch=b, num_microbatches=m, recompute=recompute,
-                             schedule="interleaved" if v > 1 else "1f1b", **self.setup_kw)
+        return TrainingSetup(
+            seq_len=self.s,
+            micro_batch=b,
+            num_microbatches=m,
+            recompute=recompute,
+            schedule="interleaved" if v > 1 else "1f1b",
+            **self.setup_kw,
+        )
 
-    def estimate(self, par: ParallelConfig, setup: TrainingSetup,
-                 lps: tuple[int, ...]) -> Estimate:
+    def estimate(self, par: ParallelConfig, setup: TrainingSetup, lps: tuple[int, ...]) -> Estimate:
         """:func:`~parmem.estimate.estimate` of one layout, cached; counts the calls made."""
         key = (par, setup, lps)
         est = self._est.get(key)
@@ -352,33 +234,88 @@ class CostModel:
                 total += o.time(link) / o.count
         return total
 
-    def _shape(self, par: ParallelConfig, recompute: str, n_layers: int, stage: int,
-               first: bool, last: bool, b: int = 1, m: int = 1) -> StageShape:
+    def _shape(
+        self,
+        par: ParallelConfig,
+        recompute: str,
+        n_layers: int,
+        stage: int,
+        first: bool,
+        last: bool,
+        b: int = 1,
+        m: int = 1,
+    ) -> StageShape:
         spec = self.spec
         dense, expert = self.params(par.tp, par.ep, n_layers, first, last)
-        return StageShape(params=dense, seq_len=self.s, micro_batch=b, hidden=spec.hidden,
-                          layers=n_layers, num_microbatches=m, dp=par.dp, zero=par.zero,
-                          grad_bytes=self.grad_bytes, param_bytes=self.param_bytes, tp=par.tp,
-                          sp=par.sp, pp=par.pp, v=par.vpp, stage=stage, cp=par.cp,
-                          kv_hidden=spec.kv_dim, ep=par.ep,
-                          moe_layers=n_layers if spec.is_moe else 0, expert_params=expert,
-                          top_k=max(spec.top_k, 1),
-                          capacity_factor=(self.setup_kw["capacity_factor"] if spec.is_moe
-                                           and self.setup_kw["capacity_factor"] != 1.0 else None),
-                          act_bytes=self.act_bytes, recompute=recompute)
+        return StageShape(
+            params=dense,
+            seq_len=self.s,
+            micro_batch=b,
+            hidden=spec.hidden,
+            layers=n_layers,
+            num_microbatches=m,
+            dp=par.dp,
+            zero=par.zero,
+            grad_bytes=self.grad_bytes,
+            param_bytes=self.param_bytes,
+            tp=par.tp,
+            sp=par.sp,
+            pp=par.pp,
+            v=par.vpp,
+            stage=stage,
+            cp=par.cp,
+            kv_hidden=spec.kv_dim,
+            ep=par.ep,
+            moe_layers=n_layers if spec.is_moe else 0,
+            expert_params=expert,
+            top_k=max(spec.top_k, 1),
+            capacity_factor=(
+                self.setup_kw["capacity_factor"]
+                if spec.is_moe and self.setup_kw["capacity_factor"] != 1.0
+                else None
+            ),
+            act_bytes=self.act_bytes,
+            recompute=recompute,
+        )
 
-    def stage_comm_linear(self, par: ParallelConfig, recompute: str, n_layers: int, stage: int,
-                          first: bool, last: bool) -> StageComm:
+    def stage_comm_linear(
+        self,
+        par: ParallelConfig,
+        recompute: str,
+        n_layers: int,
+        stage: int,
+        first: bool,
+        last: bool,
+    ) -> StageComm:
         """Coefficients from step_comm at (b, m) = (1, 1), (2, 1) for the per-micro-batch part
         and m = 1, 2 for the data-parallel part, each cached on what it depends on."""
         intra = self.intra(par)
         rc = "full" if recompute == "full" else "none"  # selective adds no collective
-        akey = (par.tp, par.cp, par.pp, par.ep, par.sp, rc, par.vpp, n_layers, stage, first,
-                last, intra["cp_intra"], intra["ep_intra"], intra["pp_intra"])
+        akey = (
+            par.tp,
+            par.cp,
+            par.pp,
+            par.ep,
+            par.sp,
+            rc,
+            par.vpp,
+            n_layers,
+            stage,
+            first,
+            last,
+            intra["cp_intra"],
+            intra["ep_intra"],
+            intra["pp_intra"],
+        )
         act = self._act.get(akey)
         if act is None:
-            x = replace(self._shape(par, rc, n_layers, stage, first, last), dp=par.ep, zero=0,
-                        params=0, expert_params=0)
+            x = replace(
+                self._shape(par, rc, n_layers, stage, first, last),
+                dp=par.ep,
+                zero=0,
+                params=0,
+                expert_params=0,
+            )
             t1 = self._times(collectives(x).ops, intra)
             t2 = self._times(collectives(replace(x, micro_batch=2)).ops, intra)
             beta = {c: t2[c] - t1[c] for c in _ACT}
@@ -387,46 +324,77 @@ class CostModel:
         dkey = (par.cp, par.dp, par.ep, par.zero, dense, expert, intra["dp_intra"])
         dpc = self._dp.get(dkey)
         if dpc is None:
-            x = StageShape(params=dense, seq_len=self.s, micro_batch=1, hidden=self.spec.hidden,
-                           layers=0, dp=par.dp, zero=par.zero, cp=par.cp, ep=par.ep,
-                           expert_params=expert, grad_bytes=self.grad_bytes,
-                           param_bytes=self.param_bytes)
+            x = StageShape(
+                params=dense,
+                seq_len=self.s,
+                micro_batch=1,
+                hidden=self.spec.hidden,
+                layers=0,
+                dp=par.dp,
+                zero=par.zero,
+                cp=par.cp,
+                ep=par.ep,
+                expert_params=expert,
+                grad_bytes=self.grad_bytes,
+                param_bytes=self.param_bytes,
+            )
             ops1 = collectives(x).ops
             d1 = self._times(ops1, intra)["dp"]
             if par.zero >= 2:
                 d2 = self._times(collectives(replace(x, num_microbatches=2)).ops, intra)["dp"]
             else:
                 d2 = d1
-            dpc = self._dp[dkey] = (2 * d1 - d2, d2 - d1,
-                                    self._grad_once(ops1, intra["dp_intra"], self.hw))
+            dpc = self._dp[dkey] = (
+                2 * d1 - d2,
+                d2 - d1,
+                self._grad_once(ops1, intra["dp_intra"], self.hw),
+            )
         return StageComm(act[0], act[1], *dpc)
 
-    def stage_comm_exact(self, par: ParallelConfig, recompute: str, b: int, m: int,
-                         n_layers: int, stage: int, first: bool, last: bool) -> StageComm:
+    def stage_comm_exact(
+        self,
+        par: ParallelConfig,
+        recompute: str,
+        b: int,
+        m: int,
+        n_layers: int,
+        stage: int,
+        first: bool,
+        last: bool,
+    ) -> StageComm:
         """One stage's communication from the exact collectives of its own ``b`` and ``m``
         (per-micro-batch parts averaged over the ``m`` micro-batches)."""
         intra = self.intra(par)
         ops = collectives(self._shape(par, recompute, n_layers, stage, first, last, b, m)).ops
         tot = self._times(ops, intra)
-        return StageComm({c: tot[c] / m for c in _ACT}, dict.fromkeys(_ACT, 0.0), tot["dp"], 0.0,
-                         self._grad_once(ops, intra["dp_intra"], self.hw))
+        return StageComm(
+            {c: tot[c] / m for c in _ACT},
+            dict.fromkeys(_ACT, 0.0),
+            tot["dp"],
+            0.0,
+            self._grad_once(ops, intra["dp_intra"], self.hw),
+        )
 
     # ------------------------------------------------------------------ the step
-    def linear_timer(self, par: ParallelConfig, recompute: str,
-                     lps: tuple[int, ...]) -> StepTimer:
+    def linear_timer(self, par: ParallelConfig, recompute: str, lps: tuple[int, ...]) -> StepTimer:
         """A :class:`StepTimer` of ``par`` and ``recompute`` whose communication is linear in
         ``b`` and ``m`` (:meth:`stage_comm_linear`): the search's timer."""
-        comm = {k: self.stage_comm_linear(par, recompute, k[0], i, k[1], k[2])
-                for k, i in stage_keys(lps, par.pp)}
+        comm = {
+            k: self.stage_comm_linear(par, recompute, k[0], i, k[1], k[2])
+            for k, i in stage_keys(lps, par.pp)
+        }
         return StepTimer(self, par, recompute, lps, comm)
 
-    def exact_time(self, par: ParallelConfig, setup: TrainingSetup,
-                   lps: tuple[int, ...]) -> tuple[StepTime, int]:
+    def exact_time(
+        self, par: ParallelConfig, setup: TrainingSetup, lps: tuple[int, ...]
+    ) -> tuple[StepTime, int]:
         """The step time of one layout with the exact communication of its own ``b`` and ``m``
         (:meth:`stage_comm_exact`), and its critical stage."""
         b, m, rc = setup.micro_batch, setup.num_microbatches, setup.recompute
-        comm = {k: self.stage_comm_exact(par, rc, b, m, k[0], i, k[1], k[2])
-                for k, i in stage_keys(lps, par.pp)}
+        comm = {
+            k: self.stage_comm_exact(par, rc, b, m, k[0], i, k[1], k[2])
+            for k, i in stage_keys(lps, par.pp)
+        }
         return StepTimer(self, par, rc, lps, comm).breakdown(b, m)
 
 
@@ -456,8 +424,14 @@ class StepTimer:
 
     __slots__ = ("a", "p", "v", "zero", "groups")
 
-    def __init__(self, model: CostModel, par: ParallelConfig, recompute: str,
-                 lps: tuple[int, ...], comm: dict[StageKey, StageComm]) -> None:
+    def __init__(
+        self,
+        model: CostModel,
+        par: ParallelConfig,
+        recompute: str,
+        lps: tuple[int, ...],
+        comm: dict[StageKey, StageComm],
+    ) -> None:
         self.a = a = model.a
         self.p, self.v = par.pp, par.vpp
         self.zero = par.zero
@@ -473,8 +447,9 @@ class StepTimer:
             fwd = (n * model.f_layer + (model.f_head if key[2] else 0)) / split_rate
             dense, expert = model.params(par.tp, par.ep, n, key[1], key[2])
             frac = min(1.0, a.dp_bucket_params / max(dense + expert, 1))
-            seen[key] = _StageGroup(i, 1, fwd, n * rc_flops / split_rate,
-                                    3 * n * model.f_core / split_rate, sc, frac)
+            seen[key] = _StageGroup(
+                i, 1, fwd, n * rc_flops / split_rate, 3 * n * model.f_core / split_rate, sc, frac
+            )
         self.groups = list(seen.values())
 
     def _stage(self, g: _StageGroup, b: int, m: int) -> tuple[float, _Parts, float]:
@@ -521,6 +496,14 @@ class StepTimer:
         bubble = 0.0
         if self.p > 1:  # (Σ t_i − t_max)/v: (p−1)/(v·m) of the ideal m·t for equal stages
             bubble = bubble_ratio(self.p, m, self.v) * m * (t_sum - t_max) / (self.p - 1)
-        st = StepTime(compute=m * parts[0], recompute=m * parts[1], tp=m * parts[2],
-                      cp=m * parts[3], ep=m * parts[4], pp=m * parts[5], dp=dp, bubble=bubble)
+        st = StepTime(
+            compute=m * parts[0],
+            recompute=m * parts[1],
+            tp=m * parts[2],
+            cp=m * parts[3],
+            ep=m * parts[4],
+            pp=m * parts[5],
+            dp=dp,
+            bubble=bubble,
+        )
         return st, crit

@@ -11,8 +11,9 @@ from ..config import ParallelConfig, TrainingSetup
 from ..estimate import Estimate
 from ..model import ModelSpec
 from ..units import GIB
-from .cost import Assumptions, Cluster, StepTime
+from .cost import StepTime
 from .emit import EMITTERS, ENGINES
+from .inputs import Assumptions, Cluster
 
 __all__ = ["Candidate", "CandidateDict", "ClusterDict", "Plan", "PlanDict", "PlanStats"]
 
@@ -117,8 +118,10 @@ class Candidate:
         return self.time.bubble / self.step_time
 
     def __repr__(self) -> str:
-        return (f"<Candidate {self.label()}: {self.step_time:.3f} s/step, "
-                f"peak {self.peak_bytes / GIB:.1f} GiB>")
+        return (
+            f"<Candidate {self.label()}: {self.step_time:.3f} s/step, "
+            f"peak {self.peak_bytes / GIB:.1f} GiB>"
+        )
 
     def label(self) -> str:
         """The layout in one line: ``t=8, p=2, d=4, ZeRO-1, SP, selective recompute, b=1``."""
@@ -139,16 +142,25 @@ class Candidate:
     def to_dict(self) -> CandidateDict:
         """The layout, its times, speed and memory as plain JSON-ready values."""
         st = self.setup
-        return {"label": self.label(), "parallel": asdict(self.parallel),
-                "micro_batch": st.micro_batch, "num_microbatches": st.num_microbatches,
-                "recompute": st.recompute, "schedule": st.schedule,
-                "layers_per_stage": list(self.layers_per_stage),
-                "step_time_s": self.step_time, "time_s": self.time.as_dict(),
-                "critical_stage": self.critical_stage, "tokens_per_s": self.tokens_per_s,
-                "model_flops_per_gpu": self.model_flops_per_gpu,
-                "hardware_flops_per_gpu": self.hardware_flops_per_gpu, "mfu": self.mfu,
-                "peak_bytes": self.peak_bytes, "peak_stage": self.estimate.peak.stage,
-                "peak_breakdown": self.estimate.peak.to_dict()}
+        return {
+            "label": self.label(),
+            "parallel": asdict(self.parallel),
+            "micro_batch": st.micro_batch,
+            "num_microbatches": st.num_microbatches,
+            "recompute": st.recompute,
+            "schedule": st.schedule,
+            "layers_per_stage": list(self.layers_per_stage),
+            "step_time_s": self.step_time,
+            "time_s": self.time.as_dict(),
+            "critical_stage": self.critical_stage,
+            "tokens_per_s": self.tokens_per_s,
+            "model_flops_per_gpu": self.model_flops_per_gpu,
+            "hardware_flops_per_gpu": self.hardware_flops_per_gpu,
+            "mfu": self.mfu,
+            "peak_bytes": self.peak_bytes,
+            "peak_stage": self.estimate.peak.stage,
+            "peak_breakdown": self.estimate.peak.to_dict(),
+        }
 
 
 @dataclass(repr=False)
@@ -193,27 +205,64 @@ class Plan:
         return self.assumptions.usable_bytes(self.cluster.hardware)
 
     # ------------------------------------------------------------------ display
-    _HEAD = ("#", "t", "p", "d", "cp", "e", "v", "ZeRO", "SP", "recompute", "b", "m",
-             "peak GiB", "step s", "tokens/s", "TFLOP/s", "MFU", "bubble", "comm")
+    _HEAD = (
+        "#",
+        "t",
+        "p",
+        "d",
+        "cp",
+        "e",
+        "v",
+        "ZeRO",
+        "SP",
+        "recompute",
+        "b",
+        "m",
+        "peak GiB",
+        "step s",
+        "tokens/s",
+        "TFLOP/s",
+        "MFU",
+        "bubble",
+        "comm",
+    )
 
     def _rows(self) -> list[list[str]]:
         rows = []
         for i, c in enumerate(self.candidates, 1):
             par, st = c.parallel, c.setup
-            rows.append([str(i), str(par.tp), str(par.pp), str(par.dp), str(par.cp), str(par.ep),
-                         str(par.vpp), str(par.zero), "yes" if par.sp else "no", st.recompute,
-                         str(st.micro_batch), str(st.num_microbatches),
-                         f"{c.peak_bytes / GIB:.1f}", f"{c.step_time:.3f}",
-                         f"{c.tokens_per_s:,.0f}", f"{c.model_flops_per_gpu / 1e12:.0f}",
-                         f"{c.mfu:.1%}", f"{c.time.bubble / c.step_time:.1%}",
-                         f"{c.time.comm / c.step_time:.1%}"])
+            rows.append(
+                [
+                    str(i),
+                    str(par.tp),
+                    str(par.pp),
+                    str(par.dp),
+                    str(par.cp),
+                    str(par.ep),
+                    str(par.vpp),
+                    str(par.zero),
+                    "yes" if par.sp else "no",
+                    st.recompute,
+                    str(st.micro_batch),
+                    str(st.num_microbatches),
+                    f"{c.peak_bytes / GIB:.1f}",
+                    f"{c.step_time:.3f}",
+                    f"{c.tokens_per_s:,.0f}",
+                    f"{c.model_flops_per_gpu / 1e12:.0f}",
+                    f"{c.mfu:.1%}",
+                    f"{c.time.bubble / c.step_time:.1%}",
+                    f"{c.time.comm / c.step_time:.1%}",
+                ]
+            )
         return rows
 
     def _title(self) -> str:
         hw = self.cluster.hardware
-        return (f"{self.spec.name} on {self.cluster} ({self.cluster.world_size} GPUs, "
-                f"{hw.memory_gib:.0f} GiB, {self.usable_bytes / GIB:.1f} GiB usable), "
-                f"global batch {self.global_batch} x {self.seq_len} tokens")
+        return (
+            f"{self.spec.name} on {self.cluster} ({self.cluster.world_size} GPUs, "
+            f"{hw.memory_gib:.0f} GiB, {self.usable_bytes / GIB:.1f} GiB usable), "
+            f"global batch {self.global_batch} x {self.seq_len} tokens"
+        )
 
     def table(self) -> str:
         """The ranked candidates as a fixed-width text table."""
@@ -237,12 +286,17 @@ class Plan:
         if b is None:
             lines.append(self.message or "no candidates")
         else:
-            lines += ["TFLOP/s = model FLOP/s per GPU (no recompute counted); MFU of "
-                      f"{b.peak_flops / 1e12:.0f} TFLOP/s peak; bubble and comm: share of "
-                      "the step", self.table(), "", f"best: {b.label()}",
-                      "step time (s): " + ", ".join(f"{k} {v:.3f}"
-                                                    for k, v in b.time.as_dict().items() if v),
-                      str(b.estimate)]
+            lines += [
+                "TFLOP/s = model FLOP/s per GPU (no recompute counted); MFU of "
+                f"{b.peak_flops / 1e12:.0f} TFLOP/s peak; bubble and comm: share of "
+                "the step",
+                self.table(),
+                "",
+                f"best: {b.label()}",
+                "step time (s): "
+                + ", ".join(f"{k} {v:.3f}" for k, v in b.time.as_dict().items() if v),
+                str(b.estimate),
+            ]
         if self.rejected:
             lines += ["", f"rejected families ({len(self.rejected)}):", *self._rejected_lines()]
         return "\n".join(lines)
@@ -253,32 +307,48 @@ class Plan:
         if best is None:
             return f"<div>{title}<p>{html.escape(self.message or 'no candidates')}</p></div>"
         head = "".join(f"<th>{h}</th>" for h in self._HEAD)
-        body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>"
-                       for r in self._rows())
-        rej = "".join(f"<li><code>{html.escape(k)}</code>: {html.escape(v)}</li>"
-                      for k, v in list(self.rejected.items())[:12])
+        body = "".join(
+            "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>"
+            for r in self._rows()
+        )
+        rej = "".join(
+            f"<li><code>{html.escape(k)}</code>: {html.escape(v)}</li>"
+            for k, v in list(self.rejected.items())[:12]
+        )
         more = len(self.rejected) - 12
         rej += f"<li>… and {more} more</li>" if more > 0 else ""
-        return (f"<div>{title}<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody>"
-                f"</table><p>TFLOP/s: model FLOP/s per GPU. Best: "
-                f"<code>{html.escape(best.label())}</code></p>"
-                f"{best.estimate._repr_html_()}"
-                f"<details><summary>rejected families ({len(self.rejected)})</summary>"
-                f"<ul>{rej}</ul></details></div>")
+        return (
+            f"<div>{title}<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody>"
+            f"</table><p>TFLOP/s: model FLOP/s per GPU. Best: "
+            f"<code>{html.escape(best.label())}</code></p>"
+            f"{best.estimate._repr_html_()}"
+            f"<details><summary>rejected families ({len(self.rejected)})</summary>"
+            f"<ul>{rej}</ul></details></div>"
+        )
 
     def to_dict(self) -> PlanDict:
         """The request, the assumptions, the candidates, the Pareto front, the rejected families
         and the search statistics as plain JSON-ready values."""
         hw = self.cluster.hardware
-        return {"model": self.spec.name,
-                "cluster": {"gpu": hw.name, "gpus_per_node": self.cluster.gpus_per_node,
-                            "nodes": self.cluster.nodes, "world_size": self.cluster.world_size,
-                            "memory_bytes": hw.memory_bytes, "usable_bytes": self.usable_bytes},
-                "global_batch": self.global_batch, "seq_len": self.seq_len,
-                "assumptions": asdict(self.assumptions),
-                "candidates": [c.to_dict() for c in self.candidates],
-                "pareto": [c.to_dict() for c in self.pareto],
-                "rejected": dict(self.rejected), "message": self.message, "stats": self.stats}
+        return {
+            "model": self.spec.name,
+            "cluster": {
+                "gpu": hw.name,
+                "gpus_per_node": self.cluster.gpus_per_node,
+                "nodes": self.cluster.nodes,
+                "world_size": self.cluster.world_size,
+                "memory_bytes": hw.memory_bytes,
+                "usable_bytes": self.usable_bytes,
+            },
+            "global_batch": self.global_batch,
+            "seq_len": self.seq_len,
+            "assumptions": asdict(self.assumptions),
+            "candidates": [c.to_dict() for c in self.candidates],
+            "pareto": [c.to_dict() for c in self.pareto],
+            "rejected": dict(self.rejected),
+            "message": self.message,
+            "stats": self.stats,
+        }
 
     # ------------------------------------------------------------------ engines
     def emit(self, engine: str, candidate: Candidate | int | None = None) -> str:

@@ -14,12 +14,22 @@ def plot_replay(results, ax=None, title: str | None = None, unit: str = "GiB"):
     scale = UNIT_BYTES[unit]
     fig, ax = new_axes(ax, figsize=(7.5, 3.4))
     first = next(iter(results.values()))
-    ax.plot([v / scale for v in first.requested], color="k", ls="--", lw=1,
-            label=f"requested (peak {first.peak_requested / scale:,.2f})")
-    for (name, r), color in zip(results.items(), ("#C44E52", "#4C72B0", "#55A868", "#8172B2"),
-                                strict=False):
-        ax.plot([v / scale for v in r.reserved], color=color, lw=1.5,
-                label=f"reserved, {name} (peak {r.peak_reserved / scale:,.2f})")
+    ax.plot(
+        [v / scale for v in first.requested],
+        color="k",
+        ls="--",
+        lw=1,
+        label=f"requested (peak {first.peak_requested / scale:,.2f})",
+    )
+    for (name, r), color in zip(
+        results.items(), ("#C44E52", "#4C72B0", "#55A868", "#8172B2"), strict=False
+    ):
+        ax.plot(
+            [v / scale for v in r.reserved],
+            color=color,
+            lw=1.5,
+            label=f"reserved, {name} (peak {r.peak_reserved / scale:,.2f})",
+        )
     ax.set_xlabel("allocation event")
     ax.set_ylabel(f"{unit} on the GPU")
     ax.grid(alpha=0.3)

@@ -11,18 +11,34 @@ from collections.abc import Callable, Sequence
 from ...estimate import MemoryBreakdown
 from ...units import GIB, KIB, MIB
 
-__all__ = ["COLORS", "LABELS", "UNIT_BYTES", "new_axes", "draw_stack", "stack_breakdowns",
-           "size_label"]
+__all__ = [
+    "COLORS",
+    "LABELS",
+    "UNIT_BYTES",
+    "new_axes",
+    "draw_stack",
+    "stack_breakdowns",
+    "size_label",
+]
 
 #: One colour per memory term, used by every figure in the book.
 COLORS = {
-    "params": "#4C72B0", "grads": "#55A868", "optimizer": "#C44E52", "activations": "#8172B2",
-    "logits": "#CCB974", "comm_buffers": "#64B5CD", "cuda_context": "#8C8C8C",
+    "params": "#4C72B0",
+    "grads": "#55A868",
+    "optimizer": "#C44E52",
+    "activations": "#8172B2",
+    "logits": "#CCB974",
+    "comm_buffers": "#64B5CD",
+    "cuda_context": "#8C8C8C",
 }
 #: The legend text of each memory term.
 LABELS = {
-    "params": "parameters", "grads": "gradients", "optimizer": "optimizer states",
-    "activations": "activations", "logits": "logits", "comm_buffers": "comm buffers",
+    "params": "parameters",
+    "grads": "gradients",
+    "optimizer": "optimizer states",
+    "activations": "activations",
+    "logits": "logits",
+    "comm_buffers": "comm buffers",
     "cuda_context": "CUDA context",
 }
 #: Bytes per display unit.
@@ -39,10 +55,17 @@ def new_axes(ax=None, figsize=(7, 3.6)):
     return fig, ax
 
 
-def draw_stack(ax, labels: Sequence[str], series, capacity: int | None = None,
-               title: str | None = None, capacity_label: str | None = None,
-               total_fmt: str | Callable[[float], str] = "{:,.1f}", scale: float = GIB,
-               ylabel: str = "GiB per GPU") -> None:
+def draw_stack(
+    ax,
+    labels: Sequence[str],
+    series,
+    capacity: int | None = None,
+    title: str | None = None,
+    capacity_label: str | None = None,
+    total_fmt: str | Callable[[float], str] = "{:,.1f}",
+    scale: float = GIB,
+    ylabel: str = "GiB per GPU",
+) -> None:
     """Stacked bars: ``series`` is a list of (legend label, colour, values, one per bar).
 
     Values are divided by ``scale`` (bytes shown in GiB by default); the total is written above
@@ -60,13 +83,25 @@ def draw_stack(ax, labels: Sequence[str], series, capacity: int | None = None,
         ax.bar(x, vals, bottom=bottom, color=color, label=name, width=0.65)
         bottom += vals
     for xi, total in zip(x, bottom, strict=True):
-        ax.annotate(fmt(total), (xi, total), ha="center", va="bottom", fontsize=8,
-                    xytext=(0, 2), textcoords="offset points")
+        ax.annotate(
+            fmt(total),
+            (xi, total),
+            ha="center",
+            va="bottom",
+            fontsize=8,
+            xytext=(0, 2),
+            textcoords="offset points",
+        )
     if capacity:
         ax.axhline(capacity / scale, color="k", ls="--", lw=1)
         if capacity_label != "":
-            ax.annotate(capacity_label or f"{capacity / GIB:.0f} GiB GPU",
-                        (x[-1] + 0.4, capacity / scale), ha="right", va="bottom", fontsize=8)
+            ax.annotate(
+                capacity_label or f"{capacity / GIB:.0f} GiB GPU",
+                (x[-1] + 0.4, capacity / scale),
+                ha="right",
+                va="bottom",
+                fontsize=8,
+            )
     ax.set_xticks(x, labels, fontsize=8)
     ax.set_ylabel(ylabel)
     ax.margins(y=0.12)
@@ -74,12 +109,20 @@ def draw_stack(ax, labels: Sequence[str], series, capacity: int | None = None,
         ax.set_title(title, fontsize=10)
 
 
-def stack_breakdowns(ax, labels: Sequence[str], breakdowns: Sequence[MemoryBreakdown],
-                     capacity: int | None = None, title: str | None = None) -> None:
+def stack_breakdowns(
+    ax,
+    labels: Sequence[str],
+    breakdowns: Sequence[MemoryBreakdown],
+    capacity: int | None = None,
+    title: str | None = None,
+) -> None:
     """One stacked bar per :class:`~parmem.estimate.MemoryBreakdown` (a pipeline stage), a
     segment per non-zero memory term in :data:`COLORS`, legend to the right."""
-    series = [(LABELS[f], COLORS[f], [getattr(b, f) for b in breakdowns])
-              for f in MemoryBreakdown.FIELDS if any(getattr(b, f) for b in breakdowns)]
+    series = [
+        (LABELS[f], COLORS[f], [getattr(b, f) for b in breakdowns])
+        for f in MemoryBreakdown.FIELDS
+        if any(getattr(b, f) for b in breakdowns)
+    ]
     draw_stack(ax, labels, series, capacity, title, total_fmt="{:.1f}")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
 

@@ -16,9 +16,11 @@ def plot_collective_times(curves, ax=None, title: str | None = None):
     """
     fig, ax = new_axes(ax)
     for c in curves:
-        line, = ax.plot(c["sizes"], c["times"],
-                        label=f"{c['link']} ({c['bandwidth'] / 1e9:.0f} GB/s, "
-                              f"{c['latency'] * 1e6:.0f} µs)")
+        (line,) = ax.plot(
+            c["sizes"],
+            c["times"],
+            label=f"{c['link']} ({c['bandwidth'] / 1e9:.0f} GB/s, {c['latency'] * 1e6:.0f} µs)",
+        )
         if c["crossover"] is not None:
             ax.axvline(c["crossover"], color=line.get_color(), ls=":", lw=1)
         if c["mark"] is not None:

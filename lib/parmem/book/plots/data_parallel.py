@@ -23,15 +23,26 @@ def plot_zero_stages(rows, axes=None, title: str | None = None):
         fig, axes = plt.subplots(1, 2, figsize=(9, 3.4), layout="constrained")
     fig = axes[0].figure
     labels = [f"ZeRO-{r['zero']}" for r in rows]
-    draw_stack(axes[0], labels, [(LABELS[f], COLORS[f], [r[f] for r in rows])
-                                 for f in ("params", "grads", "optimizer")], total_fmt="{:.1f}")
+    draw_stack(
+        axes[0],
+        labels,
+        [(LABELS[f], COLORS[f], [r[f] for r in rows]) for f in ("params", "grads", "optimizer")],
+        total_fmt="{:.1f}",
+    )
     axes[0].legend(fontsize=7, frameon=False)
-    draw_stack(axes[1], labels, [("", "#64B5CD", [r["dp_values"] for r in rows])], scale=1,
-               total_fmt="{:.2f}", ylabel="sent per GPU per step (Ψ values)",
-               title=f"communication, m={rows[0]['num_microbatches']}")
+    draw_stack(
+        axes[1],
+        labels,
+        [("", "#64B5CD", [r["dp_values"] for r in rows])],
+        scale=1,
+        total_fmt="{:.2f}",
+        ylabel="sent per GPU per step (Ψ values)",
+        title=f"communication, m={rows[0]['num_microbatches']}",
+    )
     first = rows[0]
-    axes[0].set_title(title or f"model states, Ψ={first['num_params'] / 1e9:g}B, "
-                               f"d={first['dp']}", fontsize=10)
+    axes[0].set_title(
+        title or f"model states, Ψ={first['num_params'] / 1e9:g}B, d={first['dp']}", fontsize=10
+    )
     return fig
 
 
@@ -46,13 +57,20 @@ def plot_zero3_vs_tp(rows, ax=None, capacity: float | None = 80.0, title: str | 
         tag = f"t={r['t']}" + (" + SP" if r["sp"] else "")
         series.setdefault(f"model states, {tag}", []).append(r["model_states"] / GIB)
         series.setdefault(f"activations + logits, {tag}", []).append(
-            (r["activations"] + r["logits"]) / GIB)
+            (r["activations"] + r["logits"]) / GIB
+        )
         if r["t"] == rows[0]["t"]:
             dps.append(r["d"])
     first = rows[0]
-    fig = plot_lines(dps, series, ax=ax, xlabel="data-parallel size d (ZeRO-3)",
-                     title=title or f"{first['model']}, s={first['seq_len']}, b=1", logx=True,
-                     capacity=capacity)
+    fig = plot_lines(
+        dps,
+        series,
+        ax=ax,
+        xlabel="data-parallel size d (ZeRO-3)",
+        title=title or f"{first['model']}, s={first['seq_len']}, b=1",
+        logx=True,
+        capacity=capacity,
+    )
     ax = ax or fig.axes[0]
     for line in ax.get_lines():  # colour by term, dashes for the TP curves
         label = line.get_label()

@@ -13,8 +13,15 @@ from collections.abc import Mapping, Sequence
 from ...estimate import Estimate
 from .base import UNIT_BYTES, draw_stack, new_axes, stack_breakdowns
 
-__all__ = ["plot_breakdown", "plot_compare", "plot_breakdowns", "plot_stacked", "plot_terms",
-           "plot_terms_compare", "plot_lines"]
+__all__ = [
+    "plot_breakdown",
+    "plot_compare",
+    "plot_breakdowns",
+    "plot_stacked",
+    "plot_terms",
+    "plot_terms_compare",
+    "plot_lines",
+]
 
 
 def plot_breakdown(est: Estimate, ax=None, capacity: int | None = None, title: str | None = None):
@@ -25,8 +32,13 @@ def plot_breakdown(est: Estimate, ax=None, capacity: int | None = None, title: s
     return fig
 
 
-def plot_compare(estimates: Mapping[str, Estimate], ax=None, capacity: int | None = None,
-                 title: str | None = None, stage: str | int = "peak"):
+def plot_compare(
+    estimates: Mapping[str, Estimate],
+    ax=None,
+    capacity: int | None = None,
+    title: str | None = None,
+    stage: str | int = "peak",
+):
     """Stacked bars comparing layouts: the peak stage of each (or a fixed stage index)."""
     fig, ax = new_axes(ax, figsize=(max(5.0, 1.1 * len(estimates) + 2.5), 3.6))
     picks = [e.peak if stage == "peak" else e.stages[int(stage)] for e in estimates.values()]
@@ -34,15 +46,25 @@ def plot_compare(estimates: Mapping[str, Estimate], ax=None, capacity: int | Non
     return fig
 
 
-def plot_breakdowns(estimates: Mapping[str, Estimate], capacity: int | None = None,
-                    title: str | None = None, width: float | None = None):
+def plot_breakdowns(
+    estimates: Mapping[str, Estimate],
+    capacity: int | None = None,
+    title: str | None = None,
+    width: float | None = None,
+):
     """Several estimates side by side, each as its per-stage stacked bars (:func:`plot_breakdown`),
     on a shared GiB axis; the dict key titles each panel."""
     import matplotlib.pyplot as plt
 
     n = len(estimates)
-    fig, axes = plt.subplots(1, n, figsize=(width or 3.2 * n + 1.6, 3.6), sharey=True,
-                             layout="constrained", squeeze=False)
+    fig, axes = plt.subplots(
+        1,
+        n,
+        figsize=(width or 3.2 * n + 1.6, 3.6),
+        sharey=True,
+        layout="constrained",
+        squeeze=False,
+    )
     for k, (name, est) in enumerate(estimates.items()):
         ax = axes[0][k]
         labels = [f"{s.stage}\n({s.layers} L)" for s in est.stages]
@@ -56,8 +78,14 @@ def plot_breakdowns(estimates: Mapping[str, Estimate], capacity: int | None = No
     return fig
 
 
-def plot_stacked(rows, ax=None, capacity: int | None = None, title: str | None = None,
-                 colors=None, capacity_label: str | None = None):
+def plot_stacked(
+    rows,
+    ax=None,
+    capacity: int | None = None,
+    title: str | None = None,
+    colors=None,
+    capacity_label: str | None = None,
+):
     """Stacked bars of named byte components: ``rows`` maps a bar label to ``{component: bytes}``
     (components in the order of the first row); GiB on the y axis; an optional capacity line,
     labelled ``capacity_label`` (default "<n> GiB GPU")."""
@@ -66,8 +94,10 @@ def plot_stacked(rows, ax=None, capacity: int | None = None, title: str | None =
     comps = list(dict.fromkeys(c for r in rows.values() for c in r))
     palette = colors or {}
     default = ("#4C72B0", "#C44E52", "#55A868", "#8172B2", "#CCB974", "#64B5CD", "#8C8C8C")
-    series = [(c, palette.get(c, default[i % len(default)]), [rows[k].get(c, 0) for k in labels])
-              for i, c in enumerate(comps)]
+    series = [
+        (c, palette.get(c, default[i % len(default)]), [rows[k].get(c, 0) for k in labels])
+        for i, c in enumerate(comps)
+    ]
     draw_stack(ax, labels, series, capacity, title, capacity_label)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
     return fig
@@ -105,20 +135,30 @@ def plot_terms_compare(named, ax=None, title: str | None = None, unit: str = "Mi
         by = {t.name: t.bytes for t in terms}
         vals = [by.get(n, 0) / scale for n in names]
         total = sum(by.values()) / scale
-        ax.barh(y + (k / 2 - i - 0.5) * height, vals, height=height,
-                label=f"{label} (total {total:,.1f} {unit})")
+        ax.barh(
+            y + (k / 2 - i - 0.5) * height,
+            vals,
+            height=height,
+            label=f"{label} (total {total:,.1f} {unit})",
+        )
     ax.set_yticks(y, names, fontsize=8)
     ax.set_xlabel(f"{unit} per layer per micro-batch")
-    ax.legend(fontsize=8, frameon=False, loc="upper center", bbox_to_anchor=(0.4, -0.12),
-              ncol=1)
+    ax.legend(fontsize=8, frameon=False, loc="upper center", bbox_to_anchor=(0.4, -0.12), ncol=1)
     if title:
         ax.set_title(title, fontsize=10)
     return fig
 
 
-def plot_lines(x, series: Mapping[str, Sequence[float]], ax=None, xlabel: str = "",
-               ylabel: str = "GiB per GPU", title: str | None = None, logx: bool = False,
-               capacity: float | None = None):
+def plot_lines(
+    x,
+    series: Mapping[str, Sequence[float]],
+    ax=None,
+    xlabel: str = "",
+    ylabel: str = "GiB per GPU",
+    title: str | None = None,
+    logx: bool = False,
+    capacity: float | None = None,
+):
     """Simple line chart of several series against one x axis (values already in display units)."""
     fig, ax = new_axes(ax)
     for name, ys in series.items():

@@ -17,18 +17,33 @@ def plot_pipeline(result, ax=None, title: str | None = None):
     for ev in result.events:
         fwd = ev.kind == "F"
         shade = 0.55 + 0.45 * (ev.chunk + 1) / max(result.v, 1)
-        color = (0.3 * shade, 0.45 * shade, 0.85 * shade) if fwd else \
-            (0.3 * shade, 0.7 * shade, 0.35 * shade)
-        ax.barh(ev.stage, ev.end - ev.start, left=ev.start, color=color, edgecolor="white",
-                height=0.8)
+        color = (
+            (0.3 * shade, 0.45 * shade, 0.85 * shade)
+            if fwd
+            else (0.3 * shade, 0.7 * shade, 0.35 * shade)
+        )
+        ax.barh(
+            ev.stage, ev.end - ev.start, left=ev.start, color=color, edgecolor="white", height=0.8
+        )
         if ev.end - ev.start >= 0.45:
-            ax.text((ev.start + ev.end) / 2, ev.stage, str(ev.microbatch), ha="center",
-                    va="center", fontsize=6, color="white")
+            ax.text(
+                (ev.start + ev.end) / 2,
+                ev.stage,
+                str(ev.microbatch),
+                ha="center",
+                va="center",
+                fontsize=6,
+                color="white",
+            )
     ax.set_yticks(range(result.p), [f"stage {i}" for i in range(result.p)], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("time (units of one micro-batch forward)")
-    ax.set_title(title or f"{result.schedule}: p={result.p}, m={result.m}, v={result.v}, "
-                 f"bubble {result.bubble_fraction:.0%}", fontsize=10)
+    ax.set_title(
+        title
+        or f"{result.schedule}: p={result.p}, m={result.m}, v={result.v}, "
+        f"bubble {result.bubble_fraction:.0%}",
+        fontsize=10,
+    )
     return fig
 
 
@@ -40,8 +55,13 @@ def plot_in_flight(result, ax=None, title: str | None = None, stages=None):
     stages = range(result.p) if stages is None else stages
     for i in stages:
         pts = in_flight_timeline(result, i)
-        ax.step([t for t, _ in pts], [c for _, c in pts], where="post", lw=1.4,
-                label=f"stage {i} (peak {result.peak_in_flight[i]:g})")
+        ax.step(
+            [t for t, _ in pts],
+            [c for _, c in pts],
+            where="post",
+            lw=1.4,
+            label=f"stage {i} (peak {result.peak_in_flight[i]:g})",
+        )
     ax.set_xlim(0, result.step_time)
     ax.set_ylim(0, max(result.peak_in_flight) * 1.15 + 0.2)
     ax.set_xlabel("time (units of one micro-batch forward)")
@@ -64,8 +84,14 @@ def plot_schedules(results, titles=None, width: float = 9.0):
     ratios = []
     for r in results:
         ratios += [0.45 * r.p + 0.6, 1.9]
-    fig, axes = plt.subplots(len(ratios), 1, figsize=(width, sum(ratios) + 0.4),
-                             height_ratios=ratios, sharex=True, layout="constrained")
+    fig, axes = plt.subplots(
+        len(ratios),
+        1,
+        figsize=(width, sum(ratios) + 0.4),
+        height_ratios=ratios,
+        sharex=True,
+        layout="constrained",
+    )
     for k, (r, t) in enumerate(zip(results, titles, strict=True)):
         plot_pipeline(r, ax=axes[2 * k], title=t)
         axes[2 * k].set_xlabel("")
@@ -75,8 +101,7 @@ def plot_schedules(results, titles=None, width: float = 9.0):
     return fig
 
 
-def plot_microbatch_sweep(rows, axes=None, title: str | None = None,
-                          highlight: int | None = None):
+def plot_microbatch_sweep(rows, axes=None, title: str | None = None, highlight: int | None = None):
     """Rows of :func:`parmem.analyses.microbatch_sweep` against the micro-batch size b: the peak
     stage's memory and stage 0's activations (left, GiB) and the bubble fraction (right).
     ``highlight`` marks one b."""
@@ -86,15 +111,21 @@ def plot_microbatch_sweep(rows, axes=None, title: str | None = None,
         fig, axes = plt.subplots(1, 2, figsize=(9, 3.2), layout="constrained")
     fig = axes[0].figure
     bs = [r["b"] for r in rows]
-    axes[0].plot(bs, [r["peak_total"] / GIB for r in rows], marker="o", ms=3,
-                 label="peak stage, total")
-    axes[0].plot(bs, [r["activations"] / GIB for r in rows], marker="o", ms=3,
-                 color=COLORS["activations"], label="stage 0 activations")
+    axes[0].plot(
+        bs, [r["peak_total"] / GIB for r in rows], marker="o", ms=3, label="peak stage, total"
+    )
+    axes[0].plot(
+        bs,
+        [r["activations"] / GIB for r in rows],
+        marker="o",
+        ms=3,
+        color=COLORS["activations"],
+        label="stage 0 activations",
+    )
     axes[1].plot(bs, [r["bubble_fraction"] for r in rows], marker="o", ms=3, color="#C44E52")
     for ax in axes:
         ax.set_xscale("log", base=2)
-        ax.set_xticks(bs, [f"{b}\nm={r['m']}" for b, r in zip(bs, rows, strict=True)],
-                      fontsize=7)
+        ax.set_xticks(bs, [f"{b}\nm={r['m']}" for b, r in zip(bs, rows, strict=True)], fontsize=7)
         ax.set_xlabel("micro-batch size b (and micro-batches m)")
         ax.grid(alpha=0.3)
         if highlight is not None:

@@ -13,10 +13,15 @@ def plot_kv_cache_sim(sims, ax=None, title: str | None = None):
     fig, ax = new_axes(ax, figsize=(7.5, 4.0))
     cap = 0
     for (name, s), color in zip(sims.items(), ("#C44E52", "#4C72B0", "#55A868"), strict=False):
-        ax.plot([a / 1e3 for a in s.allocated], color=color, lw=1.2,
-                label=f"{name}: set aside ({s.utilization:.0%} used, {s.steps:,} steps)")
-        ax.plot([x / 1e3 for x in s.stored], color=color, lw=1, ls="--",
-                label=f"{name}: tokens stored")
+        ax.plot(
+            [a / 1e3 for a in s.allocated],
+            color=color,
+            lw=1.2,
+            label=f"{name}: set aside ({s.utilization:.0%} used, {s.steps:,} steps)",
+        )
+        ax.plot(
+            [x / 1e3 for x in s.stored], color=color, lw=1, ls="--", label=f"{name}: tokens stored"
+        )
         cap = max(cap, s.capacity)
     ax.axhline(cap / 1e3, color="0.5", ls=":", lw=1)
     ax.set_xlabel("decoding step")

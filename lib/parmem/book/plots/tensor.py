@@ -10,10 +10,17 @@ __all__ = ["COMPONENT_COLORS", "plot_tp_shards", "plot_tp_components", "plot_tp_
 
 #: one colour per model component (:func:`parmem.sharding.tp_param_counts`)
 COMPONENT_COLORS = {
-    "embedding": "#4C72B0", "positions": "#64B5CD", "attention Q, O": "#DD8452",
-    "attention K, V": "#C44E52", "MLP": "#55A868", "experts": "#55A868",
-    "shared experts": "#8DBF8B", "router": "#CCB974", "row-parallel biases": "#8172B2",
-    "norms": "#8C8C8C", "LM head": "#937860",
+    "embedding": "#4C72B0",
+    "positions": "#64B5CD",
+    "attention Q, O": "#DD8452",
+    "attention K, V": "#C44E52",
+    "MLP": "#55A868",
+    "experts": "#55A868",
+    "shared experts": "#8DBF8B",
+    "router": "#CCB974",
+    "row-parallel biases": "#8172B2",
+    "norms": "#8C8C8C",
+    "LM head": "#937860",
 }
 
 
@@ -40,8 +47,12 @@ def _draw_panel(ax, panel: dict, t: int, colors: list) -> None:
             rect = Rectangle((x0 + pos * w, y0), frac * w, hgt)
         else:  # rows: rank 0 on top
             rect = Rectangle((x0, y0 + hgt - (pos + frac) * hgt), w, frac * hgt)
-        rect.set(facecolor=color, edgecolor="white", linewidth=0.6,
-                 hatch="///" if len(owners) > 1 else None)
+        rect.set(
+            facecolor=color,
+            edgecolor="white",
+            linewidth=0.6,
+            hatch="///" if len(owners) > 1 else None,
+        )
         ax.add_patch(rect)
         pos += frac
     ax.add_patch(Rectangle((x0, y0), w, hgt, fill=False, edgecolor="black", lw=0.8))
@@ -63,8 +74,9 @@ def plot_tp_shards(layout: dict, title: str | None = None):
 
     t, kv, panels = layout["tp"], layout["kv_heads"], layout["panels"]
     colors = _rank_colors(t)
-    fig, axes = plt.subplots(1, len(panels), figsize=(1.35 * len(panels) + 1.6, 2.5),
-                             layout="constrained")
+    fig, axes = plt.subplots(
+        1, len(panels), figsize=(1.35 * len(panels) + 1.6, 2.5), layout="constrained"
+    )
     for ax, panel in zip(axes, panels, strict=True):
         _draw_panel(ax, panel, t, colors)
     handles = [Patch(color=colors[r], label=f"rank {r}") for r in range(min(t, 8))]
@@ -72,11 +84,16 @@ def plot_tp_shards(layout: dict, title: str | None = None):
         handles.append(Patch(color="white", label=f"... rank {t - 1}"))
     handles.append(Patch(facecolor="#BBBBBB", hatch="///", label="every rank"))
     if t > kv:
-        handles.append(Patch(facecolor="white", edgecolor="black", hatch="///",
-                             label=f"K/V head on {t // kv} ranks"))
+        handles.append(
+            Patch(
+                facecolor="white",
+                edgecolor="black",
+                hatch="///",
+                label=f"K/V head on {t // kv} ranks",
+            )
+        )
     fig.legend(handles=handles, loc="outside right center", fontsize=7, frameon=False)
-    fig.suptitle(title or f"{layout['model']}: which rank holds which slice, t = {t}",
-                 fontsize=10)
+    fig.suptitle(title or f"{layout['model']}: which rank holds which slice, t = {t}", fontsize=10)
     return fig
 
 
@@ -85,13 +102,21 @@ def plot_tp_components(rows, ax=None, capacity: int | None = None, title: str | 
     (rows of :func:`parmem.analyses.tp_component_bytes`); ``capacity`` draws a GPU's memory."""
     fig, ax = new_axes(ax, figsize=(max(5.0, 0.9 * len(rows) + 3.5), 3.6))
     names = list(dict.fromkeys(c for r in rows for c in r["components"]))
-    series = [(name, COMPONENT_COLORS.get(name, "#AAAAAA"),
-               [r["components"].get(name, 0) for r in rows]) for name in names]
+    series = [
+        (name, COMPONENT_COLORS.get(name, "#AAAAAA"), [r["components"].get(name, 0) for r in rows])
+        for name in names
+    ]
     first = rows[0]
-    draw_stack(ax, [f"t={r['t']}" for r in rows], series, capacity, capacity_label="",
-               total_fmt=lambda total: f"{total:.2f}" if total < 10 else f"{total:.1f}",
-               title=title or f"{first['model']}: {first['bytes_per_param']} bytes per "
-                              f"parameter on one rank")
+    draw_stack(
+        ax,
+        [f"t={r['t']}" for r in rows],
+        series,
+        capacity,
+        capacity_label="",
+        total_fmt=lambda total: f"{total:.2f}" if total < 10 else f"{total:.1f}",
+        title=title
+        or f"{first['model']}: {first['bytes_per_param']} bytes per parameter on one rank",
+    )
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
     return fig
 
@@ -104,20 +129,31 @@ def plot_tp_tradeoff(rows, capacity: int | None = None, title: str | None = None
     tensor-parallel all-reduces in one step, labelled with the size of one all-reduce buffer."""
     import matplotlib.pyplot as plt
 
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 5.6), layout="constrained",
-                                      height_ratios=(3, 2))
+    fig, (top, bottom) = plt.subplots(
+        2, 1, figsize=(7, 5.6), layout="constrained", height_ratios=(3, 2)
+    )
     labels = [f"t={r['t']}" for r in rows]
     est = rows[0]["estimate"]
-    stack_breakdowns(top, labels, [r["estimate"].stages[0] for r in rows], capacity,
-                     title or f"{est.spec.name}: s={est.setup.seq_len}, "
-                              f"b={est.setup.micro_batch}")
+    stack_breakdowns(
+        top,
+        labels,
+        [r["estimate"].stages[0] for r in rows],
+        capacity,
+        title or f"{est.spec.name}: s={est.setup.seq_len}, b={est.setup.micro_batch}",
+    )
     sent = [r["tp_bytes"] / GIB for r in rows]
     bars = bottom.bar(labels, sent, color="#64B5CD", width=0.65)
     for bar, r, val in zip(bars, rows, sent, strict=True):
         if r["comm_buffer"]:
-            bottom.annotate(f"{val:.1f} GiB\nbuffer {r['comm_buffer'] / MIB:.0f} MiB",
-                            (bar.get_x() + bar.get_width() / 2, val), ha="center", va="bottom",
-                            fontsize=7, xytext=(0, 2), textcoords="offset points")
+            bottom.annotate(
+                f"{val:.1f} GiB\nbuffer {r['comm_buffer'] / MIB:.0f} MiB",
+                (bar.get_x() + bar.get_width() / 2, val),
+                ha="center",
+                va="bottom",
+                fontsize=7,
+                xytext=(0, 2),
+                textcoords="offset points",
+            )
     bottom.set_ylabel("GiB sent per GPU\nper step (TP)")
     bottom.margins(y=0.3)
     return fig

@@ -13,9 +13,16 @@ from .base import STYLE, error_html, explorer
 __all__ = ["explore_allocator"]
 
 
-def explore_allocator(model: str = "llama-2-7b", tp: int = 2, pp: int = 2, seq_len: int = 4096,
-                      jitter: float = 0.25, steps: int = 3, flash: bool = True,
-                      static: bool = True):
+def explore_allocator(
+    model: str = "llama-2-7b",
+    tp: int = 2,
+    pp: int = 2,
+    seq_len: int = 4096,
+    jitter: float = 0.25,
+    steps: int = 3,
+    flash: bool = True,
+    static: bool = True,
+):
     """Model, layout and sequence-length variation bound to the caching-allocator simulator:
     :func:`parmem.allocator.training_step_events` for ``steps`` training steps of lengths
     s·(1 + ``jitter``·u) with u = 0, −1, +1, −½, +½, −¾, +¾, +¼ in turn (rounded to multiples of
@@ -29,10 +36,15 @@ def explore_allocator(model: str = "llama-2-7b", tp: int = 2, pp: int = 2, seq_l
         "model": w.Dropdown(options=presets(), value=model, description="model", style=STYLE),
         "tp": w.SelectionSlider(options=[1, 2, 4, 8], value=tp, description="t", style=STYLE),
         "pp": w.SelectionSlider(options=[1, 2, 4, 8], value=pp, description="p", style=STYLE),
-        "seq_len": w.SelectionSlider(options=[512, 1024, 2048, 4096, 8192, 16384],
-                                     value=seq_len, description="s", style=STYLE),
-        "jitter": w.FloatSlider(value=jitter, min=0.0, max=0.5, step=0.05,
-                                description="length spread", style=STYLE),
+        "seq_len": w.SelectionSlider(
+            options=[512, 1024, 2048, 4096, 8192, 16384],
+            value=seq_len,
+            description="s",
+            style=STYLE,
+        ),
+        "jitter": w.FloatSlider(
+            value=jitter, min=0.0, max=0.5, step=0.05, description="length spread", style=STYLE
+        ),
         "steps": w.IntSlider(value=steps, min=1, max=8, description="steps", style=STYLE),
         # (lengths follow a fixed pattern so that a figure is reproducible)
         "flash": w.Checkbox(value=flash, description="FlashAttention", style=STYLE),
@@ -42,13 +54,23 @@ def explore_allocator(model: str = "llama-2-7b", tp: int = 2, pp: int = 2, seq_l
         spec = ModelSpec.preset(model)
         top = spec.max_positions if spec.position == "learned" else 1 << 30
         pattern = (0, -1, 1, -0.5, 0.5, -0.75, 0.75, 0.25)
-        lens = [max(128, min(top, round(seq_len * (1 + jitter * u) / 128) * 128))
-                for u in pattern[:steps]]
+        lens = [
+            max(128, min(top, round(seq_len * (1 + jitter * u) / 128) * 128))
+            for u in pattern[:steps]
+        ]
         try:
             par = ParallelConfig(tp=tp, pp=pp, sp=tp > 1)
-            ev = training_step_events(spec, par, TrainingSetup(
-                seq_len=lens[0], num_microbatches=max(pp, 1), flash_attention=flash,
-                dropout=False), seq_lens=lens)
+            ev = training_step_events(
+                spec,
+                par,
+                TrainingSetup(
+                    seq_len=lens[0],
+                    num_microbatches=max(pp, 1),
+                    flash_attention=flash,
+                    dropout=False,
+                ),
+                seq_lens=lens,
+            )
         except ValueError as e:
             return error_html(e)
         runs = {"default": replay(ev), "expandable segments": replay(ev, expandable_segments=True)}

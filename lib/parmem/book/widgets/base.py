@@ -10,12 +10,20 @@ from __future__ import annotations
 
 import html
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from ...config import TrainingSetup
 from ...model import ModelSpec
 
-__all__ = ["STYLE", "explorer", "show_static", "error_html", "divisors", "fit_seq_len",
-           "model_setup"]
+__all__ = [
+    "STYLE",
+    "explorer",
+    "show_static",
+    "error_html",
+    "divisors",
+    "fit_seq_len",
+    "model_setup",
+]
 
 #: The style of every control: the description is shown in full.
 STYLE = {"description_width": "initial"}
@@ -30,8 +38,12 @@ def show_static(fig) -> None:
     plt.close(fig)
 
 
-def explorer(controls: Mapping[str, object], render: Callable[..., object],
-             static: bool = True, columns: int = 3):
+def explorer(
+    controls: Mapping[str, Any],
+    render: Callable[..., object],
+    static: bool = True,
+    columns: int = 3,
+):
     """A dashboard: ``controls`` (name → ipywidget) laid out in a grid above an output area that
     shows ``render(**values)`` (a matplotlib Figure, or anything displayable) and redraws on
     change. With ``static=True`` the figure for the initial values is also displayed as a plain
@@ -54,10 +66,11 @@ def explorer(controls: Mapping[str, object], render: Callable[..., object],
                 display(result)
 
     items = list(controls.values())
-    rows = [w.HBox(items[i:i + columns]) for i in range(0, len(items), columns)]
+    rows = [w.HBox(items[i : i + columns]) for i in range(0, len(items), columns)]
     for c in items:
-        c.observe(lambda _change: redraw(**{k: v.value for k, v in controls.items()}),
-                  names="value")
+        c.observe(
+            lambda _change: redraw(**{k: v.value for k, v in controls.items()}), names="value"
+        )
     redraw(**{k: v.value for k, v in controls.items()})
     box = w.VBox([*rows, out])
     if static:

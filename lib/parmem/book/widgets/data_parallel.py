@@ -15,9 +15,16 @@ from .base import STYLE, error_html, explorer, fit_seq_len
 __all__ = ["explore_data_parallel", "explore_zero", "explore_zero3_tp"]
 
 
-def explore_data_parallel(model: str = "llama-2-7b", global_batch: int = 8, seq_len: int = 4096,
-                          grad_buckets: str = "copy", flash: bool = True, zero: int = 0,
-                          gpu_gib: float = 80.0, static: bool = True):
+def explore_data_parallel(
+    model: str = "llama-2-7b",
+    global_batch: int = 8,
+    seq_len: int = 4096,
+    grad_buckets: str = "copy",
+    flash: bool = True,
+    zero: int = 0,
+    gpu_gib: float = 80.0,
+    static: bool = True,
+):
     """Fixed global batch B, data-parallel sizes d = 1, 2, 4, … ≤ B: per-GPU memory of each
     (b = B/d sequences per GPU, one micro-batch, no dropout), from :func:`parmem.estimate`.
 
@@ -26,12 +33,21 @@ def explore_data_parallel(model: str = "llama-2-7b", global_batch: int = 8, seq_
 
     controls = {
         "model": w.Dropdown(options=presets(), value=model, description="model", style=STYLE),
-        "global_batch": w.SelectionSlider(options=[1, 2, 4, 8, 16, 32, 64], value=global_batch,
-                                          description="global batch B", style=STYLE),
-        "seq_len": w.SelectionSlider(options=[512, 1024, 2048, 4096, 8192, 16384],
-                                     value=seq_len, description="s", style=STYLE),
-        "grad_buckets": w.Dropdown(options=["copy", "view"], value=grad_buckets,
-                                   description="DDP buckets", style=STYLE),
+        "global_batch": w.SelectionSlider(
+            options=[1, 2, 4, 8, 16, 32, 64],
+            value=global_batch,
+            description="global batch B",
+            style=STYLE,
+        ),
+        "seq_len": w.SelectionSlider(
+            options=[512, 1024, 2048, 4096, 8192, 16384],
+            value=seq_len,
+            description="s",
+            style=STYLE,
+        ),
+        "grad_buckets": w.Dropdown(
+            options=["copy", "view"], value=grad_buckets, description="DDP buckets", style=STYLE
+        ),
         "zero": w.IntSlider(value=zero, min=0, max=3, description="ZeRO", style=STYLE),
         "flash": w.Checkbox(value=flash, description="FlashAttention", style=STYLE),
     }
@@ -43,18 +59,29 @@ def explore_data_parallel(model: str = "llama-2-7b", global_batch: int = 8, seq_
         d = 1
         while d <= global_batch and d <= 64:
             ests[f"d={d}\nb={global_batch // d}"] = estimate(
-                spec, ParallelConfig(dp=d, zero=zero),
-                TrainingSetup(seq_len=seq_len, micro_batch=global_batch // d, dropout=False,
-                              flash_attention=flash, grad_buckets=grad_buckets))
+                spec,
+                ParallelConfig(dp=d, zero=zero),
+                TrainingSetup(
+                    seq_len=seq_len,
+                    micro_batch=global_batch // d,
+                    dropout=False,
+                    flash_attention=flash,
+                    grad_buckets=grad_buckets,
+                ),
+            )
             d *= 2
-        return plot_compare(ests, capacity=int(gpu_gib * GIB),
-                            title=f"{model}: global batch {global_batch} × {seq_len} tokens")
+        return plot_compare(
+            ests,
+            capacity=int(gpu_gib * GIB),
+            title=f"{model}: global batch {global_batch} × {seq_len} tokens",
+        )
 
     return explorer(controls, render, static=static)
 
 
-def explore_zero(params_b: float = 7.5, dp: int = 64, num_microbatches: int = 1,
-                 static: bool = True):
+def explore_zero(
+    params_b: float = 7.5, dp: int = 64, num_microbatches: int = 1, static: bool = True
+):
     """Ψ (billions), d and micro-batches m → per-GPU model states and DP communication of ZeRO
     stages 0–3 (:func:`parmem.analyses.zero_stages`, mixed-precision AdamW, drawn by
     :func:`parmem.book.plots.data_parallel.plot_zero_stages`).
@@ -63,13 +90,24 @@ def explore_zero(params_b: float = 7.5, dp: int = 64, num_microbatches: int = 1,
     import ipywidgets as w
 
     controls = {
-        "params_b": w.SelectionSlider(options=[1.0, 3.0, 7.0, 7.5, 13.0, 34.0, 70.0, 175.0,
-                                               405.0], value=params_b,
-                                      description="Ψ (billions)", style=STYLE),
-        "dp": w.SelectionSlider(options=[1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024], value=dp,
-                                description="d", style=STYLE),
-        "num_microbatches": w.SelectionSlider(options=[1, 2, 4, 8, 16, 32], value=num_microbatches,
-                                              description="micro-batches m", style=STYLE),
+        "params_b": w.SelectionSlider(
+            options=[1.0, 3.0, 7.0, 7.5, 13.0, 34.0, 70.0, 175.0, 405.0],
+            value=params_b,
+            description="Ψ (billions)",
+            style=STYLE,
+        ),
+        "dp": w.SelectionSlider(
+            options=[1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024],
+            value=dp,
+            description="d",
+            style=STYLE,
+        ),
+        "num_microbatches": w.SelectionSlider(
+            options=[1, 2, 4, 8, 16, 32],
+            value=num_microbatches,
+            description="micro-batches m",
+            style=STYLE,
+        ),
     }
 
     def render(params_b, dp, num_microbatches):
@@ -78,9 +116,15 @@ def explore_zero(params_b: float = 7.5, dp: int = 64, num_microbatches: int = 1,
     return explorer(controls, render, static=static)
 
 
-def explore_zero3_tp(model: str = "llama-3-70b", seq_len: int = 8192, tp: int = 8,
-                     recompute: str = "none", flash: bool = True, gpu_gib: float = 80.0,
-                     static: bool = True):
+def explore_zero3_tp(
+    model: str = "llama-3-70b",
+    seq_len: int = 8192,
+    tp: int = 8,
+    recompute: str = "none",
+    flash: bool = True,
+    gpu_gib: float = 80.0,
+    static: bool = True,
+):
     """Model, sequence length, t and recomputation → per-GPU model states and activations under
     ZeRO-3 against d, with and without TP+SP (:func:`parmem.analyses.zero3_vs_tp`, drawn by
     :func:`parmem.book.plots.data_parallel.plot_zero3_vs_tp`).
@@ -90,11 +134,19 @@ def explore_zero3_tp(model: str = "llama-3-70b", seq_len: int = 8192, tp: int = 
 
     controls = {
         "model": w.Dropdown(options=presets(), value=model, description="model", style=STYLE),
-        "seq_len": w.SelectionSlider(options=[2048, 4096, 8192, 16384, 32768, 65536, 131072],
-                                     value=seq_len, description="s", style=STYLE),
+        "seq_len": w.SelectionSlider(
+            options=[2048, 4096, 8192, 16384, 32768, 65536, 131072],
+            value=seq_len,
+            description="s",
+            style=STYLE,
+        ),
         "tp": w.SelectionSlider(options=[2, 4, 8, 16], value=tp, description="t", style=STYLE),
-        "recompute": w.Dropdown(options=["none", "selective", "full"], value=recompute,
-                                description="recompute", style=STYLE),
+        "recompute": w.Dropdown(
+            options=["none", "selective", "full"],
+            value=recompute,
+            description="recompute",
+            style=STYLE,
+        ),
         "flash": w.Checkbox(value=flash, description="FlashAttention", style=STYLE),
     }
 

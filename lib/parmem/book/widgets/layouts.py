@@ -18,9 +18,18 @@ from .base import STYLE, error_html, explorer, fit_seq_len
 __all__ = ["explore_experts", "explore_3d", "explore_axes"]
 
 
-def explore_experts(model: str = "mixtral-8x7b", dp: int = 16, tp: int = 1, pp: int = 4,
-                    zero: int = 1, seq_len: int = 4096, num_microbatches: int = 16,
-                    imbalance: float = 1.0, gpu_gib: float = 80.0, static: bool = True):
+def explore_experts(
+    model: str = "mixtral-8x7b",
+    dp: int = 16,
+    tp: int = 1,
+    pp: int = 4,
+    zero: int = 1,
+    seq_len: int = 4096,
+    num_microbatches: int = 16,
+    imbalance: float = 1.0,
+    gpu_gib: float = 80.0,
+    static: bool = True,
+):
     """Expert parallelism: the peak stage's memory for every e that divides both the experts and
     d, under a layout (d, t, p, ZeRO) and a router ``imbalance`` (the busiest rank receives that
     many times its even share of tokens, modelled as ``capacity_factor``).
@@ -31,56 +40,103 @@ def explore_experts(model: str = "mixtral-8x7b", dp: int = 16, tp: int = 1, pp: 
     moe = [n for n in presets() if ModelSpec.preset(n).is_moe]
     controls = {
         "model": w.Dropdown(options=moe, value=model, description="model", style=STYLE),
-        "dp": w.SelectionSlider(options=[8, 16, 32, 64, 128], value=dp, description="d",
-                                style=STYLE),
+        "dp": w.SelectionSlider(
+            options=[8, 16, 32, 64, 128], value=dp, description="d", style=STYLE
+        ),
         "tp": w.SelectionSlider(options=[1, 2, 4, 8], value=tp, description="t", style=STYLE),
         "pp": w.SelectionSlider(options=[1, 2, 4, 8], value=pp, description="p", style=STYLE),
         "zero": w.IntSlider(value=zero, min=0, max=3, description="ZeRO", style=STYLE),
-        "seq_len": w.SelectionSlider(options=[1024, 2048, 4096, 8192, 16384, 32768],
-                                     value=seq_len, description="s", style=STYLE),
-        "imbalance": w.FloatSlider(value=imbalance, min=1.0, max=4.0, step=0.25,
-                                   description="router imbalance", style=STYLE),
+        "seq_len": w.SelectionSlider(
+            options=[1024, 2048, 4096, 8192, 16384, 32768],
+            value=seq_len,
+            description="s",
+            style=STYLE,
+        ),
+        "imbalance": w.FloatSlider(
+            value=imbalance,
+            min=1.0,
+            max=4.0,
+            step=0.25,
+            description="router imbalance",
+            style=STYLE,
+        ),
     }
 
     def render(model, dp, tp, pp, zero, seq_len, imbalance):
         spec = ModelSpec.preset(model)
-        es = [e for e in range(1, spec.num_experts + 1)
-              if spec.num_experts % e == 0 and dp % e == 0]
-        setup = TrainingSetup(seq_len=seq_len, num_microbatches=num_microbatches,
-                              flash_attention=True, dropout=False, capacity_factor=imbalance)
+        es = [
+            e for e in range(1, spec.num_experts + 1) if spec.num_experts % e == 0 and dp % e == 0
+        ]
+        setup = TrainingSetup(
+            seq_len=seq_len,
+            num_microbatches=num_microbatches,
+            flash_attention=True,
+            dropout=False,
+            capacity_factor=imbalance,
+        )
         try:
-            ests = {f"e={e}": estimate(spec, ParallelConfig(dp=dp, tp=tp, pp=pp, ep=e, zero=zero,
-                                                            sp=tp > 1), setup) for e in es}
+            ests = {
+                f"e={e}": estimate(
+                    spec, ParallelConfig(dp=dp, tp=tp, pp=pp, ep=e, zero=zero, sp=tp > 1), setup
+                )
+                for e in es
+            }
         except ValueError as e:
             return error_html(e)
-        return plot_compare(ests, capacity=int(gpu_gib * GIB),
-                            title=f"{model}: d={dp}, t={tp}, p={pp}, ZeRO-{zero}, "
-                                  f"imbalance {imbalance:g}× (peak stage)")
+        return plot_compare(
+            ests,
+            capacity=int(gpu_gib * GIB),
+            title=f"{model}: d={dp}, t={tp}, p={pp}, ZeRO-{zero}, "
+            f"imbalance {imbalance:g}× (peak stage)",
+        )
 
     return explorer(controls, render, static=static)
 
 
-def _draw_pick(ax, spec, setup, row, world: int, tp: int, pp: int, zero: int,
-               capacity: int) -> None:
+def _draw_pick(
+    ax, spec, setup, row, world: int, tp: int, pp: int, zero: int, capacity: int
+) -> None:
     """The stages of the layout ``row`` of :func:`parmem.analyses.layout_sweep` (or, for
     ``row=None``, a note that (t, p) is not a valid layout here)."""
     if row is None:
-        ax.text(0.5, 0.5, f"t={tp}, p={pp} is not a valid layout\nof {world} GPUs here",
-                ha="center", va="center", transform=ax.transAxes)
+        ax.text(
+            0.5,
+            0.5,
+            f"t={tp}, p={pp} is not a valid layout\nof {world} GPUs here",
+            ha="center",
+            va="center",
+            transform=ax.transAxes,
+        )
         ax.set_axis_off()
         return
-    est = estimate(spec, ParallelConfig(dp=row["d"], tp=tp, pp=pp, sp=tp > 1, zero=zero),
-                   replace(setup, num_microbatches=row["m"]))
-    plot_breakdown(est, ax=ax, capacity=capacity,
-                   title=f"d={row['d']}, t={tp}, p={pp}: {row['comm_bytes'] / GIB:,.0f} GiB "
-                         f"sent, {row['comm_time_s']:.2f} s")
+    est = estimate(
+        spec,
+        ParallelConfig(dp=row["d"], tp=tp, pp=pp, sp=tp > 1, zero=zero),
+        replace(setup, num_microbatches=row["m"]),
+    )
+    plot_breakdown(
+        est,
+        ax=ax,
+        capacity=capacity,
+        title=f"d={row['d']}, t={tp}, p={pp}: {row['comm_bytes'] / GIB:,.0f} GiB "
+        f"sent, {row['comm_time_s']:.2f} s",
+    )
     if pp > 8:
         ax.set_xticks([])
 
 
-def explore_3d(model: str = "llama-3-70b", world: int = 64, tp: int = 8, pp: int = 4,
-               seq_len: int = 4096, global_batch: int = 256, zero: int = 1,
-               gpu: str = "h100-sxm", gpus_per_node: int = 8, static: bool = True):
+def explore_3d(
+    model: str = "llama-3-70b",
+    world: int = 64,
+    tp: int = 8,
+    pp: int = 4,
+    seq_len: int = 4096,
+    global_batch: int = 256,
+    zero: int = 1,
+    gpu: str = "h100-sxm",
+    gpus_per_node: int = 8,
+    static: bool = True,
+):
     """3D parallelism: every d·t·p layout of ``world`` GPUs as peak memory against modelled
     communication time (:func:`parmem.analyses.layout_sweep`), the chosen (t, p) ringed, and the
     chosen layout's memory per pipeline stage.
@@ -92,12 +148,17 @@ def explore_3d(model: str = "llama-3-70b", world: int = 64, tp: int = 8, pp: int
     powers = [2**k for k in range(0, 11)]
     controls = {
         "model": w.Dropdown(options=presets(), value=model, description="model", style=STYLE),
-        "world": w.SelectionSlider(options=[8, 16, 32, 64, 128, 256, 512, 1024], value=world,
-                                   description="GPUs", style=STYLE),
+        "world": w.SelectionSlider(
+            options=[8, 16, 32, 64, 128, 256, 512, 1024],
+            value=world,
+            description="GPUs",
+            style=STYLE,
+        ),
         "tp": w.SelectionSlider(options=powers[:7], value=tp, description="t", style=STYLE),
         "pp": w.SelectionSlider(options=powers[:8], value=pp, description="p", style=STYLE),
-        "seq_len": w.SelectionSlider(options=[1024, 2048, 4096, 8192], value=seq_len,
-                                     description="s", style=STYLE),
+        "seq_len": w.SelectionSlider(
+            options=[1024, 2048, 4096, 8192], value=seq_len, description="s", style=STYLE
+        ),
         "zero": w.IntSlider(value=zero, min=0, max=1, description="ZeRO", style=STYLE),
         "gpu": w.Dropdown(options=hardware_presets(), value=gpu, description="GPU", style=STYLE),
     }
@@ -108,27 +169,50 @@ def explore_3d(model: str = "llama-3-70b", world: int = 64, tp: int = 8, pp: int
         seq = fit_seq_len(spec, seq_len)
         setup = TrainingSetup(seq_len=seq, flash_attention=True, dropout=False)
         batch = max(global_batch, world)
-        rows = layout_sweep(spec, world, setup, global_batch=batch, zero=zero, hardware=hw,
-                            gpus_per_node=gpus_per_node)
+        rows = layout_sweep(
+            spec,
+            world,
+            setup,
+            global_batch=batch,
+            zero=zero,
+            hardware=hw,
+            gpus_per_node=gpus_per_node,
+        )
         pick = [r for r in rows if r["t"] == tp and r["p"] == pp]
         if not rows:
             return error_html(ValueError(f"no valid d·t·p layout of {world} GPUs for {model}"))
-        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4), layout="constrained",
-                                       width_ratios=(1.3, 1))
-        plot_tradeoff(rows, ax=ax1, capacity=hw.memory_bytes,
-                      highlight=(pick[0]["d"], tp, pp) if pick else None,
-                      title=f"{model} on {world} × {gpu}, {batch} sequences of {seq}")
-        _draw_pick(ax2, spec, setup, pick[0] if pick else None, world, tp, pp, zero,
-                   hw.memory_bytes)
+        fig, (ax1, ax2) = plt.subplots(
+            1, 2, figsize=(11, 4), layout="constrained", width_ratios=(1.3, 1)
+        )
+        plot_tradeoff(
+            rows,
+            ax=ax1,
+            capacity=hw.memory_bytes,
+            highlight=(pick[0]["d"], tp, pp) if pick else None,
+            title=f"{model} on {world} × {gpu}, {batch} sequences of {seq}",
+        )
+        _draw_pick(
+            ax2, spec, setup, pick[0] if pick else None, world, tp, pp, zero, hw.memory_bytes
+        )
         return fig
 
     return explorer(controls, render, static=static)
 
 
-def explore_axes(model: str = "gpt3-175b", dp: int = 24, tp: int = 8, pp: int = 8, cp: int = 1,
-                 zero: int = 1, sp: bool = True, recompute: str = "selective",
-                 seq_len: int = 2048, num_microbatches: int = 96, gpu_gib: float = 80.0,
-                 static: bool = True):
+def explore_axes(
+    model: str = "gpt3-175b",
+    dp: int = 24,
+    tp: int = 8,
+    pp: int = 8,
+    cp: int = 1,
+    zero: int = 1,
+    sp: bool = True,
+    recompute: str = "selective",
+    seq_len: int = 2048,
+    num_microbatches: int = 96,
+    gpu_gib: float = 80.0,
+    static: bool = True,
+):
     """Which axis removes which term: the peak stage after adding d, ZeRO, t, SP, p, cp and
     recomputation one at a time (:func:`parmem.analyses.axis_by_axis`), against a GPU.
 
@@ -137,20 +221,28 @@ def explore_axes(model: str = "gpt3-175b", dp: int = 24, tp: int = 8, pp: int = 
 
     controls = {
         "model": w.Dropdown(options=presets(), value=model, description="model", style=STYLE),
-        "dp": w.SelectionSlider(options=[1, 2, 4, 6, 8, 16, 24, 32, 64, 128], value=dp,
-                                description="d", style=STYLE),
-        "tp": w.SelectionSlider(options=[1, 2, 4, 8, 16], value=tp, description="t",
-                                style=STYLE),
-        "pp": w.SelectionSlider(options=[1, 2, 4, 8, 16, 32, 64], value=pp, description="p",
-                                style=STYLE),
-        "cp": w.SelectionSlider(options=[1, 2, 4, 8, 16], value=cp, description="cp",
-                                style=STYLE),
+        "dp": w.SelectionSlider(
+            options=[1, 2, 4, 6, 8, 16, 24, 32, 64, 128], value=dp, description="d", style=STYLE
+        ),
+        "tp": w.SelectionSlider(options=[1, 2, 4, 8, 16], value=tp, description="t", style=STYLE),
+        "pp": w.SelectionSlider(
+            options=[1, 2, 4, 8, 16, 32, 64], value=pp, description="p", style=STYLE
+        ),
+        "cp": w.SelectionSlider(options=[1, 2, 4, 8, 16], value=cp, description="cp", style=STYLE),
         "zero": w.IntSlider(value=zero, min=0, max=3, description="ZeRO", style=STYLE),
         "sp": w.Checkbox(value=sp, description="sequence parallel", style=STYLE),
-        "recompute": w.Dropdown(options=["none", "selective", "full"], value=recompute,
-                                description="recompute", style=STYLE),
-        "seq_len": w.SelectionSlider(options=[1024, 2048, 4096, 8192, 16384, 32768, 131072],
-                                     value=seq_len, description="s", style=STYLE),
+        "recompute": w.Dropdown(
+            options=["none", "selective", "full"],
+            value=recompute,
+            description="recompute",
+            style=STYLE,
+        ),
+        "seq_len": w.SelectionSlider(
+            options=[1024, 2048, 4096, 8192, 16384, 32768, 131072],
+            value=seq_len,
+            description="s",
+            style=STYLE,
+        ),
     }
 
     def render(model, dp, tp, pp, cp, zero, sp, recompute, seq_len):
@@ -159,12 +251,22 @@ def explore_axes(model: str = "gpt3-175b", dp: int = 24, tp: int = 8, pp: int = 
             if spec.position == "learned" and seq_len > spec.max_positions:
                 raise ValueError(f"seq_len={seq_len} > {model}'s {spec.max_positions} positions")
             par = ParallelConfig(dp=dp, tp=tp, pp=pp, cp=cp, zero=zero, sp=sp and tp > 1)
-            steps = axis_by_axis(spec, par, TrainingSetup(
-                seq_len=seq_len, num_microbatches=num_microbatches, recompute=recompute,
-                flash_attention=seq_len > 8192))
+            steps = axis_by_axis(
+                spec,
+                par,
+                TrainingSetup(
+                    seq_len=seq_len,
+                    num_microbatches=num_microbatches,
+                    recompute=recompute,
+                    flash_attention=seq_len > 8192,
+                ),
+            )
         except ValueError as e:
             return error_html(e)
-        return plot_axis_steps(steps, capacity=int(gpu_gib * GIB),
-                               title=f"{model}: adding one axis at a time (peak stage)")
+        return plot_axis_steps(
+            steps,
+            capacity=int(gpu_gib * GIB),
+            title=f"{model}: adding one axis at a time (peak stage)",
+        )
 
     return explorer(controls, render, static=static)

@@ -13,10 +13,21 @@ from .base import STYLE, divisors, error_html, explorer, fit_seq_len
 __all__ = ["explore_estimate", "explore_remedies"]
 
 
-def explore_estimate(model: str = "llama-2-7b", tp: int = 1, pp: int = 1, dp: int = 8,
-                     zero: int = 1, seq_len: int = 4096, micro_batch: int = 1,
-                     num_microbatches: int = 8, recompute: str = "none", sp: bool = False,
-                     flash: bool = False, gpu_gib: float = 80.0, static: bool = True):
+def explore_estimate(
+    model: str = "llama-2-7b",
+    tp: int = 1,
+    pp: int = 1,
+    dp: int = 8,
+    zero: int = 1,
+    seq_len: int = 4096,
+    micro_batch: int = 1,
+    num_microbatches: int = 8,
+    recompute: str = "none",
+    sp: bool = False,
+    flash: bool = False,
+    gpu_gib: float = 80.0,
+    static: bool = True,
+):
     """Model, layout and batch controls bound to :func:`parmem.estimate`; shows every stage's
     memory as stacked bars against a GPU of ``gpu_gib`` GiB.
 
@@ -27,19 +38,31 @@ def explore_estimate(model: str = "llama-2-7b", tp: int = 1, pp: int = 1, dp: in
     spec0 = ModelSpec.preset(model)
     controls = {
         "model": w.Dropdown(options=presets(), value=model, description="model", style=STYLE),
-        "tp": w.SelectionSlider(options=divisors(spec0.heads, 16), value=tp, description="t",
-                                style=STYLE),
-        "pp": w.SelectionSlider(options=divisors(spec0.layers, 16), value=pp, description="p",
-                                style=STYLE),
-        "dp": w.SelectionSlider(options=[1, 2, 4, 8, 16, 32, 64, 128], value=dp,
-                                description="d", style=STYLE),
+        "tp": w.SelectionSlider(
+            options=divisors(spec0.heads, 16), value=tp, description="t", style=STYLE
+        ),
+        "pp": w.SelectionSlider(
+            options=divisors(spec0.layers, 16), value=pp, description="p", style=STYLE
+        ),
+        "dp": w.SelectionSlider(
+            options=[1, 2, 4, 8, 16, 32, 64, 128], value=dp, description="d", style=STYLE
+        ),
         "zero": w.IntSlider(value=zero, min=0, max=3, description="ZeRO", style=STYLE),
-        "seq_len": w.SelectionSlider(options=[512, 1024, 2048, 4096, 8192, 16384, 32768],
-                                     value=seq_len, description="s", style=STYLE),
-        "micro_batch": w.SelectionSlider(options=[1, 2, 4, 8, 16], value=micro_batch,
-                                         description="b", style=STYLE),
-        "recompute": w.Dropdown(options=["none", "selective", "full"], value=recompute,
-                                description="recompute", style=STYLE),
+        "seq_len": w.SelectionSlider(
+            options=[512, 1024, 2048, 4096, 8192, 16384, 32768],
+            value=seq_len,
+            description="s",
+            style=STYLE,
+        ),
+        "micro_batch": w.SelectionSlider(
+            options=[1, 2, 4, 8, 16], value=micro_batch, description="b", style=STYLE
+        ),
+        "recompute": w.Dropdown(
+            options=["none", "selective", "full"],
+            value=recompute,
+            description="recompute",
+            style=STYLE,
+        ),
         "sp": w.Checkbox(value=sp, description="sequence parallel", style=STYLE),
         "flash": w.Checkbox(value=flash, description="FlashAttention", style=STYLE),
     }
@@ -47,11 +70,17 @@ def explore_estimate(model: str = "llama-2-7b", tp: int = 1, pp: int = 1, dp: in
     def render(model, tp, pp, dp, zero, seq_len, micro_batch, recompute, sp, flash):
         spec = ModelSpec.preset(model)
         try:
-            est = estimate(spec, ParallelConfig(dp=dp, tp=tp, pp=pp, zero=zero, sp=sp and tp > 1),
-                           TrainingSetup(seq_len=fit_seq_len(spec, seq_len),
-                                         micro_batch=micro_batch,
-                                         num_microbatches=num_microbatches, recompute=recompute,
-                                         flash_attention=flash))
+            est = estimate(
+                spec,
+                ParallelConfig(dp=dp, tp=tp, pp=pp, zero=zero, sp=sp and tp > 1),
+                TrainingSetup(
+                    seq_len=fit_seq_len(spec, seq_len),
+                    micro_batch=micro_batch,
+                    num_microbatches=num_microbatches,
+                    recompute=recompute,
+                    flash_attention=flash,
+                ),
+            )
         except ValueError as e:  # an invalid combination: say why instead of drawing
             return error_html(e)
         return plot_breakdown(est, capacity=int(gpu_gib * GIB))
@@ -59,10 +88,21 @@ def explore_estimate(model: str = "llama-2-7b", tp: int = 1, pp: int = 1, dp: in
     return explorer(controls, render, static=static)
 
 
-def explore_remedies(model: str = "llama-3-70b", seq_len: int = 32768, tp: int = 8, pp: int = 4,
-                     dp: int = 8, micro_batch: int = 2, tokens_per_step: int = 16,
-                     zero: int = 0, sp: bool = False, cp: int = 1, recompute: str = "none",
-                     gpu: str = "h100-sxm", static: bool = True):
+def explore_remedies(
+    model: str = "llama-3-70b",
+    seq_len: int = 32768,
+    tp: int = 8,
+    pp: int = 4,
+    dp: int = 8,
+    micro_batch: int = 2,
+    tokens_per_step: int = 16,
+    zero: int = 0,
+    sp: bool = False,
+    cp: int = 1,
+    recompute: str = "none",
+    gpu: str = "h100-sxm",
+    static: bool = True,
+):
     """A long-sequence layout and the remedies of chapter 20 as controls: ZeRO stage
     (distributed optimizer), sequence parallelism, context parallelism, recomputation and the
     micro-batch size b (with m = ``tokens_per_step``/b micro-batches, so the batch per step is
@@ -74,20 +114,29 @@ def explore_remedies(model: str = "llama-3-70b", seq_len: int = 32768, tp: int =
     controls = {
         "model": w.Dropdown(options=presets(), value=model, description="model", style=STYLE),
         "gpu": w.Dropdown(options=hardware_presets(), value=gpu, description="GPU", style=STYLE),
-        "seq_len": w.SelectionSlider(options=[4096, 8192, 16384, 32768, 65536, 131072],
-                                     value=seq_len, description="s", style=STYLE),
+        "seq_len": w.SelectionSlider(
+            options=[4096, 8192, 16384, 32768, 65536, 131072],
+            value=seq_len,
+            description="s",
+            style=STYLE,
+        ),
         "tp": w.SelectionSlider(options=[1, 2, 4, 8], value=tp, description="t", style=STYLE),
-        "pp": w.SelectionSlider(options=[1, 2, 4, 8, 16], value=pp, description="p",
-                                style=STYLE),
-        "dp": w.SelectionSlider(options=[1, 2, 4, 8, 16, 32], value=dp, description="d",
-                                style=STYLE),
-        "micro_batch": w.SelectionSlider(options=[1, 2, 4, 8], value=micro_batch,
-                                         description="b", style=STYLE),
+        "pp": w.SelectionSlider(options=[1, 2, 4, 8, 16], value=pp, description="p", style=STYLE),
+        "dp": w.SelectionSlider(
+            options=[1, 2, 4, 8, 16, 32], value=dp, description="d", style=STYLE
+        ),
+        "micro_batch": w.SelectionSlider(
+            options=[1, 2, 4, 8], value=micro_batch, description="b", style=STYLE
+        ),
         "zero": w.IntSlider(value=zero, min=0, max=3, description="ZeRO", style=STYLE),
         "cp": w.SelectionSlider(options=[1, 2, 4, 8], value=cp, description="cp", style=STYLE),
         "sp": w.Checkbox(value=sp, description="sequence parallel", style=STYLE),
-        "recompute": w.Dropdown(options=["none", "selective", "full"], value=recompute,
-                                description="recompute", style=STYLE),
+        "recompute": w.Dropdown(
+            options=["none", "selective", "full"],
+            value=recompute,
+            description="recompute",
+            style=STYLE,
+        ),
     }
 
     def render(model, gpu, seq_len, tp, pp, dp, micro_batch, zero, cp, sp, recompute):
@@ -96,17 +145,27 @@ def explore_remedies(model: str = "llama-3-70b", seq_len: int = 32768, tp: int =
             if spec.position == "learned" and seq_len > spec.max_positions:
                 raise ValueError(f"seq_len={seq_len} > {model}'s {spec.max_positions} positions")
             m = max(tokens_per_step // micro_batch, pp)
-            est = estimate(spec, ParallelConfig(dp=dp, tp=tp, pp=pp, cp=cp, zero=zero,
-                                                sp=sp and tp > 1),
-                           TrainingSetup(seq_len=seq_len, micro_batch=micro_batch,
-                                         num_microbatches=m, recompute=recompute,
-                                         flash_attention=True, dropout=False))
+            est = estimate(
+                spec,
+                ParallelConfig(dp=dp, tp=tp, pp=pp, cp=cp, zero=zero, sp=sp and tp > 1),
+                TrainingSetup(
+                    seq_len=seq_len,
+                    micro_batch=micro_batch,
+                    num_microbatches=m,
+                    recompute=recompute,
+                    flash_attention=True,
+                    dropout=False,
+                ),
+            )
         except ValueError as e:
             return error_html(e)
         cap = hardware_preset(gpu).memory_bytes
         verdict = "fits" if est.peak_bytes <= cap else "does not fit"
-        return plot_breakdown(est, capacity=cap,
-                              title=f"{model}, {est.parallel}, s={seq_len}, b={micro_batch}, "
-                                    f"m={m}: peak {est.peak_bytes / GIB:.0f} GiB, {verdict}")
+        return plot_breakdown(
+            est,
+            capacity=cap,
+            title=f"{model}, {est.parallel}, s={seq_len}, b={micro_batch}, "
+            f"m={m}: peak {est.peak_bytes / GIB:.0f} GiB, {verdict}",
+        )
 
     return explorer(controls, render, static=static, columns=4)

@@ -30,17 +30,30 @@ def _draw_plan(result, gpu: str, rank: int):
         return fig
     pick = result.candidates[min(rank, len(result.candidates)) - 1]
     est = pick.estimate
-    stack_breakdowns(ax, [f"stage {s.stage}" for s in est.stages], est.stages,
-                     hardware_preset(gpu).memory_bytes,
-                     f"rank {result.candidates.index(pick) + 1}: {pick.label()}")
+    stack_breakdowns(
+        ax,
+        [f"stage {s.stage}" for s in est.stages],
+        est.stages,
+        hardware_preset(gpu).memory_bytes,
+        f"rank {result.candidates.index(pick) + 1}: {pick.label()}",
+    )
     lines = result.table().splitlines()
     text.text(0, 1, "\n".join(lines), va="top", family="monospace", fontsize=7.5)
     return fig
 
 
-def explore_plan(model: str = "llama-3-70b", gpu: str = "h100-sxm", nodes: int = 16,
-                 global_batch: int = 256, seq_len: int = 4096, gpus_per_node: int = 8,
-                 flash: bool = True, rank: int = 1, top: int = 8, static: bool = True):
+def explore_plan(
+    model: str = "llama-3-70b",
+    gpu: str = "h100-sxm",
+    nodes: int = 16,
+    global_batch: int = 256,
+    seq_len: int = 4096,
+    gpus_per_node: int = 8,
+    flash: bool = True,
+    rank: int = 1,
+    top: int = 8,
+    static: bool = True,
+):
     """Model, GPU, node count, global batch and sequence controls bound to
     :func:`parmem.planner.plan`: the Pareto plot of memory against step time, the memory of the
     layout ranked ``rank`` stage by stage, and the top layouts as a table. Plans are cached, so
@@ -52,13 +65,24 @@ def explore_plan(model: str = "llama-3-70b", gpu: str = "h100-sxm", nodes: int =
     controls = {
         "model": w.Dropdown(options=presets(), value=model, description="model", style=STYLE),
         "gpu": w.Dropdown(options=hardware_presets(), value=gpu, description="GPU", style=STYLE),
-        "nodes": w.SelectionSlider(options=[1, 2, 4, 8, 16, 32, 64, 128, 256, 512], value=nodes,
-                                   description=f"nodes (x{gpus_per_node})", style=STYLE),
-        "global_batch": w.SelectionSlider(options=[16, 32, 64, 128, 256, 512, 1024, 2048, 4096],
-                                          value=global_batch, description="global batch",
-                                          style=STYLE),
-        "seq_len": w.SelectionSlider(options=[1024, 2048, 4096, 8192, 16384, 32768],
-                                     value=seq_len, description="s", style=STYLE),
+        "nodes": w.SelectionSlider(
+            options=[1, 2, 4, 8, 16, 32, 64, 128, 256, 512],
+            value=nodes,
+            description=f"nodes (x{gpus_per_node})",
+            style=STYLE,
+        ),
+        "global_batch": w.SelectionSlider(
+            options=[16, 32, 64, 128, 256, 512, 1024, 2048, 4096],
+            value=global_batch,
+            description="global batch",
+            style=STYLE,
+        ),
+        "seq_len": w.SelectionSlider(
+            options=[1024, 2048, 4096, 8192, 16384, 32768],
+            value=seq_len,
+            description="s",
+            style=STYLE,
+        ),
         "flash": w.Checkbox(value=flash, description="FlashAttention", style=STYLE),
         "rank": w.IntSlider(value=rank, min=1, max=top, description="show rank", style=STYLE),
     }
@@ -66,8 +90,14 @@ def explore_plan(model: str = "llama-3-70b", gpu: str = "h100-sxm", nodes: int =
     @functools.lru_cache(maxsize=64)
     def planned(model, gpu, nodes, global_batch, seq_len, flash):
         spec = ModelSpec.preset(model)
-        return plan(spec, Cluster(gpu, gpus_per_node, nodes), global_batch,
-                    fit_seq_len(spec, seq_len), top=top, flash_attention=flash)
+        return plan(
+            spec,
+            Cluster(gpu, gpus_per_node, nodes),
+            global_batch,
+            fit_seq_len(spec, seq_len),
+            top=top,
+            flash_attention=flash,
+        )
 
     def render(model, gpu, nodes, global_batch, seq_len, flash, rank):
         try:

@@ -17,9 +17,16 @@ from .base import STYLE, explorer
 __all__ = ["explore_serving"]
 
 
-def explore_serving(model: str = "llama-3-70b", weight_dtype: str = "fp16",
-                    kv_dtype: str = "fp16", seq_len: int = 8192, batch: int = 32,
-                    gpu: str = "h100-sxm", utilization: float = 0.9, static: bool = True):
+def explore_serving(
+    model: str = "llama-3-70b",
+    weight_dtype: str = "fp16",
+    kv_dtype: str = "fp16",
+    seq_len: int = 8192,
+    batch: int = 32,
+    gpu: str = "h100-sxm",
+    utilization: float = 0.9,
+    static: bool = True,
+):
     """Serving memory per GPU for every tensor-parallel size t in 1, 2, 4, 8: weights
     (:func:`parmem.inference.serving_weight_bytes`) and the KV cache of ``batch`` sequences of
     ``seq_len`` tokens, against the usable memory; each bar's label says how many such sequences
@@ -31,14 +38,27 @@ def explore_serving(model: str = "llama-3-70b", weight_dtype: str = "fp16",
     controls = {
         "model": w.Dropdown(options=presets(), value=model, description="model", style=STYLE),
         "gpu": w.Dropdown(options=hardware_presets(), value=gpu, description="GPU", style=STYLE),
-        "weight_dtype": w.Dropdown(options=[k for k in WEIGHT_DTYPES if k != "fp32"],
-                                   value=weight_dtype, description="weights", style=STYLE),
-        "kv_dtype": w.Dropdown(options=list(KV_DTYPES), value=kv_dtype,
-                               description="KV cache", style=STYLE),
-        "seq_len": w.SelectionSlider(options=[1024, 2048, 4096, 8192, 16384, 32768, 131072],
-                                     value=seq_len, description="context", style=STYLE),
-        "batch": w.SelectionSlider(options=[1, 4, 8, 16, 32, 64, 128, 256], value=batch,
-                                   description="sequences", style=STYLE),
+        "weight_dtype": w.Dropdown(
+            options=[k for k in WEIGHT_DTYPES if k != "fp32"],
+            value=weight_dtype,
+            description="weights",
+            style=STYLE,
+        ),
+        "kv_dtype": w.Dropdown(
+            options=list(KV_DTYPES), value=kv_dtype, description="KV cache", style=STYLE
+        ),
+        "seq_len": w.SelectionSlider(
+            options=[1024, 2048, 4096, 8192, 16384, 32768, 131072],
+            value=seq_len,
+            description="context",
+            style=STYLE,
+        ),
+        "batch": w.SelectionSlider(
+            options=[1, 4, 8, 16, 32, 64, 128, 256],
+            value=batch,
+            description="sequences",
+            style=STYLE,
+        ),
     }
 
     def render(model, gpu, weight_dtype, kv_dtype, seq_len, batch):
@@ -53,8 +73,12 @@ def explore_serving(model: str = "llama-3-70b", weight_dtype: str = "fp16",
                 continue
             rows[f"t={t}\n{n:,} fit"] = {"weights": wb, f"KV cache ({batch} seqs)": kv}
         cap = int(hardware_preset(gpu).memory_bytes * utilization)
-        return plot_stacked(rows, capacity=cap, capacity_label=f"{utilization:.0%} of {gpu}",
-                            title=f"{model} serving on {gpu}: {weight_dtype} weights, "
-                                  f"{kv_dtype} KV, {seq_len:,} tokens per sequence")
+        return plot_stacked(
+            rows,
+            capacity=cap,
+            capacity_label=f"{utilization:.0%} of {gpu}",
+            title=f"{model} serving on {gpu}: {weight_dtype} weights, "
+            f"{kv_dtype} KV, {seq_len:,} tokens per sequence",
+        )
 
     return explorer(controls, render, static=static, columns=3)

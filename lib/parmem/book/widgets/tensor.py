@@ -13,8 +13,12 @@ from ..plots.memory import plot_terms_compare
 from ..plots.tensor import plot_tp_components, plot_tp_shards, plot_tp_tradeoff
 from .base import STYLE, error_html, explorer, fit_seq_len
 
-__all__ = ["explore_tp_shards", "explore_tp_weights", "explore_tp_tradeoff",
-           "explore_layer_activations"]
+__all__ = [
+    "explore_tp_shards",
+    "explore_tp_weights",
+    "explore_tp_tradeoff",
+    "explore_layer_activations",
+]
 
 
 def explore_tp_shards(model: str = "llama-3-70b", tp: int = 8, static: bool = True):
@@ -28,8 +32,9 @@ def explore_tp_shards(model: str = "llama-3-70b", tp: int = 8, static: bool = Tr
 
     controls = {
         "model": w.Dropdown(options=presets(), value=model, description="model", style=STYLE),
-        "tp": w.SelectionSlider(options=[1, 2, 4, 8, 16, 32], value=tp, description="t",
-                                style=STYLE),
+        "tp": w.SelectionSlider(
+            options=[1, 2, 4, 8, 16, 32], value=tp, description="t", style=STYLE
+        ),
     }
 
     def render(model, tp):
@@ -40,15 +45,22 @@ def explore_tp_shards(model: str = "llama-3-70b", tp: int = 8, static: bool = Tr
             return error_html(e)
         mine = sum(r.per_rank for r in rows)
         rep = sum(r.per_rank for r in rows if r.replicated)
-        return plot_tp_shards(tp_shard_layout(spec, tp),
-                              title=f"{model}, t={tp}: {mine / 1e9:.3g}B parameters "
-                                    f"per rank ({rep / 1e6:.3g}M replicated)")
+        return plot_tp_shards(
+            tp_shard_layout(spec, tp),
+            title=f"{model}, t={tp}: {mine / 1e9:.3g}B parameters "
+            f"per rank ({rep / 1e6:.3g}M replicated)",
+        )
 
     return explorer(controls, render, static=static, columns=2)
 
 
-def explore_tp_weights(model: str = "llama-2-7b", max_tp: int = 8, what: str = "weights",
-                       gpu_gib: float = 80.0, static: bool = True):
+def explore_tp_weights(
+    model: str = "llama-2-7b",
+    max_tp: int = 8,
+    what: str = "weights",
+    gpu_gib: float = 80.0,
+    static: bool = True,
+):
     """Model, largest t and which state → stacked bars of what one tensor-parallel rank holds,
     component by component, for t = 1, 2, 4, … (:func:`parmem.analyses.tp_component_bytes`,
     drawn by :func:`parmem.book.plots.tensor.plot_tp_components`).
@@ -59,25 +71,41 @@ def explore_tp_weights(model: str = "llama-2-7b", max_tp: int = 8, what: str = "
     per_param = {"weights": 2, "gradients": 2, "optimizer states": 12, "model states": 16}
     controls = {
         "model": w.Dropdown(options=presets(), value=model, description="model", style=STYLE),
-        "max_tp": w.SelectionSlider(options=[2, 4, 8, 16, 32], value=max_tp,
-                                    description="largest t", style=STYLE),
-        "what": w.Dropdown(options=list(per_param), value=what,
-                           description="bf16-mixed AdamW", style=STYLE),
+        "max_tp": w.SelectionSlider(
+            options=[2, 4, 8, 16, 32], value=max_tp, description="largest t", style=STYLE
+        ),
+        "what": w.Dropdown(
+            options=list(per_param), value=what, description="bf16-mixed AdamW", style=STYLE
+        ),
     }
 
     def render(model, max_tp, what):
         spec = ModelSpec.preset(model)
-        tps = [t for t in (1, 2, 4, 8, 16, 32) if t <= max_tp and spec.heads % t == 0
-               and spec.ffn_hidden % t == 0 and (spec.kv_heads % t == 0 or t % spec.kv_heads == 0)]
-        return plot_tp_components(tp_component_bytes(spec, tps, per_param[what]),
-                                  capacity=int(gpu_gib * GIB),
-                                  title=f"{model}: {what} ({per_param[what]} B/param) per GPU")
+        tps = [
+            t
+            for t in (1, 2, 4, 8, 16, 32)
+            if t <= max_tp
+            and spec.heads % t == 0
+            and spec.ffn_hidden % t == 0
+            and (spec.kv_heads % t == 0 or t % spec.kv_heads == 0)
+        ]
+        return plot_tp_components(
+            tp_component_bytes(spec, tps, per_param[what]),
+            capacity=int(gpu_gib * GIB),
+            title=f"{model}: {what} ({per_param[what]} B/param) per GPU",
+        )
 
     return explorer(controls, render, static=static)
 
 
-def explore_tp_tradeoff(model: str = "llama-2-7b", seq_len: int = 4096, micro_batch: int = 1,
-                        flash: bool = False, gpu_gib: float = 80.0, static: bool = True):
+def explore_tp_tradeoff(
+    model: str = "llama-2-7b",
+    seq_len: int = 4096,
+    micro_batch: int = 1,
+    flash: bool = False,
+    gpu_gib: float = 80.0,
+    static: bool = True,
+):
     """Model, s, b → per-GPU memory and tensor-parallel bytes sent per step for t = 1 … 8
     (:func:`parmem.analyses.tp_tradeoff`, drawn by
     :func:`parmem.book.plots.tensor.plot_tp_tradeoff`; no dropout, one micro-batch).
@@ -87,10 +115,15 @@ def explore_tp_tradeoff(model: str = "llama-2-7b", seq_len: int = 4096, micro_ba
 
     controls = {
         "model": w.Dropdown(options=presets(), value=model, description="model", style=STYLE),
-        "seq_len": w.SelectionSlider(options=[512, 1024, 2048, 4096, 8192, 16384, 32768],
-                                     value=seq_len, description="s", style=STYLE),
-        "micro_batch": w.SelectionSlider(options=[1, 2, 4, 8], value=micro_batch,
-                                         description="b", style=STYLE),
+        "seq_len": w.SelectionSlider(
+            options=[512, 1024, 2048, 4096, 8192, 16384, 32768],
+            value=seq_len,
+            description="s",
+            style=STYLE,
+        ),
+        "micro_batch": w.SelectionSlider(
+            options=[1, 2, 4, 8], value=micro_batch, description="b", style=STYLE
+        ),
         "flash": w.Checkbox(value=flash, description="FlashAttention", style=STYLE),
     }
 
@@ -98,8 +131,12 @@ def explore_tp_tradeoff(model: str = "llama-2-7b", seq_len: int = 4096, micro_ba
         spec = ModelSpec.preset(model)
         tps = [t for t in (1, 2, 4, 8) if spec.heads % t == 0 and spec.ffn_hidden % t == 0]
         try:
-            setup = TrainingSetup(seq_len=fit_seq_len(spec, seq_len), micro_batch=micro_batch,
-                                  dropout=False, flash_attention=flash)
+            setup = TrainingSetup(
+                seq_len=fit_seq_len(spec, seq_len),
+                micro_batch=micro_batch,
+                dropout=False,
+                flash_attention=flash,
+            )
             return plot_tp_tradeoff(tp_tradeoff(spec, setup, tps), capacity=int(gpu_gib * GIB))
         except ValueError as e:
             return error_html(e)
@@ -107,9 +144,15 @@ def explore_tp_tradeoff(model: str = "llama-2-7b", seq_len: int = 4096, micro_ba
     return explorer(controls, render, static=static, columns=2)
 
 
-def explore_layer_activations(model: str = "gpt3-175b", seq_len: int = 2048, tp: int = 8,
-                              sp: bool = True, recompute: str = "none", flash: bool = False,
-                              static: bool = True):
+def explore_layer_activations(
+    model: str = "gpt3-175b",
+    seq_len: int = 2048,
+    tp: int = 8,
+    sp: bool = True,
+    recompute: str = "none",
+    flash: bool = False,
+    static: bool = True,
+):
     """Model, s, t, SP, recomputation and FlashAttention → the activation terms one layer keeps
     per micro-batch on one rank (:func:`parmem.activations.kept_terms`), TP alone beside the
     chosen setting. Dropout is on for GPT-shaped presets (GeLU MLP) and off for Llama-shaped
@@ -120,14 +163,20 @@ def explore_layer_activations(model: str = "gpt3-175b", seq_len: int = 2048, tp:
 
     controls = {
         "model": w.Dropdown(options=presets(), value=model, description="model", style=STYLE),
-        "seq_len": w.SelectionSlider(options=[512, 1024, 2048, 4096, 8192, 16384, 32768, 65536,
-                                              131072], value=seq_len, description="s",
-                                     style=STYLE),
-        "tp": w.SelectionSlider(options=[1, 2, 4, 8, 16], value=tp, description="t",
-                                style=STYLE),
+        "seq_len": w.SelectionSlider(
+            options=[512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072],
+            value=seq_len,
+            description="s",
+            style=STYLE,
+        ),
+        "tp": w.SelectionSlider(options=[1, 2, 4, 8, 16], value=tp, description="t", style=STYLE),
         "sp": w.Checkbox(value=sp, description="sequence parallel", style=STYLE),
-        "recompute": w.Dropdown(options=["none", "selective", "full"], value=recompute,
-                                description="recompute", style=STYLE),
+        "recompute": w.Dropdown(
+            options=["none", "selective", "full"],
+            value=recompute,
+            description="recompute",
+            style=STYLE,
+        ),
         "flash": w.Checkbox(value=flash, description="FlashAttention", style=STYLE),
     }
 
@@ -136,12 +185,13 @@ def explore_layer_activations(model: str = "gpt3-175b", seq_len: int = 2048, tp:
         kw = {"flash": flash, "dropout": spec.ffn_kind == "gelu"}  # Llama-style: no dropout
         try:
             base = kept_terms(spec, seq_len, 1, tp=tp, **kw)
-            mine = kept_terms(spec, seq_len, 1, tp=tp, sp=sp and tp > 1, recompute=recompute,
-                              **kw)
+            mine = kept_terms(spec, seq_len, 1, tp=tp, sp=sp and tp > 1, recompute=recompute, **kw)
         except ValueError as e:
             return error_html(e)
         label = f"t={tp}{' + SP' if sp and tp > 1 else ''}, recompute={recompute}"
-        return plot_terms_compare({f"t={tp}, no SP, no recompute": base, label: mine},
-                                  title=f"{model}, s={seq_len}, b=1: one layer on one rank")
+        return plot_terms_compare(
+            {f"t={tp}, no SP, no recompute": base, label: mine},
+            title=f"{model}, s={seq_len}, b=1: one layer on one rank",
+        )
 
     return explorer(controls, render, static=static)
