@@ -58,10 +58,33 @@ COLLECTIVES: tuple[str, ...] = (
 CATEGORIES: tuple[str, ...] = ("dp", "tp", "sp", "pp", "ep", "cp")
 
 
-def _chunk(size: int, n: int) -> int:
+def _checked(size: int, n: int) -> None:
     integer("size", size, 0)
     integer("n", n, 1)
-    return -(-size // n)
+
+
+def _sent(op: str, size: int, n: int) -> int:
+    """Bytes one rank sends for ``op`` on a ``size``-byte tensor over ``n`` ranks (arguments
+    already checked): the ring moves chunks of ⌈size/n⌉ bytes, n − 1 of them per pass."""
+    if n == 1:
+        return 0
+    chunk = -(-size // n)
+    if op == "all_reduce":
+        return 2 * (n - 1) * chunk
+    if op in ("broadcast", "send_recv"):
+        return size
+    return (n - 1) * chunk
+
+
+def _steps(op: str, n: int) -> int:
+    """Sequential messages of ``op`` on ``n`` ranks (arguments already checked)."""
+    if n == 1:
+        return 0
+    if op == "all_reduce":
+        return 2 * (n - 1)
+    if op == "send_recv":
+        return 1
+    return n - 1
 
 
 def all_reduce_bytes(size: int, n: int) -> int:
@@ -70,17 +93,20 @@ def all_reduce_bytes(size: int, n: int) -> int:
     A reduce-scatter then an all-gather, each ``n - 1`` steps of one chunk
     (Thakur et al. 2005, §4.5; Patarasuk & Yuan 2009, bandwidth-optimal).
     """
-    return 2 * (n - 1) * _chunk(size, n)
+    _checked(size, n)
+    return _sent("all_reduce", size, n)
 
 
 def reduce_scatter_bytes(size: int, n: int) -> int:
     """Ring reduce-scatter of a ``size``-byte input: ``(n-1) ceil(size/n)`` (Thakur et al. 2005, §4.4)."""
-    return (n - 1) * _chunk(size, n)
+    _checked(size, n)
+    return _sent("reduce_scatter", size, n)
 
 
 def all_gather_bytes(size: int, n: int) -> int:
     """Ring all-gather into a ``size``-byte output: ``(n-1) ceil(size/n)`` (Thakur et al. 2005, §4.1)."""
-    return (n - 1) * _chunk(size, n)
+    _checked(size, n)
+    return _sent("all_gather", size, n)
 
 
 def all_to_all_bytes(size: int, n: int) -> int:
@@ -90,34 +116,20 @@ def all_to_all_bytes(size: int, n: int) -> int:
     2005, §4.6, pairwise exchange); used by expert parallelism (Lepikhin et al.
     2020, §3.2; Fedus et al. 2021, §2.2).
     """
-    return (n - 1) * _chunk(size, n)
+    _checked(size, n)
+    return _sent("all_to_all", size, n)
 
 
 def broadcast_bytes(size: int, n: int) -> int:
     """Pipelined ring (chain) broadcast, as NCCL runs it: every rank but the last
     forwards the whole ``size`` bytes, so the busiest rank sends ``size`` (0 if n == 1)."""
-    _chunk(size, n)
-    return size if n > 1 else 0
+    _checked(size, n)
+    return _sent("broadcast", size, n)
 
 
 def send_recv_bytes(size: int) -> int:
     """Point-to-point send: ``size`` bytes (pipeline stage boundaries, Narayanan et al. 2021)."""
     return integer("size", size, 0)
-
-
-def _send_recv(size: int, n: int) -> int:
-    _chunk(size, n)
-    return send_recv_bytes(size) if n > 1 else 0
-
-
-_BYTES = {
-    "all_reduce": all_reduce_bytes,
-    "reduce_scatter": reduce_scatter_bytes,
-    "all_gather": all_gather_bytes,
-    "all_to_all": all_to_all_bytes,
-    "broadcast": broadcast_bytes,
-    "send_recv": _send_recv,
-}
 
 
 def _check_op(op: str) -> None:
@@ -131,7 +143,8 @@ def collective_bytes(op: str, size: int, n: int) -> int:
     ``send_recv`` with ``n == 1`` is a copy to oneself and sends nothing.
     """
     _check_op(op)
-    return _BYTES[op](size, n)
+    _checked(size, n)
+    return _sent(op, size, n)
 
 
 def collective_steps(op: str, n: int, algorithm: str = "ring") -> int:
@@ -144,13 +157,7 @@ def collective_steps(op: str, n: int, algorithm: str = "ring") -> int:
     integer("n", n, 1)
     if algorithm != "ring":
         raise ValueError(f"algorithm={algorithm!r} is not supported; known: ring")
-    if n == 1:
-        return 0
-    if op == "all_reduce":
-        return 2 * (n - 1)
-    if op == "send_recv":
-        return 1
-    return n - 1
+    return _steps(op, n)
 
 
 def collective_time(op: str, size: int, n: int, link: Link | str, algorithm: str = "ring") -> float:
@@ -191,11 +198,14 @@ class CommOp:
     @property
     def bytes(self) -> int:
         """Bytes this GPU sends for all ``count`` collectives."""
-        return self.count * collective_bytes(self.op, self.size, self.n)
+        return self.count * _sent(self.op, self.size, self.n)
 
     def time(self, link: Link) -> float:
         """Alpha-beta time of all ``count`` collectives on ``link`` (seconds)."""
-        return self.count * collective_time(self.op, self.size, self.n, link)
+        return self.count * (
+            _steps(self.op, self.n) * link.latency
+            + _sent(self.op, self.size, self.n) / link.bandwidth
+        )
 
 
 @dataclass(frozen=True)
@@ -314,16 +324,16 @@ def stage_shape(
     parallel: ParallelConfig,
     setup: TrainingSetup,
     stage: int,
-    layers_per_stage: Sequence[int],
+    n_layers: int,
     *,
     sp_regather: bool = False,
 ) -> StageShape:
-    """The :class:`StageShape` of pipeline stage ``stage`` (layers per stage already checked by
-    :func:`parmem.config.check_layout`): parameters from the sharding table, element sizes from
-    the setup's precision, every layer of an MoE model an MoE layer."""
+    """The :class:`StageShape` of pipeline stage ``stage`` holding ``n_layers`` layers (the
+    layout already checked by :func:`parmem.config.check_layout`): parameters from the sharding
+    table, element sizes from the setup's precision, every layer of an MoE model an MoE layer."""
     prec = PRECISIONS[setup.precision]
     p = parallel.pp
-    n = layers_per_stage[stage]
+    n = n_layers
     dense, expert = stage_params(spec, parallel.tp, parallel.ep, n, stage == 0, stage == p - 1)
     cf = setup.capacity_factor if spec.is_moe and setup.capacity_factor != 1.0 else None
     return StageShape(
@@ -503,7 +513,7 @@ def step_comm(
         )
     best = None
     for i in range(p) if stage is None else (stage,):
-        out = collectives(stage_shape(spec, par, setup, i, lps, sp_regather=sp_regather))
+        out = collectives(stage_shape(spec, par, setup, i, lps[i], sp_regather=sp_regather))
         if best is None or out.total > best.total:
             best = out
     assert best is not None

@@ -54,7 +54,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from ..comm import CommOp, StageShape, category_times, collectives, placement
+from ..comm import CommOp, StageShape, category_times, collectives, placement, stage_shape
 from ..config import PRECISIONS, ParallelConfig, TrainingSetup
 from ..estimate import Estimate, estimate
 from ..flops import flops_per_sequence
@@ -240,43 +240,11 @@ class CostModel:
         recompute: str,
         n_layers: int,
         stage: int,
-        first: bool,
-        last: bool,
         b: int = 1,
         m: int = 1,
     ) -> StageShape:
-        spec = self.spec
-        dense, expert = self.params(par.tp, par.ep, n_layers, first, last)
-        return StageShape(
-            params=dense,
-            seq_len=self.s,
-            micro_batch=b,
-            hidden=spec.hidden,
-            layers=n_layers,
-            num_microbatches=m,
-            dp=par.dp,
-            zero=par.zero,
-            grad_bytes=self.grad_bytes,
-            param_bytes=self.param_bytes,
-            tp=par.tp,
-            sp=par.sp,
-            pp=par.pp,
-            v=par.vpp,
-            stage=stage,
-            cp=par.cp,
-            kv_hidden=spec.kv_dim,
-            ep=par.ep,
-            moe_layers=n_layers if spec.is_moe else 0,
-            expert_params=expert,
-            top_k=max(spec.top_k, 1),
-            capacity_factor=(
-                self.setup_kw["capacity_factor"]
-                if spec.is_moe and self.setup_kw["capacity_factor"] != 1.0
-                else None
-            ),
-            act_bytes=self.act_bytes,
-            recompute=recompute,
-        )
+        v = par.vpp
+        return stage_shape(self.spec, par, self.setup(b, m, recompute, v), stage, n_layers)
 
     def stage_comm_linear(
         self,
@@ -310,7 +278,7 @@ class CostModel:
         act = self._act.get(akey)
         if act is None:
             x = replace(
-                self._shape(par, rc, n_layers, stage, first, last),
+                self._shape(par, rc, n_layers, stage),
                 dp=par.ep,
                 zero=0,
                 params=0,
@@ -365,7 +333,7 @@ class CostModel:
         """One stage's communication from the exact collectives of its own ``b`` and ``m``
         (per-micro-batch parts averaged over the ``m`` micro-batches)."""
         intra = self.intra(par)
-        ops = collectives(self._shape(par, recompute, n_layers, stage, first, last, b, m)).ops
+        ops = collectives(self._shape(par, recompute, n_layers, stage, b, m)).ops
         tot = self._times(ops, intra)
         return StageComm(
             {c: tot[c] / m for c in _ACT},
