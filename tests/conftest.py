@@ -1,11 +1,10 @@
-"""Shared fixtures: one pool of ``torch.distributed`` ranks per test module."""
-
-import os
+"""Shared fixtures: one pool of ``torch.distributed`` ranks per test module, and one small plan
+for the tests of the planner's outputs and of its figure."""
 
 import pytest
+from helpers import WORLD_SIZE
 
-#: ranks for the distributed tests: $PARMEM_WORLD_SIZE (2 in CI and ``make test``)
-WORLD_SIZE = int(os.environ.get("PARMEM_WORLD_SIZE", "2"))
+from parmem import Cluster, ModelSpec, plan
 
 
 @pytest.fixture(scope="module")
@@ -17,3 +16,8 @@ def pool():
 
     with Pool(world_size=WORLD_SIZE) as p:
         yield p
+
+
+@pytest.fixture(scope="module")
+def small_plan():
+    return plan(ModelSpec.preset("llama-2-13b"), Cluster("h100-sxm", 8, 4), 128, 4096, top=5)

@@ -1,11 +1,13 @@
-"""Activation formulas against Korthikanti et al. 2022 (Table 2, §4.2.3, §5)."""
+"""Activation formulas against Korthikanti et al. 2022 (Table 2, §4.2.3, §5): the per-layer
+bytes, the named terms of a layer and the terms kept under recomputation."""
 
 import pytest
+from helpers import table2
 from hypothesis import given
 from hypothesis import strategies as st
 
 from parmem import ModelSpec
-from parmem.activations import layer_terms, per_layer_bytes
+from parmem.activations import kept_terms, layer_terms, per_layer_bytes
 from parmem.papers import korthikanti_table2, table
 from parmem.pipeline import in_flight_units
 
@@ -101,22 +103,6 @@ def test_swiglu_gqa_terms():
     assert got == expected
 
 
-@pytest.mark.parametrize("p,m", [(4, 8), (8, 8), (4, 2), (2, 16)])
-def test_in_flight_counts(p, m):
-    for i in range(p):
-        assert in_flight_units("gpipe", p, m, i) == m
-        assert in_flight_units("1f1b", p, m, i) == min(p - i, m)
-
-
-@pytest.mark.parametrize("p,v", [(2, 2), (4, 2), (4, 4), (8, 3)])
-def test_interleaved_first_stage_factor(p, v):
-    # Korthikanti et al. 2022 §4.2.3: stage 0 holds (1 + (p-1)/(p v)) times the 1F1B amount,
-    # i.e. p micro-batches of L/p layers times that factor. In chunk units of L/(p v) layers:
-    m = 4 * p
-    chunks = in_flight_units("interleaved", p, m, 0, v)
-    assert chunks / (p * v) == pytest.approx(1 + (p - 1) / (p * v))
-
-
 @pytest.mark.parametrize("call,msg", [
     (lambda: per_layer_bytes(0, 1, 64, 4), "seq_len=0"),
     (lambda: per_layer_bytes(8, 1, 64, 4, tp=3), "tp=3 must divide heads=4"),
@@ -130,19 +116,50 @@ def test_invalid(call, msg):
         call()
 
 
-def test_in_flight_units_agree_with_the_schedule_simulator():
-    # two independent codings of the schedules: the closed form used by estimate() and the
-    # event simulator of parmem.pipeline (which replays the operation order step by step)
-    from parmem.pipeline import simulate
+# ---------------------------------------------------------------------------- kept_terms
+@pytest.mark.parametrize("t", [1, 2, 4, 8])
+@pytest.mark.parametrize("sp", [False, True])
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+def test_kept_terms_are_table2_for_a_gpt_layer(t, sp, recompute):
+    if sp and t == 1:
+        pytest.skip("SP needs t >= 2")
+    s, b, h, a = 2048, 2, 12288, 96
+    spec = ModelSpec.preset("gpt3-175b")
+    got = sum(x.bytes for x in kept_terms(spec, s, b, tp=t, sp=sp, recompute=recompute))
+    assert got == table2(s, b, h, a, t, sp, recompute)
 
-    for p in (1, 2, 3, 4, 6):
-        for m in (1, 2, 4, 8, 12):
-            for sched in ("gpipe", "1f1b"):
-                r = simulate(sched, p, m)
-                assert [in_flight_units(sched, p, m, i) for i in range(p)] == r.peak_in_flight
-            for v in (2, 3):
-                if m % p or p == 1:
-                    continue
-                r = simulate("interleaved", p, m, v=v)
-                got = [in_flight_units("interleaved", p, m, i, v) for i in range(p)]
-                assert got == r.peak_in_flight_chunks
+
+def test_selective_recompute_saves_70_and_65_percent():
+    # Korthikanti et al. 2022 §5: 70% for GPT-3 (5as/h = 80 of 114), 65% for MT-NLG (64 of 98).
+    from parmem.papers import table
+
+    exact = {"megatron-175b": 80 / 114, "megatron-530b": 64 / 98}
+    paper = table("korthikanti2022_selective_saving")
+    s = paper.settings["seq_len"]
+    for row in paper.rows:
+        spec = ModelSpec.preset(row["preset"])
+        full = sum(x.bytes for x in kept_terms(spec, s, 1, tp=8, sp=True))
+        sel = sum(x.bytes for x in kept_terms(spec, s, 1, tp=8, sp=True, recompute="selective"))
+        assert 1 - sel / full == pytest.approx(exact[row["preset"]])
+        assert round(100 * exact[row["preset"]]) == row["percent"]
+
+
+def test_kept_terms_full_recompute_keeps_the_input_only():
+    spec = ModelSpec.preset("llama-2-7b")
+    (only,) = kept_terms(spec, 4096, 1, tp=4, sp=True, recompute="full", dropout=False)
+    assert only.bytes == 2 * 4096 * 4096 // 4
+    with pytest.raises(ValueError, match="recompute='some'"):
+        kept_terms(spec, 4096, 1, recompute="some")
+
+
+# ---------------------------------------------------------------------------- MoE router under SP
+def test_router_logits_are_sequence_parallel():
+    # Mixtral: E = 8 experts; router logits and probabilities, fp32: 8 bytes per token per expert.
+    # With SP each rank routes its own s/t tokens (MoELayer.forward calls the router on the
+    # [s/t, b, h] input), so the term should be 8 * (s/t) * b * E.
+    from parmem.activations import layer_terms
+
+    s, t, E = 4096, 8, 8
+    terms = {x.name: x.bytes for x in layer_terms(ModelSpec.preset("mixtral-8x7b"), s, 1, tp=t,
+                                                  sp=True, dropout=False)}
+    assert terms["router logits and probabilities"] == 8 * (s // t) * E

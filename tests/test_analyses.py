@@ -3,16 +3,28 @@
 Expected values are derived here by hand from the sources: ZeRO's Figure 1 and §7 (Rajbhandari
 et al. 2020), the ring collectives and the alpha-beta model (Thakur et al. 2005 §4), Megatron's
 tensor-parallel layout (Shoeybi et al. 2019 §3) and sequence parallelism (Korthikanti et al. 2022
-§4.2.2), with the published shapes of Llama-2-7B (Touvron et al. 2023) and Llama-3-70B.
+§4.2.2), with the published shapes of Llama-2-7B (Touvron et al. 2023) and Llama-3-70B; the
+layer balance against brute force over every split, the micro-batch sweep against Korthikanti et
+al. 2022 Table 2 times the in-flight counts of Narayanan et al. 2021 §2.2 and the bubble
+(p-1)/(m+p-1), the layout sweep and the axis-by-axis estimates against estimate() and ZeRO §5.
 """
 
 from __future__ import annotations
 
-import pytest
+import itertools
+from dataclasses import replace
 
-from parmem import ModelSpec, ParallelConfig, TrainingSetup, estimate
+import pytest
+from helpers import LLAMA7, cdiv, gpt_spec
+
+from parmem import ModelSpec, ParallelConfig, TrainingSetup, estimate, hardware_preset
+from parmem.activations import per_layer_bytes
 from parmem.analyses import (
+    axis_by_axis,
+    balance_layers,
     collective_curves,
+    layout_sweep,
+    microbatch_sweep,
     tp_component_bytes,
     tp_shard_layout,
     tp_tradeoff,
@@ -20,7 +32,6 @@ from parmem.analyses import (
     zero_stages,
 )
 
-LLAMA7 = ModelSpec.preset("llama-2-7b")     # h 4096, a = kv 32, L 32, f 11008, V 32000, untied
 LLAMA70 = ModelSpec.preset("llama-3-70b")   # h 8192, a 64, kv 8, L 80, f 28672, V 128256
 PSI_70B = 70_553_706_496                    # Llama-3-70B parameters (Meta's model card: 70.6B)
 
@@ -200,3 +211,157 @@ def test_collective_curves_alpha_beta_and_crossover():
 def test_collective_curves_one_rank_sends_nothing():
     (one,) = collective_curves("all_reduce", 1, ("nvlink4",), sizes=[2**20])
     assert one["crossover"] is None and one["times"] == [0.0]
+
+
+def compositions(total: int, parts: int, step: int = 1):
+    """Every way to write ``total`` as ``parts`` positive multiples of ``step`` (brute force)."""
+    for cuts in itertools.combinations(range(step, total, step), parts - 1):
+        bounds = (0, *cuts, total)
+        yield [bounds[k + 1] - bounds[k] for k in range(parts)]
+
+
+# ---------------------------------------------------------------------------- balance_layers
+CASES = [
+    # (spec, parallel, setup)
+    (gpt_spec(8), ParallelConfig(pp=2), TrainingSetup(seq_len=128, num_microbatches=8)),
+    (gpt_spec(9), ParallelConfig(pp=3), TrainingSetup(seq_len=256, micro_batch=2,
+                                                      num_microbatches=6)),
+    (gpt_spec(10, vocab=32000), ParallelConfig(pp=4), TrainingSetup(seq_len=256,
+                                                                     num_microbatches=8)),
+    (gpt_spec(10, vocab=32000, tied=True), ParallelConfig(pp=3),
+     TrainingSetup(seq_len=64, num_microbatches=4, schedule="gpipe")),
+    (gpt_spec(12, vocab=50000), ParallelConfig(pp=4, tp=2, sp=True),
+     TrainingSetup(seq_len=256, num_microbatches=4, recompute="selective")),
+    (gpt_spec(8), ParallelConfig(pp=2, dp=4, zero=3),
+     TrainingSetup(seq_len=128, num_microbatches=2, recompute="full")),
+    (gpt_spec(12), ParallelConfig(pp=2, vpp=2),
+     TrainingSetup(seq_len=128, num_microbatches=4, schedule="interleaved")),
+    (ModelSpec.preset("gpt2"), ParallelConfig(pp=3), TrainingSetup(seq_len=1024,
+                                                                   num_microbatches=6)),
+    (replace(ModelSpec.preset("mixtral-8x7b"), layers=8),
+     ParallelConfig(pp=4, ep=2, dp=2), TrainingSetup(seq_len=512, num_microbatches=8,
+                                                     flash_attention=True, dropout=False)),
+]
+
+
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_balance_layers_matches_brute_force(case):
+    spec, par, setup = CASES[case]
+    split = balance_layers(spec, par, setup)
+    assert len(split) == par.pp and sum(split) == spec.layers
+    peaks = {tuple(c): estimate(spec, par, setup, layers_per_stage=c).peak_bytes
+             for c in compositions(spec.layers, par.pp, par.vpp)}
+    best = min(peaks.values())
+    assert estimate(spec, par, setup, layers_per_stage=split).peak_bytes == best
+    # the tie-break: of the optimal splits, the one closest to even
+    mean = spec.layers / par.pp
+    dev = {c: sum((n - mean) ** 2 for n in c) for c, pk in peaks.items() if pk == best}
+    assert dev[tuple(split)] == pytest.approx(min(dev.values()))
+    assert best <= estimate(spec, par, setup).peak_bytes  # never worse than the even split
+
+
+def test_balance_layers_edge_cases():
+    spec = gpt_spec(6)
+    assert balance_layers(spec) == (6,)
+    assert balance_layers(spec, ParallelConfig(pp=6), TrainingSetup(seq_len=64)) == (1,) * 6
+    with pytest.raises(ValueError, match="pp=7 > layers=6"):
+        balance_layers(spec, ParallelConfig(pp=7), TrainingSetup(seq_len=64))
+    with pytest.raises(ValueError, match="interleaved"):
+        balance_layers(gpt_spec(8), ParallelConfig(pp=2, vpp=2), TrainingSetup(seq_len=64))
+
+
+def test_balance_layers_unloads_the_first_stage_of_llama():
+    # 1F1B, m >= p: stage 0 holds p micro-batches, stage p-1 one (Narayanan et al. 2021 §2.2),
+    # so the first stage must get fewer layers than the last.
+    spec = ModelSpec.preset("llama-2-7b")
+    par = ParallelConfig(pp=4)
+    setup = TrainingSetup(seq_len=4096, num_microbatches=16, flash_attention=True, dropout=False)
+    split = balance_layers(spec, par, setup)
+    assert split[0] < spec.layers // 4 < split[-1]
+    assert (estimate(spec, par, setup, layers_per_stage=split).peak_bytes
+            < estimate(spec, par, setup).peak_bytes)
+
+
+# ---------------------------------------------------------------------------- microbatch_sweep
+def test_microbatch_sweep_follows_table2_times_in_flight():
+    # GPT-3 175B (GeLU MLP, MHA, dropout): one layer keeps sbh(34 + 5as/h) bytes
+    # (Korthikanti et al. 2022, Table 2); stage 0 of 8 keeps 12 layers plus the embedding-dropout
+    # mask (s·b·h bytes) for each micro-batch in flight: min(p, m) under 1F1B, m under GPipe.
+    spec = ModelSpec.preset("gpt3-175b")
+    s, h, a, p, B = 2048, spec.hidden, spec.heads, 8, 32
+    for schedule in ("1f1b", "gpipe"):
+        rows = microbatch_sweep(spec, ParallelConfig(pp=p),
+                                TrainingSetup(seq_len=s, schedule=schedule), global_batch=B)
+        assert [r["b"] for r in rows] == [1, 2, 4, 8, 16, 32]
+        for r in rows:
+            b, m = r["b"], r["m"]
+            assert m * b == B
+            units = min(p, m) if schedule == "1f1b" else m
+            per_mb = 12 * per_layer_bytes(s, b, h, a) + s * b * h
+            assert r["in_flight"] == units
+            assert r["activations"] == units * per_mb
+            assert r["logits"] == units * 4 * s * b * spec.vocab_size if schedule == "gpipe" \
+                else r["logits"] == 4 * s * b * spec.vocab_size  # last stage: 1 in flight
+            assert r["bubble_fraction"] == pytest.approx((p - 1) / (m + p - 1))
+        if schedule == "gpipe":  # GPipe holds the whole batch whatever b is
+            assert len({r["activations"] for r in rows}) == 1
+
+
+def test_microbatch_sweep_interleaved_skips_m_not_multiple_of_p():
+    spec = gpt_spec(8)
+    rows = microbatch_sweep(spec, ParallelConfig(pp=2, vpp=2),
+                            TrainingSetup(seq_len=64, schedule="interleaved"), global_batch=8)
+    assert [r["m"] for r in rows] == [8, 4, 2]  # m = 1 is not a multiple of p = 2
+    # Korthikanti et al. 2022 §4.2.3: stage 0 holds p(1 + (p-1)/(pv)) = 2.5 stage micro-batches
+    assert rows[0]["in_flight"] == pytest.approx(2 * (1 + 1 / 4))
+    with pytest.raises(ValueError, match="must divide global_batch"):
+        microbatch_sweep(spec, ParallelConfig(pp=2), TrainingSetup(seq_len=64), global_batch=8,
+                         micro_batches=[3])
+
+
+# ---------------------------------------------------------------------------- layout_sweep
+def test_layout_sweep_enumerates_every_valid_grid():
+    setup = TrainingSetup(seq_len=2048, flash_attention=True, dropout=False)
+    rows = layout_sweep(LLAMA7, 8, setup, global_batch=16, zero=1)
+    # t must divide 32 heads and p ≤ 32 layers: every (t, p) with t·p | 8 is valid
+    assert sorted((r["t"], r["p"]) for r in rows) == sorted(
+        (t, p) for t in (1, 2, 4, 8) for p in (1, 2, 4, 8) if 8 % (t * p) == 0)
+    h100 = hardware_preset("h100-sxm")
+    for r in rows:
+        assert r["d"] * r["t"] * r["p"] == 8 and r["m"] == 16 // r["d"]
+        par = ParallelConfig(dp=r["d"], tp=r["t"], pp=r["p"], sp=r["t"] > 1, zero=1)
+        est = estimate(LLAMA7, par, TrainingSetup(seq_len=2048, flash_attention=True,
+                                                  dropout=False, num_microbatches=r["m"]))
+        assert r["peak_bytes"] == est.peak_bytes
+        assert r["fits"] == (est.peak_bytes <= h100.memory_bytes)
+        assert r["comm_bytes"] == sum(r[c] for c in ("dp", "tp", "sp", "pp", "ep", "cp"))
+
+
+def test_layout_sweep_skips_uneven_batches_and_bad_tp():
+    setup = TrainingSetup(seq_len=1024)
+    rows = layout_sweep(LLAMA7, 64, setup, global_batch=8)
+    assert all(8 % r["d"] == 0 for r in rows)          # d must divide the global batch
+    assert all(32 % r["t"] == 0 for r in rows)         # t must divide the heads
+
+
+# ---------------------------------------------------------------------------- axis_by_axis
+def test_axis_by_axis_ends_at_the_full_estimate_and_each_axis_divides_its_terms():
+    spec = ModelSpec.preset("gpt3-175b")
+    par = ParallelConfig(dp=24, tp=8, pp=8, sp=True, zero=1)
+    setup = TrainingSetup(seq_len=2048, num_microbatches=96, recompute="selective")
+    steps = axis_by_axis(spec, par, setup)
+    assert list(steps) == ["1 GPU", "d=24", "+ZeRO-1", "+t=8", "+SP", "+p=8",
+                           "+selective recompute"]
+    assert steps["+selective recompute"].stages == estimate(spec, par, setup).stages
+    one, z1 = steps["d=24"].peak, steps["+ZeRO-1"].peak
+    psi = spec.num_params()
+    assert one.model_states == 16 * psi                      # plain DP divides nothing
+    assert z1.params == 2 * psi and z1.grads == 2 * psi      # ZeRO-1 keeps weights, gradients
+    assert z1.optimizer == 12 * cdiv(psi, 24)                # ... and shards the optimizer
+    tp8, sp = steps["+t=8"].peak, steps["+SP"].peak
+    assert tp8.model_states == sp.model_states and sp.activations < tp8.activations
+
+
+def test_axis_by_axis_skips_axes_that_are_not_used():
+    steps = axis_by_axis(LLAMA7, ParallelConfig(tp=2), TrainingSetup(seq_len=1024))
+    assert list(steps) == ["1 GPU", "+t=2"]

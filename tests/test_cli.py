@@ -1,4 +1,5 @@
-"""The parmem command: output, JSON, and one-line errors with exit status 2."""
+"""The parmem command (estimate, kv, models, plan): output, JSON, and one-line errors with exit
+status 2."""
 
 import json
 import subprocess
@@ -73,3 +74,35 @@ def test_parmem_does_not_import_torch():
            "print('torch' in sys.modules)"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.stdout.strip() == "False"
+
+
+# ---------------------------------------------------------------------------- plan
+def test_cli_plan(capsys):
+    args = ["plan", "--model", "llama-2-7b", "--gpu", "a100-80gb", "--nodes", "2",
+            "--global-batch", "64", "--seq", "4096", "--top", "3"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "best: " in out and out.count("\n") > 5
+    assert main([*args, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert len(data["candidates"]) == 3
+    assert main([*args, "--emit", "deepspeed"]) == 0
+    assert json.loads(capsys.readouterr().out)["train_batch_size"] == 64
+    assert main([*args, "--emit", "megatron", "--zero", "1", "--recompute", "full"]) == 0
+    out = capsys.readouterr().out
+    assert "--use-distributed-optimizer" in out and "--recompute-granularity full" in out
+
+
+def test_cli_plan_no_fit_exits_1(capsys):
+    assert main(["plan", "--model", "llama-3-70b", "--gpu", "a100-40gb", "--nodes", "1",
+                 "--global-batch", "64", "--seq", "4096"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("parmem: no layout fits: smallest peak is") and err.count("\n") == 1
+
+
+def test_cli_plan_errors_are_one_line_exit_2():
+    r = subprocess.run([sys.executable, "-m", "parmem.cli", "plan", "--model", "llama-2-7b",
+                        "--gpu", "b200", "--nodes", "1", "--global-batch", "8", "--seq", "4096"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert r.stderr.count("\n") == 1 and "gpu='b200'" in r.stderr

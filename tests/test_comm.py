@@ -1,4 +1,6 @@
-"""Collective volumes, alpha-beta times and per-step communication, derived by hand."""
+"""Collective volumes, alpha-beta times, per-step communication of a layout and the placement of
+its groups on nodes, derived by hand (Thakur et al. 2005 §4 for the ring, Shoeybi et al. 2019 §3,
+Rajbhandari et al. 2020 §7, Lepikhin et al. 2021 §3 for the all-to-all)."""
 
 from __future__ import annotations
 
@@ -6,6 +8,7 @@ from fractions import Fraction
 from math import lcm
 
 import pytest
+from helpers import LLAMA7, MIXTRAL
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -22,6 +25,7 @@ from parmem.comm import (
     collective_steps,
     collective_time,
     collectives,
+    placement,
     reduce_scatter_bytes,
     send_recv_bytes,
     step_comm,
@@ -292,26 +296,22 @@ def test_breakdown_rows_and_categories():
         b.times(3)
 
 
-LLAMA = ModelSpec.preset("llama-2-7b")
-MIXTRAL = ModelSpec.preset("mixtral-8x7b")
-
-
 @pytest.mark.parametrize(
     ("call", "message"),
     [
-        (lambda: step_comm(LLAMA, ParallelConfig(zero=4)), r"zero=4 must be an integer in 0..3"),
-        (lambda: step_comm(LLAMA, None, TrainingSetup(4096, recompute="partial")),
+        (lambda: step_comm(LLAMA7, ParallelConfig(zero=4)), r"zero=4 must be an integer in 0..3"),
+        (lambda: step_comm(LLAMA7, None, TrainingSetup(4096, recompute="partial")),
          r"recompute='partial' must be one of 'none', 'selective', 'full'"),
-        (lambda: step_comm(LLAMA, ParallelConfig(dp=0)), r"dp=0 must be an integer >= 1"),
-        (lambda: step_comm(LLAMA, ParallelConfig(cp=3), TrainingSetup(4096)),
+        (lambda: step_comm(LLAMA7, ParallelConfig(dp=0)), r"dp=0 must be an integer >= 1"),
+        (lambda: step_comm(LLAMA7, ParallelConfig(cp=3), TrainingSetup(4096)),
          r"cp=3 must divide seq_len=4096"),
-        (lambda: step_comm(LLAMA, ParallelConfig(tp=2, sp=True), TrainingSetup(4095)),
+        (lambda: step_comm(LLAMA7, ParallelConfig(tp=2, sp=True), TrainingSetup(4095)),
          r"seq_len / cp = 4095 must be divisible by tp=2"),
         (lambda: step_comm(MIXTRAL, ParallelConfig(ep=4, dp=2)), r"ep=4 must divide dp\*cp=2"),
-        (lambda: step_comm(LLAMA, ParallelConfig(pp=2), stage=2), r"stage=2 must be an integer in 0..1"),
-        (lambda: step_comm(LLAMA, ParallelConfig(tp=3)), r"tp=3 must divide heads=32"),
+        (lambda: step_comm(LLAMA7, ParallelConfig(pp=2), stage=2), r"stage=2 must be an integer in 0..1"),
+        (lambda: step_comm(LLAMA7, ParallelConfig(tp=3)), r"tp=3 must divide heads=32"),
         (lambda: step_comm("llama-2-7b"), r"spec must be a ModelSpec"),
-        (lambda: step_comm(LLAMA, sp_regather="yes"), r"sp_regather='yes' must be True or False"),
+        (lambda: step_comm(LLAMA7, sp_regather="yes"), r"sp_regather='yes' must be True or False"),
     ],
 )
 def test_invalid_step_input(call, message):
@@ -323,7 +323,7 @@ def test_step_comm_of_a_model_equals_its_stage_shapes():
     # step_comm reads the stage's parameters off the sharding table: Llama-2-7B at t=4, d=8 on
     # one stage holds 6,738,415,616 / 4 of the matrices plus the replicated norms.
     par = ParallelConfig(dp=8, tp=4, sp=True, zero=1)
-    c = step_comm(LLAMA, par, TrainingSetup(seq_len=4096))
+    c = step_comm(LLAMA7, par, TrainingSetup(seq_len=4096))
     params = 32 * (4 * 4096 * 4096 // 4 + 3 * 4096 * 11008 // 4 + 2 * 4096) \
         + 2 * 32000 * 4096 // 4 + 4096
     # ZeRO-1: reduce-scatter of bf16 gradients + all-gather of bf16 parameters over 8 ranks
@@ -331,3 +331,100 @@ def test_step_comm_of_a_model_equals_its_stage_shapes():
     # SP: each of TP's 4 all-reduces per layer (2 forward, 2 backward) becomes an all-gather and
     # a reduce-scatter of s*b*h*2 bytes, each sending (t-1)/t of it: 8 x 3/4 x 32 MiB per layer
     assert c.sp == 32 * 8 * 3 * (4096 * 4096 * 2 // 4)
+
+
+# ---------------------------------------------------------------------------- placement
+@pytest.mark.parametrize("par, expect", [
+    # Megatron order tp-cp-ep-dp-pp on 8-GPU nodes
+    (ParallelConfig(dp=2, tp=8, pp=4), dict(tp_intra=True, cp_intra=True, ep_intra=True,
+                                           dp_intra=False, pp_intra=False)),
+    (ParallelConfig(dp=8, pp=8), dict(tp_intra=True, cp_intra=True, ep_intra=True,
+                                      dp_intra=True, pp_intra=False)),
+    (ParallelConfig(dp=2, tp=16), dict(tp_intra=False, cp_intra=False, ep_intra=False,
+                                       dp_intra=False, pp_intra=False)),
+    (ParallelConfig(dp=16, ep=8, pp=4), dict(tp_intra=True, cp_intra=True, ep_intra=True,
+                                             dp_intra=False, pp_intra=False)),
+    (ParallelConfig(dp=2, tp=2, pp=2), dict(tp_intra=True, cp_intra=True, ep_intra=True,
+                                            dp_intra=True, pp_intra=True)),
+])
+def test_placement_follows_megatron_rank_order(par, expect):
+    assert placement(par, gpus_per_node=8) == expect
+
+
+def test_placement_rejects_bad_node_size():
+    with pytest.raises(ValueError, match="gpus_per_node"):
+        placement(ParallelConfig(), gpus_per_node=0)
+
+
+# ---------------------------------------------------------------------------- step_comm of a layout
+def _llama7_local_params(t: int) -> int:
+    """Llama-2-7B parameters on one GPU at tensor-parallel size t, p = 1 (Shoeybi et al. §3):
+    attention 4h²/t (MHA), SwiGLU 3hf/t, two RMSNorms h each (replicated), vocab-parallel
+    embedding and LM head V·h/t each, final norm h."""
+    h, f, L, V = 4096, 11008, 32, 32000
+    return L * (4 * h * h // t + 3 * h * f // t + 2 * h) + 2 * V * h // t + h
+
+
+def test_layout_comm_dense_tp_dp_by_hand():
+    t, d, m, s = 4, 2, 4, 1024
+    par = ParallelConfig(dp=d, tp=t)
+    setup = TrainingSetup(seq_len=s, num_microbatches=m)
+    com = step_comm(LLAMA7, par, setup)
+    x = s * 1 * 4096 * 2  # one bf16 s·b·h tensor
+    # 2 all-reduces forward (attention out, MLP out) + 2 backward, per layer per micro-batch
+    assert com.tp == 4 * 32 * m * all_reduce_bytes(x, t)
+    # ZeRO-0: one all-reduce of the bf16 gradients of this GPU's parameters
+    assert com.dp == all_reduce_bytes(2 * _llama7_local_params(t), d)
+    assert com.pp == com.ep == com.cp == com.sp == 0
+
+
+def test_layout_comm_zero1_and_pipeline_by_hand():
+    d, p, m, s = 4, 4, 8, 2048
+    par = ParallelConfig(dp=d, pp=p, zero=1)
+    com = step_comm(LLAMA7, par, TrainingSetup(seq_len=s, num_microbatches=m), stage=1)
+    x = s * 4096 * 2
+    # a middle stage sends its output forward and its input gradient backward per micro-batch
+    assert com.pp == 2 * m * send_recv_bytes(x)
+    # ZeRO-1: reduce-scatter of gradients + all-gather of updated weights, once per step
+    h, f = 4096, 11008
+    n = 8 * (4 * h * h + 3 * h * f + 2 * h)  # 8 layers of stage 1, no embedding or head
+    assert com.dp == reduce_scatter_bytes(2 * n, d) + all_gather_bytes(2 * n, d)
+
+
+def test_layout_comm_moe_all_to_all_and_expert_group_by_hand():
+    d, e, p, m, s = 16, 8, 4, 16, 4096
+    par = ParallelConfig(dp=d, pp=p, ep=e, zero=1)
+    com = step_comm(MIXTRAL, par, TrainingSetup(seq_len=s, num_microbatches=m), stage=1)
+    # per MoE layer per micro-batch: dispatch + combine, forward and backward: 4 all-to-alls
+    # of top_k · s · b · h bf16 values (Lepikhin et al. 2021 §3)
+    buf = 2 * s * 4096 * 2
+    assert com.ep == 4 * (32 // p) * m * all_to_all_bytes(buf, e)
+    # expert gradients reduce over the expert-data-parallel group of d / e ranks
+    expert_ops = [o for o in com.ops if o.what.startswith("expert")]
+    assert expert_ops and all(o.n == d // e for o in expert_ops)
+    experts_here = (32 // p) * (8 // e) * 3 * 4096 * 14336
+    assert sum(o.bytes for o in expert_ops) == 2 * reduce_scatter_bytes(2 * experts_here, d // e)
+
+
+def test_layout_comm_default_stage_is_the_busiest():
+    par = ParallelConfig(dp=2, pp=4, zero=1)
+    setup = TrainingSetup(seq_len=1024, num_microbatches=8)
+    each = [step_comm(LLAMA7, par, setup, stage=i).total for i in range(4)]
+    assert step_comm(LLAMA7, par, setup).total == max(each)
+    with pytest.raises(ValueError, match="stage"):
+        step_comm(LLAMA7, par, setup, stage=4)
+
+
+def test_layout_comm_rejects_invalid_layout():
+    with pytest.raises(ValueError, match="tp=3"):
+        step_comm(LLAMA7, ParallelConfig(tp=3), TrainingSetup(seq_len=1024))
+
+
+def test_tp_across_nodes_is_slower_than_inside():
+    """The same TP traffic on InfiniBand instead of NVLink: the bandwidth ratio, 450/50."""
+    spec = ModelSpec.preset("llama-3-70b")
+    par = ParallelConfig(dp=2, tp=8, pp=4, sp=True, zero=1)
+    com = step_comm(spec, par, TrainingSetup(seq_len=4096, num_microbatches=64))
+    inside = com.times("h100-sxm", **placement(par))["sp"]
+    outside = com.times("h100-sxm", **{**placement(par), "tp_intra": False})["sp"]
+    assert 7 < outside / inside < 9.5

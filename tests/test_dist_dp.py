@@ -8,19 +8,13 @@ Table 2 (activations per layer). World size: $PARMEM_WORLD_SIZE, default 2.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 pytest.importorskip("torch")
 
+from helpers import WORLD_SIZE as N  # noqa: E402
 
 pytestmark = pytest.mark.dist
-
-N = int(os.environ.get("PARMEM_WORLD_SIZE", "2"))
-
-
-
 
 def tiny_gpt_params(V, h, L, s):
     """GPT-2 layout: token and position embeddings, L layers of 12h² + 13h (QKV, projection,

@@ -6,16 +6,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from helpers import layernorm_stats  # noqa: E402
+
 from parmem import ModelSpec  # noqa: E402
 from parmem.activations import layer_terms, per_layer_bytes  # noqa: E402
 from parmem.measure import SavedTensorsMeter, state_bytes, tensor_storage_bytes  # noqa: E402
-from parmem.reference import (  # noqa: E402
-    GPTLayer,
-    TinyGPT,
-    norm_stat_bytes,
-    norm_stat_itemsize,
-    tiny_spec,
-)
+from parmem.reference import GPTLayer  # noqa: E402
 
 
 def measure_layer(s, b, h, a, tp=1, rank=0, dropout_p=0.1):
@@ -26,12 +22,6 @@ def measure_layer(s, b, h, a, tp=1, rank=0, dropout_p=0.1):
         y = layer(x)
     y.float().sum().backward()  # the saved tensors really are enough for backward
     return meter
-
-
-def layernorm_stats(s, b):
-    """Two LayerNorms each save mean and rstd per token. On CPU with bf16 input they are bf16
-    (2 bytes each); on CUDA they are fp32. Korthikanti et al. 2022 do not count them."""
-    return 2 * 2 * 2 * s * b
 
 
 @pytest.mark.parametrize("s,b,h,a,tp", [(64, 2, 128, 4, 1), (32, 3, 96, 6, 1),
@@ -76,54 +66,3 @@ def test_state_bytes_adam():
     # exp_avg and exp_avg_sq in fp32 (8 bytes/param) plus one 0-d fp32 "step" per parameter
     # tensor (PyTorch keeps step as a tensor)
     assert sb.optimizer == 8 * n + 2 * 4
-
-
-# ---------------------------------------------------------------------------- reference.py
-def test_norm_stat_bytes_counts_each_statistic_per_norm_and_token():
-    s, b = 64, 2
-    assert norm_stat_bytes(s * b, 2) == layernorm_stats(s, b)  # bf16 on CPU: 2 bytes each
-    assert norm_stat_bytes(s * b, 2, dtype=torch.float32) == 2 * layernorm_stats(s, b)
-    assert norm_stat_bytes(s * b, 2, device="cuda") == 2 * layernorm_stats(s, b)  # fp32 there
-    assert norm_stat_bytes(s * b, 3, norm="rmsnorm") == 3 * s * b * 2  # rstd only
-    # the per-token size of one statistic, as parmem.activations.layer_terms takes it
-    assert norm_stat_itemsize() == 2 and norm_stat_itemsize("cuda", torch.bfloat16) == 4
-    with pytest.raises(ValueError, match="norm='batchnorm' must be one of"):
-        norm_stat_bytes(s * b, 2, norm="batchnorm")
-    with pytest.raises(ValueError, match="tokens=-1 must be an integer >= 0"):
-        norm_stat_bytes(-1)
-
-
-def test_tiny_spec_shapes():
-    gpt = tiny_spec(vocab=64, hidden=32, layers=3, heads=4, seq=16, tied=True)
-    assert (gpt.name, gpt.ffn_kind, gpt.norm, gpt.bias, gpt.position, gpt.tied_embeddings,
-            gpt.max_positions, gpt.ffn_hidden) == ("tiny-gpt", "gelu", "layernorm", True,
-                                                   "learned", True, 16, 128)
-    assert tiny_spec(position="rotary").position == "rotary"
-    llama = tiny_spec("llama", heads=8, kv_heads=2, ffn_hidden=128)
-    assert (llama.name, llama.ffn_kind, llama.norm, llama.bias, llama.position,
-            llama.kv_heads) == ("tiny-llama", "swiglu", "rmsnorm", False, "rotary", 2)
-    with pytest.raises(ValueError, match="shape='bert' must be one of"):
-        tiny_spec("bert")
-
-
-def test_tiny_gpt_without_positions_logits_and_loss():
-    spec = tiny_spec(vocab=40, hidden=16, layers=2, heads=2, seq=8, position="rotary")
-    torch.manual_seed(0)
-    model = TinyGPT(spec, dtype=torch.float32, dropout_p=0.0)
-    assert model.pos is None and model.head is not None
-    assert sum(p.numel() for p in model.parameters()) == spec.num_params()
-    ids = torch.randint(0, 40, (8, 3))
-    labels = torch.randint(0, 40, (8, 3))
-    logits = model(ids)
-    assert logits.shape == (8, 3, 40) and logits.dtype == torch.float32
-    loss = torch.nn.functional.cross_entropy(logits.view(-1, 40), labels.view(-1))
-    assert model(ids, labels).item() == loss.item()
-    with pytest.raises(ValueError, match="GPT-shaped"):
-        TinyGPT(tiny_spec("llama"))
-
-
-def test_tp_gpt_shards_only_a_model_without_position_table():
-    from parmem.dist.tp import TPGPT
-
-    with pytest.raises(ValueError, match="without a position table"):
-        TPGPT(TinyGPT(tiny_spec(vocab=40, hidden=16, heads=2, seq=8)))  # learned positions

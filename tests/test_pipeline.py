@@ -1,4 +1,5 @@
-"""Pipeline simulator against closed forms, hand-derived timelines and invariants.
+"""Pipeline simulator against closed forms, hand-derived timelines and invariants; the closed-form
+in-flight counts against Korthikanti et al. 2022 §4.2.3 and the simulator; in-flight timelines.
 
 Expected values come from the papers' formulas (re-derived in comments) or from
 timelines worked out by hand; none is pasted from the simulator's output.
@@ -11,7 +12,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from parmem.config import SCHEDULES
-from parmem.pipeline import Event, bubble_fraction, bubble_ratio, in_flight, simulate
+from parmem.pipeline import (
+    Event,
+    bubble_fraction,
+    bubble_ratio,
+    in_flight,
+    in_flight_timeline,
+    in_flight_units,
+    simulate,
+)
 
 times = st.sampled_from([0.5, 1.0, 1.5, 2.0, 3.0, 0.7])
 
@@ -264,3 +273,72 @@ def test_invalid_closed_form_input():
     with pytest.raises(ValueError, match=r"stage=9 must be an integer in 0..1"):
         simulate("1f1b", 2, 2).stage_events(9)
     assert set(SCHEDULES) == {"gpipe", "1f1b", "interleaved"}
+
+
+# ---------------------------------------------------------------------------- in_flight_units
+@pytest.mark.parametrize("p,m", [(4, 8), (8, 8), (4, 2), (2, 16)])
+def test_in_flight_counts(p, m):
+    for i in range(p):
+        assert in_flight_units("gpipe", p, m, i) == m
+        assert in_flight_units("1f1b", p, m, i) == min(p - i, m)
+
+
+@pytest.mark.parametrize("p,v", [(2, 2), (4, 2), (4, 4), (8, 3)])
+def test_interleaved_first_stage_factor(p, v):
+    # Korthikanti et al. 2022 §4.2.3: stage 0 holds (1 + (p-1)/(p v)) times the 1F1B amount,
+    # i.e. p micro-batches of L/p layers times that factor. In chunk units of L/(p v) layers:
+    m = 4 * p
+    chunks = in_flight_units("interleaved", p, m, 0, v)
+    assert chunks / (p * v) == pytest.approx(1 + (p - 1) / (p * v))
+
+
+def test_in_flight_units_agree_with_the_schedule_simulator():
+    # two independent codings of the schedules: the closed form used by estimate() and the
+    # event simulator of parmem.pipeline (which replays the operation order step by step)
+    from parmem.pipeline import simulate
+
+    for p in (1, 2, 3, 4, 6):
+        for m in (1, 2, 4, 8, 12):
+            for sched in ("gpipe", "1f1b"):
+                r = simulate(sched, p, m)
+                assert [in_flight_units(sched, p, m, i) for i in range(p)] == r.peak_in_flight
+            for v in (2, 3):
+                if m % p or p == 1:
+                    continue
+                r = simulate("interleaved", p, m, v=v)
+                got = [in_flight_units("interleaved", p, m, i, v) for i in range(p)]
+                assert got == r.peak_in_flight_chunks
+
+
+# ---------------------------------------------------------------------------- in_flight_timeline
+def test_in_flight_timeline_by_hand():
+    # 1F1B, p = 2, m = 3, t_f = 1, t_b = 2. Stage 0: F0 [0,1] F1 [1,2]; stage 1: F0 [1,2]
+    # B0 [2,4]; stage 0: B0 [4,6] F2 [6,7]; stage 1: F1 [4,5] B1 [5,7] F2 [7,8] B2 [8,10];
+    # stage 0: B1 [7,9] B2 [10,12]. Stage 0 holds 1 from 0, 2 from 1; at 6 B0 ends and F2 starts
+    # (still 2); 1 from 9, 0 at 12. Stage 1: 1 from 1 to 4 (B0 ends), 1 from 4 to 7, ... 0 at 10.
+    r = simulate("1f1b", 2, 3)
+    tl = in_flight_timeline(r, 0)
+    assert tl[0] == (0.0, 1) and tl[-1] == (12.0, 0)
+    assert [c for t, c in tl if t in (1.0, 6.0, 9.0)] == [2, 2, 1]
+    assert max(c for _, c in in_flight_timeline(r, 1)) == 1
+    assert in_flight_timeline(r, 1)[-1] == (12.0, 0)  # padded to the step's end
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(["gpipe", "1f1b", "interleaved"]), st.integers(1, 6), st.integers(1, 4),
+       st.integers(2, 3))
+def test_in_flight_timeline_peak_is_the_simulators(schedule, p, k, v):
+    m = k * p
+    r = simulate(schedule, p, m, v if schedule == "interleaved" else 1)
+    for i in range(p):
+        tl = in_flight_timeline(r, i)
+        assert max(c for _, c in tl) == pytest.approx(r.peak_in_flight[i])
+        assert tl[-1][1] == 0 and all(c >= 0 for _, c in tl)
+        assert [t for t, _ in tl] == sorted(t for t, _ in tl)
+
+
+def test_in_flight_timeline_rejects_bad_input():
+    with pytest.raises(ValueError, match="stage=2"):
+        in_flight_timeline(simulate("1f1b", 2, 2), 2)
+    with pytest.raises(ValueError, match="PipelineResult"):
+        in_flight_timeline("1f1b", 0)

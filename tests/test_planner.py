@@ -1,6 +1,7 @@
 """The planner: enumeration rules, pruning against brute force, the cost model against its
 sources (Narayanan et al. 2021 eq. (3), the pipeline simulator, ring collectives), the published
-Megatron-LM layouts of Narayanan et al. 2021 Table 1, bad input, output formats, CLI, figure."""
+Megatron-LM layouts of Narayanan et al. 2021 Table 1, bad input, output formats. (Its FLOPs are
+tested in test_flops.py, its command in test_cli.py, its figure and explorer in test_book_*.py.)"""
 
 from __future__ import annotations
 
@@ -10,25 +11,16 @@ import re
 import subprocess
 import sys
 import tomllib
-from fractions import Fraction
 
 import pytest
+from helpers import gpt
 
 from parmem import Cluster, ModelSpec, ParallelConfig, TrainingSetup, estimate, plan
-from parmem.cli import main
-from parmem.flops import narayanan_flops, step_flops
 from parmem.hardware import hardware_preset
 from parmem.papers import narayanan_gpt, table
 from parmem.pipeline import simulate
 from parmem.planner import Assumptions, evaluate
 from parmem.units import GIB
-
-
-def gpt(name: str, heads: int, hidden: int, layers: int, vocab: int = 51200) -> ModelSpec:
-    """A GPT model as in Narayanan et al. 2021 §5.1 (V = 51,200, s = 2048)."""
-    return ModelSpec(name=name, vocab_size=vocab, hidden=hidden, layers=layers, heads=heads,
-                     ffn_kind="gelu", bias=True, norm="layernorm", tied_embeddings=True,
-                     position="learned", max_positions=2048)
 
 
 def divisors(n: int) -> list[int]:
@@ -40,20 +32,6 @@ def usable(cluster: Cluster, headroom: float = Assumptions.headroom) -> int:
 
 
 # ---------------------------------------------------------------------------- FLOPs
-@pytest.mark.parametrize("B,s,L,h,V", [(2304, 2048, 80, 12288, 51200), (8, 1024, 24, 1024, 50257)])
-def test_step_flops_is_narayanan_eq3_for_gpt(B, s, L, h, V):
-    spec = gpt("g", heads=h // 128, hidden=h, layers=L, vocab=V)
-    # eq. (3) with recomputation, and its no-recompute form, written out here
-    with_rc = Fraction(96 * B * s * L * h * h) * (1 + Fraction(s, 6 * h) + Fraction(V, 16 * L * h))
-    without = Fraction(72 * B * s * L * h * h) * (1 + Fraction(s, 6 * h) + Fraction(V, 12 * L * h))
-    assert step_flops(spec, B, s, "full") == with_rc
-    assert step_flops(spec, B, s, "none") == without
-    assert narayanan_flops(B, s, L, h, V, recompute=True) == with_rc
-    assert narayanan_flops(B, s, L, h, V, recompute=False) == without
-    # selective recomputation re-runs only the attention core: 4·s²·h per layer per sequence
-    assert step_flops(spec, B, s, "selective") == without + B * L * 4 * s * s * h
-
-
 # ---------------------------------------------------------------------------- enumeration
 def _check_rules(spec, cluster, pl, global_batch, seq_len):
     N, gpn = cluster.world_size, cluster.gpus_per_node
@@ -354,11 +332,6 @@ def test_cluster_takes_a_hardware_object():
 
 
 # ---------------------------------------------------------------------------- outputs
-@pytest.fixture(scope="module")
-def small_plan():
-    return plan(ModelSpec.preset("llama-2-13b"), Cluster("h100-sxm", 8, 4), 128, 4096, top=5)
-
-
 def test_table_str_html_dict(small_plan):
     pl = small_plan
     assert len(pl.candidates) == 5 and pl.best is pl.candidates[0]
@@ -413,64 +386,7 @@ def test_emit_megatron_deepspeed_torchtitan(small_plan):
         pl.emit("jax")
 
 
-def test_plot_pareto(small_plan):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from parmem.book.plots import plot_pareto
-
-    fig = plot_pareto(small_plan)
-    ax = fig.axes[0]
-    assert ax.get_xlabel() == "modelled step time (s)"
-    assert len(ax.collections) >= 2  # the cloud, the front, the leaders
-    plt.close(fig)
-
-
-def test_explore_plan_builds_a_widget():
-    pytest.importorskip("ipywidgets")
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from parmem.book.widgets import explore_plan
-
-    box = explore_plan(model="llama-2-7b", nodes=2, global_batch=64, static=False)
-    assert box.children
-
-
 # ---------------------------------------------------------------------------- CLI
-def test_cli_plan(capsys):
-    args = ["plan", "--model", "llama-2-7b", "--gpu", "a100-80gb", "--nodes", "2",
-            "--global-batch", "64", "--seq", "4096", "--top", "3"]
-    assert main(args) == 0
-    out = capsys.readouterr().out
-    assert "best: " in out and out.count("\n") > 5
-    assert main([*args, "--json"]) == 0
-    data = json.loads(capsys.readouterr().out)
-    assert len(data["candidates"]) == 3
-    assert main([*args, "--emit", "deepspeed"]) == 0
-    assert json.loads(capsys.readouterr().out)["train_batch_size"] == 64
-    assert main([*args, "--emit", "megatron", "--zero", "1", "--recompute", "full"]) == 0
-    out = capsys.readouterr().out
-    assert "--use-distributed-optimizer" in out and "--recompute-granularity full" in out
-
-
-def test_cli_plan_no_fit_exits_1(capsys):
-    assert main(["plan", "--model", "llama-3-70b", "--gpu", "a100-40gb", "--nodes", "1",
-                 "--global-batch", "64", "--seq", "4096"]) == 1
-    err = capsys.readouterr().err
-    assert err.startswith("parmem: no layout fits: smallest peak is") and err.count("\n") == 1
-
-
-def test_cli_plan_errors_are_one_line_exit_2():
-    r = subprocess.run([sys.executable, "-m", "parmem.cli", "plan", "--model", "llama-2-7b",
-                        "--gpu", "b200", "--nodes", "1", "--global-batch", "8", "--seq", "4096"],
-                       capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2
-    assert r.stderr.count("\n") == 1 and "gpu='b200'" in r.stderr
-
-
 def test_import_parmem_stays_light():
     code = ("import sys, parmem; parmem.plan; "
             "print([m for m in ('numpy', 'torch', 'matplotlib') if m in sys.modules])")

@@ -3,7 +3,7 @@ cluster always holds at least one copy of the model states.
 
 "Valid values" here are the real presets, pipeline sizes that divide the layers evenly and
 m >= p (an uneven split can put one more layer on stage 0, and with m < p a deeper pipeline
-holds fewer micro-batches, which the tests of test_memory.py cover separately)."""
+holds fewer micro-batches, which the tests of test_estimate.py cover separately)."""
 
 from hypothesis import given, settings
 from hypothesis import strategies as st

@@ -1,21 +1,20 @@
-"""Part I–II additions: send/recv and ZeRO loss-curve demos, collective/ZeRO/TP figures, explorers.
+"""parmem.book.plots: the figures draw what the library computed.
 
-Expected values are derived here from the sources, not copied from a run: the ring and
-point-to-point byte counts (Thakur et al. 2005 §4), the alpha-beta model, ZeRO's Figure 1 and §7
-communication volumes (Rajbhandari et al. 2020), with the per-micro-batch collectives of ZeRO-2
-and ZeRO-3 under gradient accumulation (DeepSpeed).
+Expected values are derived here from the sources, not copied from a run: ZeRO's Figure 1 and §7
+communication volumes (Rajbhandari et al. 2020) with the per-micro-batch collectives of ZeRO-2
+and ZeRO-3 under gradient accumulation (DeepSpeed), the ring collectives and the alpha-beta model
+(Thakur et al. 2005 §4), Megatron's tensor-parallel split (Shoeybi et al. 2019 §3) and Korthikanti
+et al. 2022 Table 2.
 """
 
 from __future__ import annotations
-
-import os
 
 import matplotlib
 import pytest
 
 matplotlib.use("Agg")
 
-from parmem import ModelSpec  # noqa: E402
+from parmem import ModelSpec, ParallelConfig, TrainingSetup, estimate  # noqa: E402
 from parmem.analyses import collective_curves, zero3_vs_tp, zero_stages  # noqa: E402
 from parmem.book.plots import (  # noqa: E402
     plot_collective_times,
@@ -23,7 +22,6 @@ from parmem.book.plots import (  # noqa: E402
     plot_zero_stages,
 )
 
-N = int(os.environ.get("PARMEM_WORLD_SIZE", "2"))
 GIB = 2**30
 
 
@@ -31,7 +29,7 @@ def bar_heights(ax):
     return [p.get_height() for p in ax.patches]
 
 
-# ---------------------------------------------------------------------------- figures
+# ---------------------------------------------------------------------------- data parallel
 def test_zero_stages_figure_reproduces_zero_paper_figure1():
     # Rajbhandari et al. 2020, Figure 1: Ψ = 7.5B, d = 64, K = 12: 120, 31.4, 16.6, 1.9 GB
     from parmem.papers import table
@@ -90,45 +88,62 @@ def test_zero3_vs_tp_figure_states_fall_activations_flat():
     assert ratio == pytest.approx(8, rel=1e-3)
 
 
-# ---------------------------------------------------------------------------- explorers
-@pytest.mark.parametrize("name", ["explore_collectives", "explore_data_parallel", "explore_zero",
-                                  "explore_zero3_tp"])
-def test_explorers_build_headless(name):
-    pytest.importorskip("ipywidgets")
+# ---------------------------------------------------------------------------- tensor parallel
+def test_tp_shards_figure_draws_one_panel_per_matrix():
+    from parmem.analyses import tp_shard_layout
+    from parmem.book.plots import plot_tp_shards
+
+    fig = plot_tp_shards(tp_shard_layout(ModelSpec.preset("llama-2-7b"), 4))
+    # embedding, QKV, attention out, MLP in, MLP out, norms, LM head
+    assert len(fig.axes) == 7
+    qkv = fig.axes[1]
+    # Q split in 4, K in 4, V in 4, plus the outline
+    assert len(qkv.patches) == 4 + 4 + 4 + 1
+    tied = plot_tp_shards(tp_shard_layout(ModelSpec.preset("gpt3-175b"), 8))
+    assert len(tied.axes) == 6  # no separate LM head
+
+
+def test_tp_components_figure_stacks_to_weights_per_rank():
+    from parmem.analyses import tp_component_bytes
+    from parmem.book.plots import plot_tp_components
+
+    spec = ModelSpec.preset("llama-2-7b")
+    fig = plot_tp_components(tp_component_bytes(spec, (1, 4), bytes_per_param=2))
+    ax = fig.axes[0]
+    tops = {}
+    for p in ax.patches:
+        x = round(p.get_x() + p.get_width() / 2)
+        tops[x] = max(tops.get(x, 0), p.get_y() + p.get_height())
+    assert tops[0] == pytest.approx(2 * 6_738_415_616 / 2**30)
+    t4 = estimate(spec, ParallelConfig(tp=4), TrainingSetup(seq_len=128)).stages[0].params
+    assert tops[1] == pytest.approx(t4 / 2**30)
+
+
+def test_terms_compare_and_tradeoff_figures():
+    from parmem.activations import layer_terms
+    from parmem.analyses import tp_tradeoff
+    from parmem.book.plots import plot_terms_compare, plot_tp_tradeoff
+
+    spec = ModelSpec.preset("gpt3-175b")
+    fig = plot_terms_compare({"TP": layer_terms(spec, 2048, 1, tp=8),
+                              "TP + SP": layer_terms(spec, 2048, 1, tp=8, sp=True)})
+    assert "342.0 MiB" in fig.axes[0].get_legend().get_texts()[1].get_text()  # sbh(34+80)/8
+    fig = plot_tp_tradeoff(tp_tradeoff(ModelSpec.preset("llama-2-7b"),
+                                       TrainingSetup(seq_len=4096), (1, 2, 4)))
+    assert len(fig.axes) == 2
+
+
+# ---------------------------------------------------------------------------- planner
+def test_plot_pareto(small_plan):
+    import matplotlib
+
+    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from parmem.book import widgets
+    from parmem.book.plots import plot_pareto
 
-    box = getattr(widgets, name)(static=False)
-    assert box.children  # controls and the output area
-    plt.close("all")
-
-
-# ---------------------------------------------------------------------------- dist demos
-
-
-@pytest.mark.dist
-def test_send_recv_sends_the_tensor_once_per_boundary(pool):
-    from parmem.comm import send_recv_bytes
-
-    numel = 1000
-    res = pool.run("parmem.dist.collectives:demo_send_recv", numel=numel)
-    size = 4 * numel  # fp32
-    for r, row in enumerate(res):
-        assert row["size_bytes"] == size and row["received_ok"]
-        assert row["bytes_sent"] == (size if r < N - 1 else 0)
-        assert row["bytes_received"] == (size if r > 0 else 0)
-    assert max(row["bytes_sent"] for row in res) == send_recv_bytes(size)
-
-
-@pytest.mark.dist
-def test_ddp_zero1_fsdp2_loss_curves_equal_single_process(pool):
-    steps = 4
-    res = pool.run("parmem.dist.zero:demo_losses", steps=steps)
-    for row in res:
-        ref = row["reference"]
-        assert len(ref) == steps
-        for k in ("ddp", "zero1", "fsdp2"):
-            assert row[k] == pytest.approx(ref, abs=1e-6)
-        assert row["max_diff"] < 1e-6
-    assert all(row["ddp"] == res[0]["ddp"] for row in res)  # one curve, on every rank
+    fig = plot_pareto(small_plan)
+    ax = fig.axes[0]
+    assert ax.get_xlabel() == "modelled step time (s)"
+    assert len(ax.collections) >= 2  # the cloud, the front, the leaders
+    plt.close(fig)

@@ -1,0 +1,130 @@
+"""parmem.book.widgets: every explorer builds headless (controls and an output area), with the
+figures it draws.
+
+Expected values (bar and line counts) follow from the data drawn: one figure per case, a line per
+series and one for the capacity.
+"""
+
+from __future__ import annotations
+
+import matplotlib
+import pytest
+from helpers import LLAMA7, gpt_spec
+
+matplotlib.use("Agg")
+
+from parmem import ParallelConfig, TrainingSetup, estimate  # noqa: E402
+from parmem.allocator import replay  # noqa: E402
+from parmem.analyses import (  # noqa: E402
+    axis_by_axis,
+    balance_layers,
+    layout_sweep,
+    microbatch_sweep,
+)
+from parmem.inference import Request, simulate_kv_cache  # noqa: E402
+from parmem.pipeline import simulate  # noqa: E402
+
+GiB = 2**30
+
+
+@pytest.mark.parametrize("name", ["explore_collectives", "explore_data_parallel", "explore_zero",
+                                  "explore_zero3_tp"])
+def test_explorers_build_headless(name):
+    pytest.importorskip("ipywidgets")
+    import matplotlib.pyplot as plt
+
+    from parmem.book import widgets
+
+    box = getattr(widgets, name)(static=False)
+    assert box.children  # controls and the output area
+    plt.close("all")
+
+
+def test_part4_plots_and_explorers_draw():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from parmem.book import widgets
+    from parmem.book.plots import (
+        plot_breakdowns,
+        plot_in_flight,
+        plot_microbatch_sweep,
+        plot_schedules,
+    )
+
+    spec = gpt_spec(8)
+    par, setup = ParallelConfig(pp=2), TrainingSetup(seq_len=64, num_microbatches=4)
+    figs = [plot_in_flight(simulate("gpipe", 3, 4)),
+            plot_schedules([simulate("1f1b", 3, 6), simulate("interleaved", 3, 6, 2)]),
+            plot_breakdowns({"even": estimate(spec, par, setup),
+                             "balanced": estimate(spec, par, setup,
+                                                  layers_per_stage=balance_layers(spec, par,
+                                                                                  setup))}),
+            plot_microbatch_sweep(microbatch_sweep(spec, par, setup, global_batch=8),
+                                  highlight=2)]
+    assert all(f.axes for f in figs)
+    for f in figs:
+        plt.close(f)
+    for make in (widgets.explore_pp_memory, widgets.explore_schedules, widgets.explore_bubble,
+                 widgets.explore_stage_balance, widgets.explore_microbatch):
+        box = make(static=False)
+        assert box.children  # controls and an output area
+    plt.close("all")
+
+
+def test_figures_and_explorers_render():
+    pytest.importorskip("matplotlib")
+    pytest.importorskip("ipywidgets")
+    import matplotlib.pyplot as plt
+
+    from parmem.book.plots import plot_axis_steps, plot_tradeoff
+    from parmem.book.widgets import explore_3d, explore_axes, explore_experts
+
+    rows = layout_sweep(LLAMA7, 8, TrainingSetup(seq_len=1024), global_batch=8)
+    fig = plot_tradeoff(rows, capacity=80 * GiB, highlight=(rows[0]["d"], rows[0]["t"],
+                                                            rows[0]["p"]))
+    assert fig.axes and fig.axes[0].get_yscale() == "log"
+    fig2 = plot_axis_steps(axis_by_axis(LLAMA7, ParallelConfig(dp=2, zero=1),
+                                        TrainingSetup(seq_len=1024)), capacity=80 * GiB)
+    assert len(fig2.axes[0].get_xticks()) == 3
+    plt.close("all")
+    for make in (lambda: explore_experts(static=False), lambda: explore_3d(world=16, tp=4, pp=2,
+                                                                           static=False),
+                 lambda: explore_axes(static=False)):
+        box = make()
+        assert box.children  # controls and the output area
+    plt.close("all")
+
+
+def test_part6_figures_and_explorers_render():
+    pytest.importorskip("matplotlib")
+    pytest.importorskip("ipywidgets")
+    import matplotlib.pyplot as plt
+
+    from parmem.book import widgets
+    from parmem.book.plots import plot_kv_cache_sim, plot_replay, plot_stacked
+
+    ev = [("alloc", 1, 3 * 2**20), ("alloc", 2, 100), ("free", 1)]
+    fig = plot_replay({"default": replay(ev), "expandable": replay(ev, expandable_segments=True)})
+    assert len(fig.axes[0].lines) == 3
+    sim = simulate_kv_cache([Request(0, 10, 5)], 64)
+    assert len(plot_kv_cache_sim({"paged": sim}).axes[0].lines) == 3   # two series + capacity
+    fig = plot_stacked({"a": {"x": 2**30, "y": 2**30}, "b": {"x": 2**29}}, capacity=3 * 2**30)
+    assert len(fig.axes[0].patches) == 4
+    for name in ("explore_allocator", "explore_serving", "explore_remedies"):
+        box = getattr(widgets, name)(static=False)
+        assert box.children
+    plt.close("all")
+
+
+def test_explore_plan_builds_a_widget():
+    pytest.importorskip("ipywidgets")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from parmem.book.widgets import explore_plan
+
+    box = explore_plan(model="llama-2-7b", nodes=2, global_batch=64, static=False)
+    assert box.children
