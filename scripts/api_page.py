@@ -1,6 +1,6 @@
 """Write chapters/api.md: one autodoc section per module of parmem that exists.
 
-Run it after adding or removing a module (tests/test_notebooks_clean.py checks that the page
+Run it after adding or removing a module (tests/book/test_structure.py checks that the page
 and lib/parmem agree; the book build runs with -W, so documenting a missing module fails it).
 Modules are listed in the order below; any module not named here is added at the end.
 
