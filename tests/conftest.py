@@ -1,4 +1,4 @@
-"""Shared fixtures: one pool of ``torch.distributed`` ranks per test module, and one small plan
+"""Shared fixtures: one pool of ``torch.distributed`` ranks per test session, and one small plan
 for the tests of the planner's outputs and of its figure."""
 
 import pytest
@@ -7,10 +7,10 @@ from helpers import WORLD_SIZE
 from parmem import Cluster, ModelSpec, plan
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def pool():
-    """A started :class:`parmem.dist.Pool` of ``WORLD_SIZE`` ranks, shared by a module's tests
-    and closed after them (starting ranks is the expensive part)."""
+    """A started :class:`parmem.dist.Pool` of ``WORLD_SIZE`` ranks, shared by every test of a
+    session (of an xdist worker) and closed at its end: starting ranks is the expensive part."""
     pytest.importorskip("torch")
     from parmem.dist import Pool
 
