@@ -491,7 +491,7 @@ def replay(
     """Run allocation events through a fresh :class:`CachingAllocator`.
 
     ``events``: ``("alloc", key, nbytes)`` and ``("free", key)`` tuples (extra trailing fields,
-    such as the operator name :func:`record_allocations` adds, are ignored); ``key`` is any
+    such as the operator name :func:`parmem.traces.record_allocations` adds, are ignored); ``key`` is any
     hashable name of the tensor. An ``alloc`` of 0 bytes allocates nothing (as in PyTorch).
     """
     a = CachingAllocator(expandable_segments=expandable_segments, capacity=capacity)

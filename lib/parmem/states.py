@@ -56,7 +56,7 @@ def model_state_bytes(
     holds (2 + 2 + K)Ψ bytes; stage 1 holds 2Ψ + 2Ψ + KΨ/d; stage 2 2Ψ + (2 + K)Ψ/d; stage 3
     (2 + 2 + K)Ψ/d. A sharded tensor of n values gives each rank ⌈n/d⌉ values (flat-buffer
     padding, as DeepSpeed and FSDP do). Other precisions and optimizers follow the same pattern
-    with their own byte sizes (:data:`PRECISIONS`, :data:`OPTIMIZERS`; 8-bit Adam per Dettmers et
+    with their own byte sizes (:data:`parmem.config.PRECISIONS`, :data:`parmem.config.OPTIMIZERS`; 8-bit Adam per Dettmers et
     al. 2022: two 1-byte states plus one fp32 scale per 2048 values).
     """
     integer("num_params", num_params, minimum=0)

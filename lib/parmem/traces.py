@@ -27,7 +27,7 @@ __all__ = ["record_allocations", "training_step_events", "stage_weight_tensors"]
 
 class record_allocations:  # noqa: N801 - used like a function: ``with record_allocations() as r``
     """Record every tensor storage PyTorch operators create inside a ``with`` block, and when it
-    is freed, as :func:`replay` events ``("alloc", key, nbytes, op)`` / ``("free", key)``.
+    is freed, as :func:`parmem.allocator.replay` events ``("alloc", key, nbytes, op)`` / ``("free", key)``.
 
     It is a ``TorchDispatchMode``: after each operator it checks the storages it has seen (a
     weak reference each) and records the ones that died, then records the operator's outputs

@@ -13,7 +13,7 @@ them): ``torch.optim``'s first use imports TorchDynamo, seconds per rank on a sm
 * the bytes autograd saved for backward (:class:`parmem.measure.SavedTensorsMeter`), which must
   equal :func:`parmem.estimate`'s activations + logits for that s plus the named extras of
   :func:`parmem.dist.anatomy.named_extras` (norm statistics, token/label/position ids, loss weight);
-* every tensor allocation and free of the step (:func:`parmem.allocator.record_allocations`),
+* every tensor allocation and free of the step (:func:`parmem.traces.record_allocations`),
   replayed through the CUDA caching allocator's rules (:func:`parmem.allocator.replay`), with and
   without expandable segments: the reserved memory that rank would hold on a GPU;
 * on a CUDA device, also ``torch.cuda.memory_stats()`` peaks of the real allocator;

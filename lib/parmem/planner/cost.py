@@ -30,8 +30,8 @@ on one GPU::
   but never the last bucket (``dp_bucket_params``).
 
 The step time is ``T`` plus the exposed data-parallel time. Tokens/s is ``global_batch·s / step``;
-:attr:`parmem.planner.Candidate.model_flops_per_gpu` counts the useful FLOPs (the 72 form: MFU)
-and :attr:`parmem.planner.Candidate.hardware_flops_per_gpu` the executed ones (recomputation
+``Candidate.model_flops_per_gpu`` counts the useful FLOPs (the 72 form: MFU)
+and ``Candidate.hardware_flops_per_gpu`` the executed ones (recomputation
 included: eq. (3), what Narayanan et al. 2021 Table 1 reports).
 
 Not modelled: kernel efficiency that grows with the micro-batch (so the model favours ``b = 1``

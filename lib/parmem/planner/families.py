@@ -114,7 +114,7 @@ def search_space(
     vpp: object,
     uneven_pp: bool,
 ) -> SearchSpace:
-    """The search space of the axes as given to :func:`plan` (validated)."""
+    """The search space of the axes as given to :func:`parmem.planner.search.plan` (validated)."""
     space = SearchSpace(
         tp=_options("tp", tp, int),
         pp=_options("pp", pp, int),

@@ -24,7 +24,7 @@ def explore_allocator(
     static: bool = True,
 ):
     """Model, layout and sequence-length variation bound to the caching-allocator simulator:
-    :func:`parmem.allocator.training_step_events` for ``steps`` training steps of lengths
+    :func:`parmem.traces.training_step_events` for ``steps`` training steps of lengths
     s·(1 + ``jitter``·u) with u = 0, −1, +1, −½, +½, −¾, +¾, +¼ in turn (rounded to multiples of
     128), replayed with and without expandable segments
     (:func:`parmem.book.plots.allocator.plot_replay`).
