@@ -5,16 +5,16 @@ This module is the one home of parameter counting. :func:`layer_tensors` and
 picotron and torchtitan (``{"attention.wq": ColwiseParallel()}``): each :class:`Tensor` names its
 shape and its *split*:
 
-=============  =========================================================================
-split          what one rank of a tensor-parallel group of ``t`` holds
-=============  =========================================================================
-``column``     the output features divided by t (Q, column-parallel FC1/gate/up, their biases)
-``kv``         K or V by key/value heads: kv_heads/t heads, or one whole head when
-               t > kv_heads (each head then kept by t/kv_heads ranks)
-``row``        the input features divided by t (attention output, FC2/down)
-``vocab``      the vocabulary rows, ⌈V/t⌉ each (vocab-parallel embedding and LM head)
-``replicated`` everything (norms, row-parallel biases, learned positions, the MoE router)
-=============  =========================================================================
+==============  =========================================================================
+split           what one rank of a tensor-parallel group of ``t`` holds
+==============  =========================================================================
+``column``      the output features divided by t (Q, column-parallel FC1/gate/up, their biases)
+``kv``          K or V by key/value heads: kv_heads/t heads, or one whole head when
+                t > kv_heads (each head then kept by t/kv_heads ranks)
+``row``         the input features divided by t (attention output, FC2/down)
+``vocab``       the vocabulary rows, ⌈V/t⌉ each (vocab-parallel embedding and LM head)
+``replicated``  everything (norms, row-parallel biases, learned positions, the MoE router)
+==============  =========================================================================
 
 Routed experts (``expert=True``) are further divided over the ``e`` expert-parallel ranks.
 Source: Shoeybi et al. 2019 (Megatron-LM) §3 for the column/row/vocab splits and the replicated
