@@ -10,7 +10,6 @@ import math
 import re
 import subprocess
 import sys
-import tomllib
 
 import pytest
 from helpers import gpt
@@ -348,13 +347,14 @@ def test_table_str_html_dict(small_plan):
                                                  "bubble", "recompute", "total"}
 
 
-def _megatron_args(text: str) -> dict[str, str | bool]:
-    out = {}
-    for line in text.splitlines():
-        if line.startswith("#"):
-            continue
-        parts = line.rstrip(" \\").split()
-        out[parts[0]] = parts[1] if len(parts) > 1 else True
+def _megatron_args(tokens) -> dict[str, str | bool]:
+    out: dict[str, str | bool] = {}
+    key = None
+    for tok in tokens:
+        if tok.startswith("--"):
+            key, out[tok] = tok, True
+        elif key is not None:
+            out[key] = tok
     return out
 
 
@@ -362,7 +362,7 @@ def test_emit_megatron_deepspeed_torchtitan(small_plan):
     pl = small_plan
     for rank, c in enumerate(pl.candidates):
         par, st = c.parallel, c.setup
-        args = _megatron_args(pl.emit("megatron", rank))
+        args = _megatron_args(pl.recipe("megatron", rank).args)
         assert args["--tensor-model-parallel-size"] == str(par.tp)
         assert args["--pipeline-model-parallel-size"] == str(par.pp)
         assert args["--micro-batch-size"] == str(st.micro_batch)
@@ -373,15 +373,19 @@ def test_emit_megatron_deepspeed_torchtitan(small_plan):
             assert args["--recompute-granularity"] == st.recompute
         if par.vpp > 1:
             assert int(args["--num-layers-per-virtual-pipeline-stage"]) * par.vpp * par.pp == 40
-        ds = json.loads(pl.emit("deepspeed", c))
+        ds = json.loads(pl.recipe("deepspeed", c).file("ds_config.json"))
         assert ds["train_batch_size"] == ds["train_micro_batch_size_per_gpu"] * \
             ds["gradient_accumulation_steps"] * par.dp == 128
         assert ds["zero_optimization"]["stage"] == par.zero
-        tt = tomllib.loads(pl.emit("torchtitan", rank))["parallelism"]
-        degrees = (tt["data_parallel_replicate_degree"] * tt["data_parallel_shard_degree"]
-                   * tt["tensor_parallel_degree"] * tt["pipeline_parallel_degree"]
-                   * tt["context_parallel_degree"])
+        tt = _megatron_args(pl.recipe("torchtitan", rank).args)
+        degrees = (int(tt["--parallelism.data_parallel_replicate_degree"])
+                   * int(tt["--parallelism.data_parallel_shard_degree"])
+                   * int(tt["--parallelism.tensor_parallel_degree"])
+                   * int(tt.get("--parallelism.pipeline_parallel_degree", 1))
+                   * int(tt.get("--parallelism.context_parallel_degree", 1)))
         assert degrees == 32
+        text = pl.emit("megatron", rank)
+        assert text.startswith("# parmem plan: ") and "# target: Megatron-LM commit" in text
     with pytest.raises(ValueError, match="engine"):
         pl.emit("jax")
 
