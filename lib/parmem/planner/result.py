@@ -354,11 +354,11 @@ class Plan:
     # ------------------------------------------------------------------ engines
     def recipe(self, engine: str, candidate: Candidate | int | None = None) -> Recipe:
         """The layout (default: the best; an ``int`` picks a rank, 0-based) as a launch
-        :class:`~parmem.planner.emit.Recipe` for a real engine: ``"megatron"`` (Megatron-LM's
+        :class:`~parmem.planner.emit.recipe.Recipe` for a real engine: ``"megatron"`` (Megatron-LM's
         ``pretrain_gpt.py`` with its flags and environment), ``"deepspeed"`` (a
         ``ds_config.json`` and its launch; Megatron-DeepSpeed when ``t > 1`` or ``p > 1``) or
         ``"torchtitan"`` (``torchtitan.train`` with command-line overrides). Each names the
-        engine version it targets (:data:`~parmem.planner.emit.TARGETS`)."""
+        engine version it targets (``parmem.planner.emit.TARGETS``)."""
         if engine not in ENGINES:
             raise ValueError(f"engine={engine!r} must be one of {ENGINES}")
         if candidate is None or isinstance(candidate, int):

@@ -1,7 +1,9 @@
-"""A planned layout as a launch recipe for a real engine (:class:`Recipe`): Megatron-LM
-(:mod:`.megatron`), DeepSpeed (:mod:`.deepspeed`) and torchtitan (:mod:`.torchtitan`), one module
-per engine, each naming the engine version it targets (:data:`TARGETS`).
-:meth:`parmem.planner.Plan.recipe` and :meth:`parmem.planner.Plan.emit` call these.
+"""A planned layout as a launch recipe for a real engine
+(:class:`~parmem.planner.emit.recipe.Recipe`): Megatron-LM (:mod:`parmem.planner.emit.megatron`),
+DeepSpeed (:mod:`parmem.planner.emit.deepspeed`) and torchtitan
+(:mod:`parmem.planner.emit.torchtitan`), one module per engine, each naming the engine version it
+targets (``TARGETS``). :meth:`parmem.planner.result.Plan.recipe` and
+:meth:`parmem.planner.result.Plan.emit` call these.
 """
 
 from __future__ import annotations
