@@ -87,7 +87,8 @@ def test_cli_plan(capsys):
     data = json.loads(capsys.readouterr().out)
     assert len(data["candidates"]) == 3
     assert main([*args, "--emit", "deepspeed"]) == 0
-    assert json.loads(capsys.readouterr().out)["train_batch_size"] == 64
+    out = capsys.readouterr().out  # a recipe: the target version, the JSON, the launch
+    assert "# target: DeepSpeed 0.19.8" in out and '"train_batch_size": 64' in out
     assert main([*args, "--emit", "megatron", "--zero", "1", "--recompute", "full"]) == 0
     out = capsys.readouterr().out
     assert "--use-distributed-optimizer" in out and "--recompute-granularity full" in out

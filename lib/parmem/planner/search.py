@@ -17,7 +17,7 @@ exact communication of their own ``b`` and ``m``
 
 :func:`plan` runs it in steps: validate the request (``check_inputs``, ``check_setup``,
 ``search_space``), enumerate the families (``Families``), search each (``_search_family``), rank
-(``_rank``), take the Pareto front (``_pareto``). :func:`evaluate` models one given layout the
+(``_rank``: fastest first, ties within 1% to the simpler layout), take the Pareto front (``_pareto``). :func:`evaluate` models one given layout the
 same way.
 
 Sources: Narayanan et al. 2021 §3 (the layouts), Rajbhandari et al. 2020 (ZeRO) §7; DeepSpeed's
@@ -42,7 +42,7 @@ from .families import Families, Family, check_inputs, check_setup, search_space
 from .inputs import AssumptionOptions, Assumptions, Cluster, SetupOptions
 from .result import Candidate, Plan, PlanStats
 
-__all__ = ["evaluate", "plan"]
+__all__ = ["TIE", "evaluate", "plan", "rank_candidates", "simplicity"]
 
 
 class _Point(NamedTuple):
@@ -55,6 +55,10 @@ class _Point(NamedTuple):
     est: Estimate
     lps: tuple[int, ...]
 
+
+#: Layouts whose modelled step times differ by less than this fraction are a tie: the simpler
+#: one ranks first (:func:`simplicity`). The cost model cannot resolve a 1% difference.
+TIE = 0.01
 
 # a setting of one family: indices into its zeros, sps, rcs and the micro-batches searched
 _Cell = tuple[int, ...]
@@ -107,6 +111,11 @@ def _search_family(
     return None if found else "does not fit with any allowed setting"
 
 
+def _lower(cell: _Cell) -> list[tuple[int, _Cell]]:
+    """The more frugal neighbours of ``cell`` (one step back on one axis), with the axis."""
+    return [(k, cell[:k] + (cell[k] - 1,) + cell[k + 1 :]) for k in range(4) if cell[k] > 0]
+
+
 def _search_interleave(model: CostModel, fam: Family, v: int, out: list[_Point]) -> bool:
     """The settings of ``fam`` with ``v`` virtual stages, on the grid (ZeRO, SP, recompute,
     micro-batch) ordered from frugal to generous; whether any fits."""
@@ -130,11 +139,14 @@ def _search_interleave(model: CostModel, fam: Family, v: int, out: list[_Point])
         b = bv[bi]
         m = per_replica // b
         tt = times[cell] = timers[zi, si, ri].total(b, m)
-        lower = [cell[:k] + (cell[k] - 1,) + cell[k + 1 :] for k in range(4) if cell[k] > 0]
+        lower = [n for _, n in _lower(cell)]
         if any(status[n] == 0 for n in lower):
             status[cell] = 0
             continue
-        if any(times[n] <= tt for n in lower):
+        # a neighbour with less memory that is as fast dominates; along the ZeRO axis the
+        # neighbour has the higher stage, so it must win by more than a tie (TIE: the simpler
+        # layout takes ties)
+        if any(times[n] * (1 + TIE * (k == 0)) <= tt for k, n in _lower(cell)):
             status[cell] = 1
             continue
         par = pars[zi, si]
@@ -175,13 +187,39 @@ def _candidate(
     )
 
 
+def simplicity(c: Candidate) -> tuple[int, int, int, int]:
+    """How complex a layout is, for breaking ties: the parallel axes in use (d, t, p, cp, e
+    above 1), interleaving, the number of virtual stages, the ZeRO stage; smaller is simpler."""
+    par = c.parallel
+    axes = sum(x > 1 for x in (par.dp, par.tp, par.pp, par.cp, par.ep))
+    return (axes, int(par.vpp > 1), par.vpp, par.zero)
+
+
+def rank_candidates(cands: list[Candidate]) -> list[Candidate]:
+    """``cands`` fastest first, except that among layouts within :data:`TIE` of the fastest
+    one left the simplest goes first (:func:`simplicity`, then time, then memory)."""
+    rest = sorted(cands, key=lambda c: (c.step_time, c.peak_bytes))
+    out: list[Candidate] = []
+    while rest:
+        limit = rest[0].step_time * (1 + TIE)
+        k = 1
+        while k < len(rest) and rest[k].step_time <= limit:
+            k += 1
+        i = min(range(k), key=lambda j: (simplicity(rest[j]), rest[j].step_time))
+        out.append(rest.pop(i))
+    return out
+
+
 def _rank(model: CostModel, feasible: list[_Point], top: int) -> list[Candidate]:
-    """Sort ``feasible`` by (linear time, peak); re-time the first ``top + 8`` with the exact
-    communication of their own ``b`` and ``m`` and rank them again."""
+    """Sort ``feasible`` by (linear time, peak); re-time the first ``top + 8`` (and any within
+    :data:`TIE` of the last of them) with the exact communication of their own ``b`` and ``m``
+    and rank them (:func:`rank_candidates`)."""
     feasible.sort(key=lambda x: (x[0], x[1]))
-    head = [_candidate(model, x.par, x.setup, x.lps, x.est) for x in feasible[: top + 8]]
-    head.sort(key=lambda c: (c.step_time, c.peak_bytes))
-    return head
+    n = min(len(feasible), top + 8)
+    while n < len(feasible) and feasible[n].time <= feasible[n - 1].time * (1 + TIE):
+        n += 1
+    head = [_candidate(model, x.par, x.setup, x.lps, x.est) for x in feasible[:n]]
+    return rank_candidates(head)
 
 
 def _pareto(model: CostModel, feasible: list[_Point], head: list[Candidate]) -> list[Candidate]:
