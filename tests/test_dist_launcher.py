@@ -361,3 +361,44 @@ def test_ranks_exit_within_5_s_of_the_parent_being_killed(target, from_thread):
         _kill([proc.pid, *pids])
         if proc.poll() is None:
             proc.wait(10)
+
+
+# ---------------------------------------------------------------------------- python -m parmem.dist
+@pytest.mark.parametrize("args, needle", [
+    (["nope"], "demo='nope' is not one of"),
+    (["--world-size", "0"], "argument --world-size/-n: 0 must be an integer in 1..64"),
+    (["tp", "-n", "2", "--world-size", "x"], "argument --world-size/-n"),
+    (["tp", "novalue"], "argument 'novalue' must look like key=value"),
+    (["tp", "bogus=1"], "unexpected keyword argument 'bogus'"),
+    (["no.such.module:fn"], "cannot be imported"),
+    (["--bogus"], "unrecognized arguments: --bogus"),
+])
+def test_dist_cli_errors_are_one_line_exit_2(args, needle, capsys):
+    from parmem.dist.__main__ import main
+
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and needle in err and err.startswith("python -m parmem.dist: ")
+
+
+def test_dist_cli_a_demo_that_fails_on_a_rank_is_one_line():
+    r = subprocess.run([sys.executable, "-m", "parmem.dist", "pp", "-n", "2", "schedule=zigzag"],
+                       capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr[-2000:]
+    assert "failed in parmem.dist.pp:demo: ValueError: schedule='zigzag'" in r.stderr
+
+
+def test_dist_cli_without_torch_says_install_it():
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "from parmem.dist.__main__ import main\n"
+            "sys.exit(main(['tp']))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+    assert "torch is not installed" in r.stderr and "pip install torch" in r.stderr
+
+
+def test_dist_cli_version():
+    r = subprocess.run([sys.executable, "-m", "parmem.dist", "--version"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0 and "parmem" in r.stdout
