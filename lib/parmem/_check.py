@@ -5,6 +5,9 @@ names the field and the rule, e.g. ``tp=3 must divide heads=32`` or
 ``seq_len='4k' must be an integer >= 1``. Booleans are booleans (the string ``'false'`` is not
 ``False``), integers are integers (``True`` is not 1, ``4.0`` is not 4), numbers are finite.
 
+The commands (``parmem`` and ``python -m parmem.dist``) share :class:`OneLineParser`: a bad
+command line is one line and exit status 2, like every other bad input.
+
 Work that grows with a size has an upper bound here, one home for each: :data:`MAX_GPUS`,
 :data:`MAX_SEQ_LEN`, :data:`MAX_BATCH`, :data:`MAX_LAYERS` and :data:`MAX_WIDTH`. They are far
 above any real job and keep every call fast (and every float finite).
@@ -12,10 +15,13 @@ above any real job and keep every call fast (and every float finite).
 
 from __future__ import annotations
 
+import argparse
 import math
 import numbers
+import os
+import sys
 from collections.abc import Iterable
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 __all__ = [
     "integer",
@@ -29,6 +35,10 @@ __all__ = [
     "MAX_BATCH",
     "MAX_LAYERS",
     "MAX_WIDTH",
+    "UsageError",
+    "OneLineParser",
+    "one_line",
+    "quiet_broken_pipe",
 ]
 
 T = TypeVar("T")
@@ -122,3 +132,40 @@ def _show(value: Any, limit: int = 60) -> str:
 def cdiv(a: int, b: int) -> int:
     """⌈a / b⌉ for integers (a shard of a flat buffer of ``a`` values over ``b`` ranks)."""
     return -(-a // b)
+
+
+# ---------------------------------------------------------------------------- command lines
+class UsageError(SystemExit):
+    """A command line that was refused: a ``SystemExit`` with status 2 (as argparse's own errors)
+    whose message, ``str(error)``, is the one line to print."""
+
+    def __init__(self, message: str):
+        super().__init__(2)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, except that an error is one line (the message and a hint to ``--help``) instead
+    of a usage block, raised as :class:`UsageError` (``main`` prints it)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: error: {one_line(message)} (see '{self.prog} --help')")
+
+
+def one_line(text: object) -> str:
+    """``text`` on one line: its lines joined with "; "."""
+    return "; ".join(line.strip() for line in str(text).splitlines() if line.strip())
+
+
+def quiet_broken_pipe() -> int:
+    """After stdout's reader went away (``... | head``): point stdout at /dev/null so that the
+    interpreter's last flush is silent; the exit status of a tool killed by SIGPIPE."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout is not a file (a test's capture)
+        pass
+    return 141

@@ -24,9 +24,17 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import NoReturn
 
-from ._check import MAX_BATCH, MAX_GPUS, MAX_LAYERS, MAX_SEQ_LEN
+from ._check import (
+    MAX_BATCH,
+    MAX_GPUS,
+    MAX_LAYERS,
+    MAX_SEQ_LEN,
+    OneLineParser,
+    UsageError,
+    one_line,
+    quiet_broken_pipe,
+)
 from .config import OPTIMIZERS, PRECISIONS, RECOMPUTE, SCHEDULES, ParallelConfig, TrainingSetup
 from .estimate import estimate
 from .inference import KV_DTYPES, WEIGHT_DTYPES, kv_cache_bytes, kv_cache_bytes_per_token
@@ -347,42 +355,6 @@ def build_parser() -> argparse.ArgumentParser:
         )
     p.set_defaults(func=_cmd_plan)
     return ap
-
-
-class UsageError(SystemExit):
-    """A command line that was refused: a ``SystemExit`` with status 2 (as argparse's own errors)
-    whose message, ``str(error)``, is the one line to print."""
-
-    def __init__(self, message: str):
-        super().__init__(2)
-        self.message = message
-
-    def __str__(self) -> str:
-        return self.message
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse, except that an error is one line (the message and a hint to ``--help``) instead
-    of a usage block, raised as :class:`UsageError` (``main`` prints it)."""
-
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(f"{self.prog}: error: {one_line(message)} (see '{self.prog} --help')")
-
-
-def one_line(text: object) -> str:
-    """``text`` on one line: its lines joined with "; "."""
-    return "; ".join(line.strip() for line in str(text).splitlines() if line.strip())
-
-
-def quiet_broken_pipe() -> int:
-    """After stdout's reader went away (``... | head``): point stdout at /dev/null so that the
-    interpreter's last flush is silent; the exit status of a tool killed by SIGPIPE."""
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-    except (OSError, ValueError):  # stdout is not a file (a test's capture)
-        pass
-    return 141
 
 
 def main(argv: list[str] | None = None) -> int:

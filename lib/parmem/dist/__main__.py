@@ -28,7 +28,7 @@ import json
 import os
 import sys
 
-from parmem.cli import OneLineParser, UsageError, one_line, quiet_broken_pipe
+from parmem._check import OneLineParser, UsageError, one_line, quiet_broken_pipe
 from parmem.dist import DEMOS
 from parmem.dist.launcher import (
     MAX_WORLD_SIZE,
