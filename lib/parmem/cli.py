@@ -44,9 +44,17 @@ from .units import GIB
 
 
 def _model(name: str) -> ModelSpec:
-    """``--model``: a preset name, else the path of a config.json or its folder. A preset wins
-    over a file or folder of the same name unless ``name`` has a path separator or ends in
-    ``.json``."""
+    """``--model``: a preset name, else the path of a config.json or its folder (an error names
+    the flag)."""
+    try:
+        return _find_model(name)
+    except ValueError as e:
+        raise ValueError(f"--model {name!r:.80}: {e}") from None
+
+
+def _find_model(name: str) -> ModelSpec:
+    """A preset wins over a file or folder of the same name unless ``name`` has a path separator
+    or ends in ``.json``."""
     is_path = name.endswith(".json") or any(sep and sep in name for sep in ("/", os.sep, os.altsep))
     if not is_path and name.lower() in presets():
         return ModelSpec.preset(name)

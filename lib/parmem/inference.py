@@ -95,12 +95,14 @@ def weight_bytes(
     _spec(spec)
     choice("dtype", dtype, WEIGHT_DTYPES)
     check_tp(spec, tp)
+    if group_size is not None:
+        integer("group_size", group_size, 1, MAX_WIDTH)
+    if zero_point is not None:
+        boolean("zero_point", zero_point)
     bits = WEIGHT_DTYPES[dtype]
     if bits >= 16:
         return sum(stage_params(spec, tp)) * bits // 8
-    if group_size is not None:
-        integer("group_size", group_size, 1, MAX_WIDTH)
-    zp = (bits == 4) if zero_point is None else boolean("zero_point", zero_point)
+    zp = (bits == 4) if zero_point is None else zero_point
     per_group = 2 + (2 if zp else 0)
     total = 0
     for x, copies in [(x, spec.layers) for x in layer_tensors(spec)] + [
@@ -134,7 +136,10 @@ def _memory_bytes(gpu) -> int:
     if isinstance(gpu, str):
         from .hardware import hardware_preset
 
-        return hardware_preset(gpu).memory_bytes
+        try:
+            return hardware_preset(gpu).memory_bytes
+        except ValueError as e:
+            raise ValueError(f"gpu={gpu!r:.60}: {e}") from None
     if hasattr(gpu, "memory_bytes"):
         return int(gpu.memory_bytes)
     if isinstance(gpu, bool) or not isinstance(gpu, int) or not 0 < gpu <= MAX_MEMORY_BYTES:

@@ -319,6 +319,15 @@ def plan(
     check_inputs(spec, cluster, global_batch, seq_len, top, cuda_context)
     integer("global_batch", global_batch, 1, MAX_BATCH)
     boolean("uneven_pp", uneven_pp)
+    setup_kw = SetupOptions(
+        precision=precision,
+        optimizer=optimizer,
+        flash_attention=flash_attention,
+        dropout=dropout,
+        capacity_factor=capacity_factor,
+        cuda_context=cuda_context,
+    )
+    TrainingSetup(seq_len=seq_len, **setup_kw)  # validates every setup field, each by name
     check_setup(precision, optimizer)
     a = Assumptions.from_kwargs(assumptions)
     space = search_space(
@@ -334,15 +343,6 @@ def plan(
         vpp=vpp,
         uneven_pp=uneven_pp,
     )
-    setup_kw = SetupOptions(
-        precision=precision,
-        optimizer=optimizer,
-        flash_attention=flash_attention,
-        dropout=dropout,
-        capacity_factor=capacity_factor,
-        cuda_context=cuda_context,
-    )
-    TrainingSetup(seq_len=seq_len, **setup_kw)  # validates capacity_factor and the rest
     model = CostModel(spec, cluster, global_batch, seq_len, a, setup_kw)
     # 2. enumerate the families, 3. search each
     families = Families(spec, cluster, global_batch, seq_len, space)
