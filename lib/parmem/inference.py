@@ -41,9 +41,11 @@ __all__ = [
 ]
 
 KV_DTYPES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
-#: bounds of the serving simulation: requests, steps (arrival + output tokens), token slots
+#: the most requests :func:`random_requests` draws and :func:`simulate_kv_cache` serves
 MAX_REQUESTS = 2**20
+#: the most steps :func:`simulate_kv_cache` runs (the latest arrival plus every output token)
 MAX_SIM_STEPS = 2**24
+#: the largest capacity, block and ``max_len`` of :func:`simulate_kv_cache`, in tokens
 MAX_SIM_TOKENS = 2**40
 WEIGHT_DTYPES = {"fp32": 32, "fp16": 16, "bf16": 16, "int8": 8, "int4": 4}
 

@@ -184,7 +184,7 @@ def die_with_parent(parent: int, death_signal: bool = True) -> None:
     Two mechanisms: on Linux, ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` (the kernel kills this
     process the moment the thread that started it exits; only asked for when ``death_signal``,
     i.e. the pool was started from the main thread, which lives as long as the process); and,
-    everywhere, a daemon thread that checks every :data:`WATCHDOG_S` seconds whether this
+    everywhere, a daemon thread that checks every ``WATCHDOG_S`` seconds whether this
     process was re-parented (``os.getppid() != parent``) and then exits. A parent that died
     before either was in place is caught by the first check."""
     import sys
