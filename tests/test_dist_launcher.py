@@ -289,8 +289,8 @@ sys.path.insert(0, {tests!r})
 from parmem.dist import Pool
 pool = Pool(world_size=2).start()
 first = pool.run("parmem.dist.checks:ping")
-print("ready", flush=True)
 try:
+    print("ready", flush=True)
     time.sleep(60)  # an unrelated cell, the pool idle
 except KeyboardInterrupt:
     print("interrupted", flush=True)

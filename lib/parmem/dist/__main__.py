@@ -77,11 +77,16 @@ def _target(demo: str) -> str:
 
 
 def _need_torch() -> None:
-    try:
-        import torch  # noqa: F401
-    except ImportError:
+    """A one-line error unless torch can be imported (checked without importing it)."""
+    import importlib.util
+
+    if "torch" in sys.modules:
+        missing = sys.modules["torch"] is None
+    else:
+        missing = importlib.util.find_spec("torch") is None
+    if missing:
         raise ValueError("torch is not installed: the demos need it (pip install torch, or "
-                         "pip install -r requirements.txt)") from None
+                         "pip install -r requirements.txt)")
 
 
 def under_torchrun() -> bool:
@@ -144,8 +149,11 @@ def _run(ns: argparse.Namespace) -> int:
         if results is None:
             return 0
     else:
-        with Pool(ns.world_size) as pool:
+        pool = Pool(ns.world_size)  # run checks the arguments before it starts the ranks
+        try:
             results = pool.run(target, **kwargs)
+        finally:
+            pool.close()
     print(json.dumps(results, indent=1, default=str) if ns.json else format_results(results))
     return 0
 

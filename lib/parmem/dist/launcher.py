@@ -374,20 +374,15 @@ class Pool:
         self._reap(0.0)
 
     def _reap(self, timeout: float) -> None:
-        import subprocess
-
-        deadline = time.monotonic() + timeout
+        """Wait up to ``timeout`` s for the ranks to exit, terminate the rest, give them 2 s
+        (together), then kill what is left."""
+        for grace, stop in ((timeout, "terminate"), (2.0, "kill")):
+            deadline = time.monotonic() + grace
+            for p in self._procs:
+                if not _exited(p, deadline - time.monotonic()):
+                    getattr(p, stop)()
         for p in self._procs:
-            try:
-                p.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.terminate()
-        for p in self._procs:
-            try:
-                p.wait(2.0)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(2.0)
+            _exited(p, 2.0)
         for c in self._conns:
             c.close()
         self._procs, self._conns, self._store = [], [], None
@@ -509,6 +504,17 @@ class Pool:
             return self._procs[r].wait(2.0)
         except Exception:
             return None
+
+
+def _exited(p, seconds: float) -> bool:
+    """Wait up to ``seconds`` for process ``p``; whether it has exited (and been reaped)."""
+    import subprocess
+
+    try:
+        p.wait(max(0.0, seconds))
+    except subprocess.TimeoutExpired:
+        return False
+    return True
 
 
 def _check_kwargs(name: str, fn, kwargs: dict) -> None:
