@@ -400,6 +400,12 @@ ISSUE_CASES = [  # (call, error type, text the message must contain)
       for v in (math.inf, "abc", [64], math.nan, 64.7, 10**400, -64, True)],
     (lambda: ModelSpec.from_hf_config({**HF, "tie_word_embeddings": "false"}),
      "config['tie_word_embeddings']='false'"),
+    # widgets: no TraitError or IndexError, no GPU of 0 or -80 GiB
+    (lambda: _widget("explore_estimate")(gpu_gib=0, static=False), "gpu_gib=0"),
+    (lambda: _widget("explore_estimate")(gpu_gib=-80, static=False), "gpu_gib=-80"),
+    (lambda: _widget("explore_estimate")(tp=3, static=False), "tp=3 must be one of"),
+    (lambda: _widget("explore_plan")(rank=9, static=False), "rank=9"),
+    (lambda: _widget("explore_schedules")(schedules=("zigzag",), static=False), "schedules[0]"),
 ]
 
 
