@@ -14,7 +14,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ._check import boolean, choice, integer, number
+from ._check import (
+    MAX_BATCH,
+    MAX_GPUS,
+    MAX_LAYERS,
+    MAX_SEQ_LEN,
+    boolean,
+    choice,
+    instance,
+    integer,
+    number,
+)
 from .sharding import check_tp
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -81,8 +91,9 @@ class ParallelConfig:
     vpp: int = 1
 
     def __post_init__(self) -> None:
-        for f in ("dp", "tp", "pp", "ep", "cp", "vpp"):
-            integer(f, getattr(self, f))
+        for f in ("dp", "tp", "pp", "ep", "cp"):
+            integer(f, getattr(self, f), 1, MAX_GPUS)
+        integer("vpp", self.vpp, 1, MAX_LAYERS)
         integer("zero", self.zero, 0, 3)
         boolean("sp", self.sp)
         if self.sp and self.tp == 1:
@@ -105,6 +116,7 @@ class ParallelConfig:
 
     def check_world_size(self, world_size: int) -> None:
         """Raise ``ValueError`` unless d·t·p·cp equals ``world_size``."""
+        integer("world_size", world_size)
         if self.world_size != world_size:
             raise ValueError(
                 f"dp*tp*pp*cp = {self.dp}*{self.tp}*{self.pp}*{self.cp} = "
@@ -151,10 +163,10 @@ class TrainingSetup:
     cuda_context: int = 0
 
     def __post_init__(self) -> None:
-        integer("seq_len", self.seq_len)
-        integer("micro_batch", self.micro_batch)
-        integer("num_microbatches", self.num_microbatches)
-        integer("cuda_context", self.cuda_context, minimum=0)
+        integer("seq_len", self.seq_len, 1, MAX_SEQ_LEN)
+        integer("micro_batch", self.micro_batch, 1, MAX_BATCH)
+        integer("num_microbatches", self.num_microbatches, 1, MAX_BATCH)
+        integer("cuda_context", self.cuda_context, 0, 2**40)  # bytes: at most 1 TiB
         choice("precision", self.precision, PRECISIONS)
         choice("optimizer", self.optimizer, OPTIMIZERS)
         choice("recompute", self.recompute, RECOMPUTE)
@@ -170,6 +182,8 @@ def check_layout(
 ) -> list[int]:
     """Raise ``ValueError`` unless ``par`` and ``setup`` fit ``spec``; return the layers of each
     pipeline stage (``layers_per_stage``, checked, or :func:`even_split`)."""
+    instance("parallel", par, ParallelConfig, "ParallelConfig(dp=..., tp=..., ...)")
+    instance("setup", setup, TrainingSetup, "TrainingSetup(seq_len=...)")
     p = par.pp
     check_tp(spec, par.tp, par.ep)
     if p > spec.layers:

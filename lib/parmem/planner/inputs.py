@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import TypedDict
 
-from .._check import integer, number
+from .._check import MAX_GPUS, integer, number
 from ..hardware import Hardware, hardware_preset, hardware_presets
 
 __all__ = ["Cluster", "Assumptions", "AssumptionOptions", "SetupOptions"]
@@ -40,9 +40,14 @@ class Cluster:
                     f"{', '.join(hardware_presets())}"
                 ) from None
         else:
-            raise ValueError(f"gpu={self.gpu!r} must be a preset name or a Hardware")
-        integer("gpus_per_node", self.gpus_per_node)
-        integer("nodes", self.nodes)
+            raise ValueError(f"gpu={self.gpu!r:.60} must be a preset name or a Hardware")
+        integer("gpus_per_node", self.gpus_per_node, 1, MAX_GPUS)
+        integer("nodes", self.nodes, 1, MAX_GPUS)
+        if self.gpus_per_node * self.nodes > MAX_GPUS:
+            raise ValueError(
+                f"nodes={self.nodes} x gpus_per_node={self.gpus_per_node} = "
+                f"{self.gpus_per_node * self.nodes} GPUs: at most {MAX_GPUS} (2**20) are planned for"
+            )
         object.__setattr__(self, "hardware", hw)
 
     @property
@@ -129,9 +134,9 @@ class Assumptions:
         number("headroom", self.headroom, 0.0, 1.0, hi_open=True)
         for f in ("tp_overlap", "dp_overlap", "pp_overlap", "cp_overlap", "ep_overlap"):
             number(f, getattr(self, f), 0.0, 1.0)
-        integer("dp_bucket_params", self.dp_bucket_params)
-        integer("mfu_half_width", self.mfu_half_width, 0)
-        integer("mfu_half_hidden", self.mfu_half_hidden, 0)
+        integer("dp_bucket_params", self.dp_bucket_params, 1, 2**40)
+        integer("mfu_half_width", self.mfu_half_width, 0, 2**31)
+        integer("mfu_half_hidden", self.mfu_half_hidden, 0, 2**31)
 
     @classmethod
     def from_kwargs(cls, kwargs: AssumptionOptions) -> Assumptions:

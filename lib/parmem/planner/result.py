@@ -8,6 +8,7 @@ import html
 from dataclasses import asdict, dataclass
 from typing import Any, TypedDict
 
+from .._check import integer
 from ..config import ParallelConfig, TrainingSetup
 from ..estimate import Estimate
 from ..model import ModelSpec
@@ -364,7 +365,12 @@ class Plan:
         if candidate is None or isinstance(candidate, int):
             if not self.candidates:
                 raise ValueError(f"nothing to emit: {self.message}")
-            candidate = self.candidates[candidate or 0]
+            rank = 0 if candidate is None else candidate
+            candidate = self.candidates[integer("candidate", rank, 0, len(self.candidates) - 1)]
+        elif not isinstance(candidate, Candidate):
+            raise ValueError(
+                f"candidate={candidate!r:.60} must be a Candidate or its rank (an int), or None"
+            )
         return EMITTERS[engine](self, candidate)
 
     def emit(self, engine: str, candidate: Candidate | int | None = None) -> str:

@@ -31,7 +31,8 @@ from collections.abc import Iterable
 from itertools import product
 from typing import NamedTuple, Unpack
 
-from ..config import RECOMPUTE, ParallelConfig, TrainingSetup, even_split
+from .._check import MAX_BATCH, boolean, integer
+from ..config import RECOMPUTE, ParallelConfig, TrainingSetup, check_layout
 from ..estimate import Estimate, estimate
 from ..flops import step_flops
 from ..hardware import hardware_preset, hardware_presets
@@ -62,6 +63,11 @@ TIE = 0.01
 
 # a setting of one family: indices into its zeros, sps, rcs and the micro-batches searched
 _Cell = tuple[int, ...]
+
+#: the most work one :func:`plan` does, in stage-estimates (an estimate of a p-stage layout
+#: counts p; a plan of GPT-3 175B on 3,072 GPUs does about 6,000); beyond it the request is
+#: refused with a message, so a huge search space answers in seconds instead of minutes
+MAX_SEARCH_WORK = 1_000_000
 
 
 def _fmt_setting(zero: int, sp: bool, rc: str, b: int, v: int = 1) -> str:
@@ -273,6 +279,31 @@ def _check_batch(families: Families) -> None:
         )
 
 
+def _search(
+    model: CostModel, families: Families
+) -> tuple[list[_Point], list[tuple[int, str]], int]:
+    """Search every family (recording the rejected ones in ``families.rejected``); the feasible
+    points, the lower bounds of the families and the number searched. Refuses (``ValueError``)
+    a search that grows past :data:`MAX_SEARCH_WORK`."""
+    feasible: list[_Point] = []
+    lower_bounds: list[tuple[int, str]] = []
+    searched = work = 0
+    for fam in families:
+        searched += 1
+        before = model.estimates
+        reason = _search_family(model, fam, feasible, lower_bounds)
+        if reason:
+            families.rejected[fam.key] = reason
+        work += (model.estimates - before) * fam.p
+        if work > MAX_SEARCH_WORK:
+            raise ValueError(
+                f"the search is too large: {model.estimates} estimates of up to {fam.p} stages "
+                f"after {searched} families of the {families.N} GPUs; narrow it (tp=, pp=, "
+                "micro_batch=, uneven_pp=False) or plan for fewer GPUs"
+            )
+    return feasible, lower_bounds, searched
+
+
 # ---------------------------------------------------------------------------- entry points
 def plan(
     spec: ModelSpec,
@@ -324,6 +355,17 @@ def plan(
     t0 = time.perf_counter()
     # 1. validate the request
     check_inputs(spec, cluster, global_batch, seq_len, top, cuda_context)
+    integer("global_batch", global_batch, 1, MAX_BATCH)
+    boolean("uneven_pp", uneven_pp)
+    setup_kw = SetupOptions(
+        precision=precision,
+        optimizer=optimizer,
+        flash_attention=flash_attention,
+        dropout=dropout,
+        capacity_factor=capacity_factor,
+        cuda_context=cuda_context,
+    )
+    TrainingSetup(seq_len=seq_len, **setup_kw)  # validates every setup field, each by name
     check_setup(precision, optimizer)
     a = Assumptions.from_kwargs(assumptions)
     space = search_space(
@@ -339,26 +381,10 @@ def plan(
         vpp=vpp,
         uneven_pp=uneven_pp,
     )
-    setup_kw = SetupOptions(
-        precision=precision,
-        optimizer=optimizer,
-        flash_attention=bool(flash_attention),
-        dropout=bool(dropout),
-        capacity_factor=capacity_factor,
-        cuda_context=cuda_context,
-    )
-    TrainingSetup(seq_len=seq_len, **setup_kw)  # validates capacity_factor and the rest
     model = CostModel(spec, cluster, global_batch, seq_len, a, setup_kw)
     # 2. enumerate the families, 3. search each
     families = Families(spec, cluster, global_batch, seq_len, space)
-    feasible: list[_Point] = []
-    lower_bounds: list[tuple[int, str]] = []
-    searched = 0
-    for fam in families:
-        searched += 1
-        reason = _search_family(model, fam, feasible, lower_bounds)
-        if reason:
-            families.rejected[fam.key] = reason
+    feasible, lower_bounds, searched = _search(model, families)
     _check_batch(families)
     # 4. rank, 5. the Pareto front
     head = _rank(model, feasible, top)
@@ -403,6 +429,7 @@ def evaluate(
         raise ValueError(f"spec must be a ModelSpec, got {type(spec).__name__}")
     if not isinstance(cluster, Cluster):
         raise ValueError(f"cluster must be a Cluster, got {type(cluster).__name__}")
+    lps = tuple(check_layout(spec, parallel, setup, layers_per_stage))
     parallel.check_world_size(cluster.world_size)
     a = Assumptions.from_kwargs(assumptions)
     if parallel.tp > cluster.gpus_per_node:
@@ -417,10 +444,5 @@ def evaluate(
         cuda_context=setup.cuda_context,
     )
     model = CostModel(spec, cluster, G, setup.seq_len, a, setup_kw)
-    lps = (
-        tuple(layers_per_stage)
-        if layers_per_stage is not None
-        else even_split(spec.layers, parallel.pp)
-    )
     est = estimate(spec, parallel, setup, layers_per_stage=list(lps))
     return _candidate(model, parallel, setup, lps, est)
