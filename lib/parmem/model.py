@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from os import PathLike
 from pathlib import Path
 
-from ._check import boolean, choice, integer
+from ._check import boolean, choice, integer, number
 from ._data import load_yaml
 from .sharding import layer_tensors, param_counts
 
@@ -43,6 +43,11 @@ class ModelSpec:
 
     ``kv_heads``, ``head_dim``, ``ffn_hidden`` and ``expert_ffn_hidden`` may be left at 0 (or
     ``None``) to take their usual values: ``heads``, h/a, 4h and ``ffn_hidden``.
+
+    ``dropout`` is the model's own dropout probability (the largest of its attention, residual
+    and embedding dropouts): 0.1 for GPT-2 and GPT-3, 0.0 for Llama, Mistral, Mixtral and Qwen.
+    ``None`` (a spec built by hand without it) keeps the papers' assumption, dropout on
+    (:attr:`has_dropout`). A :class:`~parmem.config.TrainingSetup` follows it by default.
     """
 
     name: str
@@ -64,6 +69,7 @@ class ModelSpec:
     top_k: int = 0
     expert_ffn_hidden: int = 0
     shared_experts: int = 0
+    dropout: float | None = None
     source: str = ""
 
     def __post_init__(self) -> None:
@@ -77,6 +83,8 @@ class ModelSpec:
         choice("position", self.position, POSITION_KINDS)
         for f in ("bias", "qkv_bias", "tied_embeddings"):
             boolean(f, getattr(self, f))
+        if self.dropout is not None:
+            number("dropout", self.dropout, 0.0, 1.0, hi_open=True)
         self._check_experts()
 
     def _derive_widths(self) -> None:
@@ -161,6 +169,12 @@ class ModelSpec:
         return self.num_experts > 0
 
     @property
+    def has_dropout(self) -> bool:
+        """Whether training keeps dropout masks: ``dropout > 0``, or ``dropout`` not given (the
+        papers' GPT layers, Korthikanti et al. 2022, have dropout)."""
+        return self.dropout is None or self.dropout > 0
+
+    @property
     def q_dim(self) -> int:
         """Width of the query projection, a · head_dim."""
         return self.heads * self.head_dim
@@ -219,6 +233,27 @@ def _need(cfg: dict, *keys: str):
     raise ValueError(f"config: missing {keys[0]!r} (model_type={cfg.get('model_type')!r})")
 
 
+#: Hugging Face config keys that hold a dropout probability (GPT-2: resid/embd/attn_pdrop; Llama,
+#: Mistral, Mixtral, Qwen: attention_dropout; others: hidden_dropout …).
+_HF_DROPOUT_KEYS = (
+    "attention_dropout",
+    "hidden_dropout",
+    "resid_pdrop",
+    "embd_pdrop",
+    "attn_pdrop",
+    "dropout",
+    "hidden_dropout_prob",
+    "attention_probs_dropout_prob",
+)
+
+
+def _hf_dropout(cfg: dict, default: float) -> float:
+    """The largest dropout probability a config states; ``default`` (the family's Hugging Face
+    default: 0.1 for GPT-2, 0.0 for the Llama key names) when it states none."""
+    found = [float(cfg[k]) for k in _HF_DROPOUT_KEYS if isinstance(cfg.get(k), int | float)]
+    return max(found) if found else default
+
+
 def _from_hf(cfg: dict) -> dict:
     """Map a Hugging Face config dict onto ModelSpec fields."""
     mtype = str(cfg.get("model_type", "")).lower()
@@ -237,6 +272,7 @@ def _from_hf(cfg: dict) -> dict:
             tied_embeddings=bool(cfg.get("tie_word_embeddings", True)),
             position="learned",
             max_positions=int(_need(cfg, "n_positions", "n_ctx")),
+            dropout=_hf_dropout(cfg, 0.1),
             source=f"Hugging Face config.json (model_type={mtype or 'gpt2'})",
         )
     h = int(_need(cfg, "hidden_size"))
@@ -256,6 +292,7 @@ def _from_hf(cfg: dict) -> dict:
         tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         position="rotary",
         max_positions=int(cfg.get("max_position_embeddings") or 2048),
+        dropout=_hf_dropout(cfg, 0.0),
         source=f"Hugging Face config.json (model_type={mtype or 'unknown'})",
     )
     experts = cfg.get("num_local_experts") or cfg.get("num_experts")
