@@ -200,7 +200,7 @@ def saved_tensor_bytes(
     seq_len: int,
     micro_batch: int,
     *,
-    place: str = "layer",
+    places: tuple[str, ...] = ("layer",),
     tp: int = 1,
     sp: bool = False,
     cp: int = 1,
@@ -210,11 +210,12 @@ def saved_tensor_bytes(
     norm_stat_bytes: int = 0,
     capacity_factor: float = 1.0,
     engine: str = "paper",
-) -> list[tuple[SavedTensor, int]]:
-    """(entry, bytes) of every saved tensor of the profile's ``place`` table (``"layer"``,
-    ``"first"`` or ``"last"``) that applies to ``spec``, for one micro-batch on one rank (the
-    layout already checked: the estimator's fast path; :func:`layer_terms` for the checked,
-    named view)."""
+) -> list[list[tuple[SavedTensor, int]]]:
+    """For each of ``places`` (``"layer"``, ``"first"``, ``"last"``: a layer, the first and the
+    last pipeline stage's own tensors), (entry, bytes) of every saved tensor of the profile's
+    table that applies to ``spec``, for one micro-batch on one rank. The layout is taken as
+    checked: this is the estimator's fast path; :func:`layer_terms` is the checked, named
+    view."""
     conds = _conditions(
         spec.ffn_kind,
         spec.is_moe,
@@ -224,14 +225,17 @@ def saved_tensor_bytes(
         dropout,
         act_bytes,
     )
-    c = _context(spec, seq_len, micro_batch, tp, sp, cp, act_bytes, norm_stat_bytes,
-                 capacity_factor)  # fmt: skip
-    out = []
-    for x in _active(engine, place, conds):
-        if x.dtype == "stat" and not norm_stat_bytes:
-            continue  # norm statistics left out, as the paper does
-        out.append((x, _entry_bytes(x, c)))
-    return out
+    c = _context(
+        spec, seq_len, micro_batch, tp, sp, cp, act_bytes, norm_stat_bytes, capacity_factor
+    )
+    return [
+        [
+            (x, _entry_bytes(x, c))
+            for x in _active(engine, place, conds)
+            if norm_stat_bytes or x.dtype != "stat"  # statistics left out, as the paper does
+        ]
+        for place in places
+    ]
 
 
 def layer_terms(
@@ -287,7 +291,7 @@ def layer_terms(
     if dropout is None:
         dropout = spec.has_dropout
     boolean("dropout", dropout)
-    pairs = saved_tensor_bytes(
+    (pairs,) = saved_tensor_bytes(
         spec,
         seq_len,
         micro_batch,

@@ -242,11 +242,13 @@ def estimate(
     lps = check_layout(spec, par, setup, layers_per_stage)
     prof = engine(setup.engine)
     dropout = setup.dropout_for(spec)
-    full, kept = _layer_bytes(spec, par, setup, dropout)
-    first_b, last_b = (_place_bytes(spec, par, setup, p, dropout) for p in ("first", "last"))
+    full, kept, first_b, last_b = _activation_bytes(spec, par, setup, dropout)
     buffers = _buffers(spec, par, setup)
     zero3, bucket = _engine_buffers(spec, par, setup, prof)
     ddp_copy = par.dp * par.cp > 1 and par.zero == 0 and setup.buckets == "copy"
+    bucket_note = (
+        f"{prof.name}: gradient-reduction bucket of {prof.buffers.reduce_bucket:,} elements"
+    )
     in_flight = in_flight_profile(setup.schedule, par.pp, setup.num_microbatches, par.vpp)
     states: dict[tuple[int, bool, bool], tuple[int, int, int, int, int]] = {}
     stages = []
@@ -277,8 +279,7 @@ def estimate(
             comm += g_bytes
             notes.append("DDP buckets hold a second copy of the gradients")
         if bucket:
-            notes.append(f"{prof.name}: gradient-reduction bucket of {prof.buffers.reduce_bucket:,} "
-                         "elements")  # fmt: skip
+            notes.append(bucket_note)
         stages.append(
             MemoryBreakdown(
                 stage=i,
@@ -310,15 +311,18 @@ def _boundary(spec: ModelSpec, par: ParallelConfig, setup: TrainingSetup) -> int
     )
 
 
-def _saved(
-    spec: ModelSpec, par: ParallelConfig, setup: TrainingSetup, place: str, dropout: bool
-) -> list[tuple[Any, int]]:
-    """The profile's saved tensors of ``place`` (``layer``, ``first``, ``last``) with bytes."""
-    return saved_tensor_bytes(
+def _activation_bytes(
+    spec: ModelSpec, par: ParallelConfig, setup: TrainingSetup, dropout: bool
+) -> tuple[int, int, int, int]:
+    """(all, kept) activation bytes of one layer and one micro-batch, and the first and the last
+    stage's own tensors per micro-batch, from the profile's saved-tensor tables
+    (:func:`~parmem.activations.layer_terms`). Kept: all under no recompute; all but the core
+    under selective; the layer's input under full (Korthikanti et al. 2022 Table 2)."""
+    layer, first, last = saved_tensor_bytes(
         spec,
         setup.seq_len,
         setup.micro_batch,
-        place=place,
+        places=("layer", "first", "last"),
         tp=par.tp,
         sp=par.sp,
         cp=par.cp,
@@ -328,29 +332,14 @@ def _saved(
         capacity_factor=setup.capacity_factor,
         engine=setup.engine,
     )
-
-
-def _layer_bytes(
-    spec: ModelSpec, par: ParallelConfig, setup: TrainingSetup, dropout: bool
-) -> tuple[int, int]:
-    """(all, kept) activation bytes of one layer and one micro-batch: everything the profile's
-    saved-tensor table lists (:func:`~parmem.activations.layer_terms`), and what the recompute
-    mode keeps (selective: all but the core; full: the layer's input, Korthikanti et al. 2022
-    Table 2)."""
-    pairs = _saved(spec, par, setup, "layer", dropout)
-    full = sum(n for _, n in pairs)
+    full = sum(n for _, n in layer)
     if setup.recompute == "none":
-        return full, full
-    if setup.recompute == "selective":
-        return full, sum(n for x, n in pairs if not x.core)
-    return full, _boundary(spec, par, setup)
-
-
-def _place_bytes(
-    spec: ModelSpec, par: ParallelConfig, setup: TrainingSetup, place: str, dropout: bool
-) -> int:
-    """Bytes of the first (or last) stage's own saved tensors for one micro-batch."""
-    return sum(n for _, n in _saved(spec, par, setup, place, dropout))
+        kept = full
+    elif setup.recompute == "selective":
+        kept = sum(n for x, n in layer if not x.core)
+    else:
+        kept = _boundary(spec, par, setup)
+    return full, kept, sum(n for _, n in first), sum(n for _, n in last)
 
 
 def _buffers(spec: ModelSpec, par: ParallelConfig, setup: TrainingSetup) -> int:
