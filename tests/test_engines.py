@@ -560,3 +560,23 @@ def test_cli_default_dropout_follows_the_model_and_flags_override(capsys):
         assert main(base + extra) == 0
         peaks.append(json.loads(capsys.readouterr().out)["peak_bytes"])
     assert peaks[0] == peaks[1] < peaks[2]
+
+
+# ---------------------------------------------------------------------------- the TOML loader
+def test_load_toml_reads_with_the_standard_library(tmp_path, monkeypatch):
+    import parmem._data as data
+
+    monkeypatch.setattr(data, "DATA_DIRS", (tmp_path,))
+    data.load_toml.cache_clear()
+    try:
+        (tmp_path / "t.toml").write_text('[a]\nb = 1\n')
+        assert data.load_toml("t.toml") == {"a": {"b": 1}}
+        (tmp_path / "bad.toml").write_text("[a\n")
+        with pytest.raises(ValueError, match="data file 'bad.toml' is not valid TOML"):
+            data.load_toml("bad.toml")
+        with pytest.raises(ValueError, match="data file 'missing.toml' not found"):
+            data.load_toml("missing.toml")
+    finally:
+        data.load_toml.cache_clear()
+        monkeypatch.undo()
+    assert "paper" in data.load_toml("engines.toml")["engines"]
