@@ -21,6 +21,7 @@ ORDER = [
     "parmem.sharding",
     "parmem.config",
     "parmem.estimate",
+    "parmem.engines",
     "parmem.states",
     "parmem.activations",
     "parmem.pipeline",

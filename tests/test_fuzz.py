@@ -24,6 +24,8 @@ from hypothesis import strategies as st
 
 from parmem import ModelSpec, ParallelConfig, TrainingSetup, estimate
 from parmem._check import MAX_BATCH, MAX_GPUS, MAX_LAYERS, MAX_SEQ_LEN, MAX_WIDTH
+from parmem.config import GRAD_DTYPES, OFFLOADS, OPTIMIZERS
+from parmem.engines import engines
 from parmem.hardware import (
     Hardware,
     Link,
@@ -147,7 +149,7 @@ def _plan_fields() -> dict:
          "top": bad_int(1), "uneven_pp": bad_bool(),
          "precision": bad_choice(("fp32", "bf16-mixed", "fp16-mixed", "bf16")),
          "optimizer": bad_choice(("adamw", "adam-8bit", "sgd-momentum", "sgd")),
-         "flash_attention": bad_bool(), "dropout": bad_bool(),
+         "flash_attention": bad_bool(), "dropout": bad_bool(none_ok=True),
          "capacity_factor": bad_number(1.0, 1e6), "cuda_context": bad_int(0, 2**40),
          "mfu": bad_number(0.0, 1.0, lo_open=True), "headroom": bad_number(0.0, 1.0, hi_open=True),
          "tp_overlap": bad_number(0.0, 1.0), "dp_overlap": bad_number(0.0, 1.0),
@@ -226,11 +228,15 @@ ENTRIES = [
         "num_microbatches": (bad_int(1, MAX_BATCH), None),
         "cuda_context": (bad_int(0, 2**40), None),
         "precision": (bad_choice(("fp32", "bf16-mixed", "fp16-mixed", "bf16")), None),
-        "optimizer": (bad_choice(("adamw", "adam-8bit", "sgd-momentum", "sgd")), None),
+        "optimizer": (bad_choice(tuple(OPTIMIZERS)), None),
+        "engine": (bad_choice(tuple(engines())), None),
+        "grad_dtype": (bad_choice(tuple(GRAD_DTYPES), none_ok=True), None),
+        "offload": (bad_choice(tuple(OFFLOADS)), None),
+        "master_weights": (bad_bool(none_ok=True), None),
         "recompute": (bad_choice(("none", "selective", "full")), None),
         "schedule": (bad_choice(("gpipe", "1f1b", "interleaved")), None),
-        "grad_buckets": (bad_choice(("view", "copy")), None),
-        "flash_attention": (bad_bool(), None), "dropout": (bad_bool(), None),
+        "grad_buckets": (bad_choice(("view", "copy"), none_ok=True), None),
+        "flash_attention": (bad_bool(), None), "dropout": (bad_bool(none_ok=True), None),
         "capacity_factor": (bad_number(1.0, 1e6), None)}),
     Entry("estimate", lambda spec=SPEC, parallel=None, setup=None, **kw:
           estimate(spec, parallel, setup, **kw),

@@ -1,7 +1,9 @@
 """The ``parmem`` command.
 
     parmem models
+    parmem engines
     parmem estimate --model llama-2-7b --tp 4 --pp 2 --dp 8 --zero 1 --seq 4096 [--json]
+        [--engine megatron-core] [--optimizer lion] [--offload optimizer]
     parmem kv --model llama-3-70b --seq 8192 --batch 16 --tp 8
     parmem serve-memory --model llama-2-7b --weights int4 --seq 4096 --batch 8
     parmem plan --model gpt3-175b --gpu a100-80gb --gpus-per-node 8 --nodes 96 \
@@ -35,7 +37,17 @@ from ._check import (
     one_line,
     quiet_broken_pipe,
 )
-from .config import OPTIMIZERS, PRECISIONS, RECOMPUTE, SCHEDULES, ParallelConfig, TrainingSetup
+from .config import (
+    GRAD_DTYPES,
+    OFFLOADS,
+    OPTIMIZERS,
+    PRECISIONS,
+    RECOMPUTE,
+    SCHEDULES,
+    ParallelConfig,
+    TrainingSetup,
+)
+from .engines import engine, engines
 from .estimate import estimate
 from .inference import KV_DTYPES, WEIGHT_DTYPES, kv_cache_bytes, kv_cache_bytes_per_token
 from .inference import weight_bytes as _weight_bytes
@@ -92,6 +104,18 @@ def _cmd_models(args) -> int:
     return 0
 
 
+def _cmd_engines(args) -> int:
+    names = engines()
+    if args.json:
+        rows = [{"name": n, "title": t, "version": engine(n).version} for n, t in names.items()]
+        print(json.dumps(rows, indent=2))
+        return 0
+    width = max(map(len, names))
+    for n, title in names.items():
+        print(f"{n:<{width}}  {title} ({engine(n).version})")
+    return 0
+
+
 def _cmd_estimate(args) -> int:
     spec = _model(args.model)
     par = ParallelConfig(
@@ -114,12 +138,22 @@ def _cmd_estimate(args) -> int:
         recompute=args.recompute,
         schedule=schedule,
         flash_attention=args.flash,
-        dropout=not args.no_dropout,
+        dropout=args.dropout,
         grad_buckets=args.grad_buckets,
         cuda_context=int(round(args.context_gib * GIB)),
+        engine=args.engine,
+        grad_dtype=args.grad_dtype,
+        offload=args.offload,
     )
     lps = list(args.layers_per_stage) if args.layers_per_stage else None
-    est = estimate(spec, par, setup, layers_per_stage=lps, world_size=args.world_size)
+    est = estimate(
+        spec,
+        par,
+        setup,
+        layers_per_stage=lps,
+        world_size=args.world_size,
+        gpus_per_node=args.gpus_per_node,
+    )
     print(json.dumps(est.to_dict(), indent=2) if args.json else est)
     return 0
 
@@ -246,7 +280,7 @@ def _cmd_plan(args) -> int:
         precision=args.precision,
         optimizer=args.optimizer,
         flash_attention=args.flash,
-        dropout=not args.no_dropout,
+        dropout=False if args.no_dropout else None,
         **opts,
     )
     if args.json:
@@ -270,6 +304,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_models)
 
+    p = sub.add_parser("engines", help="list engine profiles, one line each")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_engines)
+
     p = sub.add_parser("estimate", help="per-GPU training memory, stage by stage")
     p.add_argument("--model", required=True, help="preset name or path to a config.json")
     for flag, default in (("dp", 1), ("tp", 1), ("pp", 1), ("ep", 1), ("cp", 1)):
@@ -287,8 +325,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--recompute", default="none", choices=RECOMPUTE)
     p.add_argument("--schedule", default=None, choices=SCHEDULES)
     p.add_argument("--flash", action="store_true", help="attention keeps no s x s matrix")
-    p.add_argument("--no-dropout", action="store_true")
-    p.add_argument("--grad-buckets", default="view", choices=("view", "copy"))
+    drop = p.add_mutually_exclusive_group()
+    drop.add_argument(
+        "--dropout",
+        dest="dropout",
+        action="store_const",
+        const=True,
+        default=None,
+        help="keep dropout masks (default: the model's own dropout)",
+    )
+    drop.add_argument("--no-dropout", dest="dropout", action="store_const", const=False)
+    p.add_argument(
+        "--grad-buckets",
+        default=None,
+        choices=("view", "copy"),
+        help="DDP buckets (default: the engine's)",
+    )
+    p.add_argument(
+        "--engine", default="paper", choices=tuple(engines()), help="engine profile (see engines)"
+    )
+    p.add_argument("--grad-dtype", default=None, choices=tuple(GRAD_DTYPES))
+    p.add_argument("--offload", default="none", choices=OFFLOADS, help="ZeRO-Offload to the host")
+    p.add_argument(
+        "--gpus-per-node", type=_int(1, 1024), default=None, help="for host memory per node"
+    )
     p.add_argument(
         "--context-gib", type=_real(0, 1024), default=0.0, help="CUDA context per GPU, GiB"
     )

@@ -19,7 +19,7 @@ from os import PathLike
 from pathlib import Path
 from typing import Any
 
-from ._check import MAX_LAYERS, MAX_WIDTH, boolean, choice, integer
+from ._check import MAX_LAYERS, MAX_WIDTH, boolean, choice, integer, number
 from ._data import load_yaml
 from .sharding import layer_tensors, param_counts
 
@@ -44,6 +44,11 @@ class ModelSpec:
 
     ``kv_heads``, ``head_dim``, ``ffn_hidden`` and ``expert_ffn_hidden`` may be left at 0 (or
     ``None``) to take their usual values: ``heads``, h/a, 4h and ``ffn_hidden``.
+
+    ``dropout`` is the model's own dropout probability (the largest of its attention, residual
+    and embedding dropouts): 0.1 for GPT-2 and GPT-3, 0.0 for Llama, Mistral, Mixtral and Qwen.
+    ``None`` (a spec built by hand without it) keeps the papers' assumption, dropout on
+    (:attr:`has_dropout`). A :class:`~parmem.config.TrainingSetup` follows it by default.
     """
 
     name: str
@@ -65,6 +70,7 @@ class ModelSpec:
     top_k: int = 0
     expert_ffn_hidden: int = 0
     shared_experts: int = 0
+    dropout: float | None = None
     source: str = ""
 
     def __post_init__(self) -> None:
@@ -82,6 +88,8 @@ class ModelSpec:
         choice("position", self.position, POSITION_KINDS)
         for f in ("bias", "qkv_bias", "tied_embeddings"):
             boolean(f, getattr(self, f))
+        if self.dropout is not None:
+            number("dropout", self.dropout, 0.0, 1.0, hi_open=True)
         self._check_experts()
 
     def _derive_widths(self) -> None:
@@ -167,6 +175,12 @@ class ModelSpec:
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
+
+    @property
+    def has_dropout(self) -> bool:
+        """Whether training keeps dropout masks: ``dropout > 0``, or ``dropout`` not given (the
+        papers' GPT layers, Korthikanti et al. 2022, have dropout)."""
+        return self.dropout is None or self.dropout > 0
 
     @property
     def q_dim(self) -> int:
@@ -263,6 +277,27 @@ def _need(cfg: dict[str, Any], *keys: str, maximum: int = MAX_WIDTH) -> int:
     raise ValueError(f"config: missing {keys[0]!r} (model_type={cfg.get('model_type')!r:.40})")
 
 
+#: Hugging Face config keys that hold a dropout probability (GPT-2: resid/embd/attn_pdrop; Llama,
+#: Mistral, Mixtral, Qwen: attention_dropout; others: hidden_dropout …).
+_HF_DROPOUT_KEYS = (
+    "attention_dropout",
+    "hidden_dropout",
+    "resid_pdrop",
+    "embd_pdrop",
+    "attn_pdrop",
+    "dropout",
+    "hidden_dropout_prob",
+    "attention_probs_dropout_prob",
+)
+
+
+def _hf_dropout(cfg: dict[str, Any], default: float) -> float:
+    """The largest dropout probability a config states; ``default`` (the family's Hugging Face
+    default: 0.1 for GPT-2, 0.0 for the Llama key names) when it states none."""
+    found = [number(_key(k), cfg[k], 0.0, 1.0) for k in _HF_DROPOUT_KEYS if cfg.get(k) is not None]
+    return max(found) if found else default
+
+
 def _opt(cfg: dict[str, Any], key: str) -> int:
     """``key`` as an integer >= 0, 0 when it is missing or null (0: "take the usual value")."""
     value = cfg.get(key)
@@ -296,6 +331,7 @@ def _from_hf(cfg: dict[str, Any]) -> dict[str, Any]:
             tied_embeddings=_flag(cfg, "tie_word_embeddings", True),
             position="learned",
             max_positions=_need(cfg, "n_positions", "n_ctx"),
+            dropout=_hf_dropout(cfg, 0.1),
             source=f"Hugging Face config.json (model_type={mtype or 'gpt2'})",
         )
     h = _need(cfg, "hidden_size")
@@ -316,6 +352,7 @@ def _from_hf(cfg: dict[str, Any]) -> dict[str, Any]:
         tied_embeddings=_flag(cfg, "tie_word_embeddings", False),
         position="rotary",
         max_positions=_opt(cfg, "max_position_embeddings") or 2048,
+        dropout=_hf_dropout(cfg, 0.0),
         source=f"Hugging Face config.json (model_type={mtype or 'unknown'})",
     )
     out.update(_hf_experts(cfg))

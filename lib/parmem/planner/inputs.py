@@ -179,7 +179,7 @@ class SetupOptions(TypedDict):
     precision: str
     optimizer: str
     flash_attention: bool
-    dropout: bool
+    dropout: bool | None
     capacity_factor: float
     cuda_context: int
 

@@ -325,7 +325,7 @@ def plan(
     precision: str = "bf16-mixed",
     optimizer: str = "adamw",
     flash_attention: bool = False,
-    dropout: bool = True,
+    dropout: bool | None = None,
     capacity_factor: float = 1.0,
     cuda_context: int = 0,
     **assumptions: Unpack[AssumptionOptions],
@@ -342,7 +342,8 @@ def plan(
     with ``pp=1``, DeepSpeed's rule), ``sp`` (with ``tp > 1``), ``recompute``, ``micro_batch``
     (dividing ``global_batch / d``), ``vpp`` (virtual stages; v ≥ 2 needs ``m % p == 0`` and v
     dividing each stage's layers). ``precision``, ``optimizer``, ``flash_attention``, ``dropout``,
-    ``capacity_factor`` and ``cuda_context`` go to every :class:`~parmem.config.TrainingSetup`.
+    ``capacity_factor`` and ``cuda_context`` go to every :class:`~parmem.config.TrainingSetup`
+    (``dropout=None``: the model's own).
 
     ``**assumptions``: the cost model's parameters, see :class:`Assumptions` (``mfu``,
     ``headroom``, ``tp_overlap``, ``dp_overlap``, ``dp_bucket_params``, ``pp_overlap``,
