@@ -1,11 +1,13 @@
 """Repository-wide pytest setup, mainly for running the chapters as tests.
 
-`make notebooks` runs ``pytest --nbval-lax -n 2 --dist loadfile chapters``. This file
+`make notebooks` runs ``pytest tests/book/test_chapters.py -n 2`` (one test per chapter, executed
+as the book's build executes it; ``pytest --nbval-lax chapters`` runs them cell by cell). This file
 
 * sets the environment the notebooks' kernels inherit (each pytest-xdist worker imports it too,
   before starting any kernel): two ranks for the ``torch.distributed`` demos, a headless
   matplotlib, one BLAS thread per process;
-* adds up each notebook's seconds (kernel start, every cell, shutdown) from the test reports.
+* adds up each notebook's seconds (kernel start, every cell, shutdown) from the test reports
+  (a chapter test reports its notebook and cell count as user properties; nbval one cell each).
   Under pytest-xdist the reports reach the controller through ``pytest_runtest_logreport``, so
   the table printed by ``pytest_terminal_summary`` covers every worker. With ``PARMEM_NB_TIMES``
   set to a path, the table is also written there (``make test`` prints it again at the end).
@@ -31,12 +33,13 @@ _failed: set[str] = set()
 
 
 def pytest_runtest_logreport(report) -> None:
-    path = report.nodeid.split("::", 1)[0]
+    props = dict(report.user_properties)
+    path = props.get("notebook") or report.nodeid.split("::", 1)[0]
     if not path.endswith(".ipynb"):
         return
     _seconds[path] += report.duration
     if report.when == "call":
-        _cells[path] += 1
+        _cells[path] += props.get("cells", 1)
     if report.failed:
         _failed.add(path)
 

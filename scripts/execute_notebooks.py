@@ -47,8 +47,37 @@ def toc_notebooks() -> list[Path]:
     return found
 
 
+CACHE = ROOT / "_build" / ".jupyter_cache"
+
+
+def cell_timeout() -> int:
+    """Seconds per cell, as the build uses them (``execute.timeout`` in ``_config.yml``)."""
+    import yaml
+
+    config = yaml.safe_load((ROOT / "_config.yml").read_text())
+    return int(config.get("execute", {}).get("timeout", 30))
+
+
+def store(nb, path, seconds: float, cache_dir: Path = CACHE) -> None:
+    """Put an executed notebook into the execution cache, as the build would. A file lock keeps
+    two processes (pytest-xdist workers) from writing the cache's database at once."""
+    import fcntl
+
+    from jupyter_cache import get_cache
+    from jupyter_cache.base import CacheBundleIn
+
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with open(cache_dir.parent / ".jupyter_cache.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        get_cache(str(cache_dir)).cache_notebook_bundle(
+            CacheBundleIn(nb, str(path), data={"execution_seconds": seconds}),
+            check_validity=False,
+            overwrite=True,
+        )
+
+
 def execute(path: str, timeout: int):
-    """Run one notebook in a child process; return (path, notebook, seconds, traceback)."""
+    """Run one notebook; return (path, notebook, seconds, traceback)."""
     import nbformat
     from jupyter_cache.executors.utils import single_nb_execution
 
@@ -65,18 +94,14 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=int(os.environ.get("JOBS", "2")))
     parser.add_argument("--timeout", type=int, default=None,
                         help="seconds per cell (default: execute.timeout in _config.yml)")
-    parser.add_argument("--cache", type=Path, default=ROOT / "_build" / ".jupyter_cache")
+    parser.add_argument("--cache", type=Path, default=CACHE)
     args = parser.parse_args()
 
     import nbformat
     from jupyter_cache import get_cache
-    from jupyter_cache.base import CacheBundleIn
 
     if args.timeout is None:
-        import yaml
-
-        config = yaml.safe_load((ROOT / "_config.yml").read_text())
-        args.timeout = int(config.get("execute", {}).get("timeout", 30))
+        args.timeout = cell_timeout()
     cache = get_cache(str(args.cache))
     notebooks = [p.resolve() for p in args.notebooks] or toc_notebooks()
     todo = []
@@ -102,11 +127,7 @@ def main() -> int:
                 failed.append(rel)
                 print(f"  FAILED {rel} after {seconds:.1f} s\n{traceback}", flush=True)
                 continue
-            cache.cache_notebook_bundle(
-                CacheBundleIn(nb, path, data={"execution_seconds": seconds}),
-                check_validity=False,
-                overwrite=True,
-            )
+            store(nb, path, seconds, args.cache)
             print(f"  {seconds:6.1f} s  {rel}", flush=True)
     print(f"execute: {len(todo)} notebooks in {time.perf_counter() - start:.1f} s wall time",
           flush=True)
