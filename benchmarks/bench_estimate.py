@@ -1,16 +1,22 @@
 """Speed of the estimator: median time of estimate() and num_params().
 
-Goal (issue #2): estimate() <= 50 us. If ``transformers`` and ``torch`` are installed, also
-times building the same model on the meta device and counting its parameters, and prints the
-ratio (the meta-device count is the slow, independent way to get the same number).
+Goal (issue #2): estimate() <= 50 us, with every engine profile (issue #14: for a 4-stage
+layout). One column per profile of :mod:`parmem.engines`: the row's layout and setup with
+``engine=NAME``; where the profile cannot express it, the nearest layout it can (its largest
+ZeRO stage not above the row's, no pipeline for ``hf``, full instead of selective recompute),
+marked ``*``. If ``transformers`` and ``torch`` are installed, also times building the same model
+on the meta device and counting its parameters, and prints the ratio (the meta-device count is
+the slow, independent way to get the same number).
 """
 
 from __future__ import annotations
 
 import statistics
 import time
+from dataclasses import replace
 
 from parmem import ModelSpec, ParallelConfig, TrainingSetup, estimate
+from parmem.engines import engine, engines
 
 
 def median_us(fn, repeat: int = 7, number: int = 500) -> float:
@@ -42,8 +48,25 @@ def meta_count(name: str):
     return n, (time.perf_counter() - t0) * 1e6
 
 
+def for_engine(name: str, par: ParallelConfig, setup: TrainingSetup):
+    """The row's layout for profile ``name``, or the nearest one it can express (and whether it
+    had to change)."""
+    prof = engine(name)
+    zero = max((z for z in prof.zero_stages if z <= par.zero), default=min(prof.zero_stages))
+    pp, vpp = (par.pp, par.vpp) if prof.pipeline else (1, 1)
+    if pp > 1:
+        zero = min(zero, prof.pipeline_zero_max)
+    rec = setup.recompute if setup.recompute in prof.recompute else "full"
+    new_par = replace(par, zero=zero, pp=pp, vpp=vpp, dp=par.dp * par.pp // pp)
+    sched = setup.schedule if vpp > 1 else ("1f1b" if setup.schedule == "interleaved"
+                                            else setup.schedule)
+    new_setup = replace(setup, engine=name, recompute=rec, schedule=sched)
+    return new_par, new_setup, (new_par, rec) != (par, setup.recompute)
+
+
 def main() -> None:
     rows = []
+    names = list(engines())
     for name, par, setup in [
         ("llama-2-7b", ParallelConfig(dp=8, tp=4, pp=2, zero=1),
          TrainingSetup(seq_len=4096, num_microbatches=8)),
@@ -55,18 +78,26 @@ def main() -> None:
          TrainingSetup(seq_len=2048, num_microbatches=128, schedule="interleaved")),
     ]:
         spec = ModelSpec.preset(name)
-        est_us = median_us(lambda spec=spec, par=par, setup=setup: estimate(spec, par, setup))
+        cols = []
+        for eng in names:
+            p, st, changed = for_engine(eng, par, setup)
+            us = median_us(lambda spec=spec, p=p, st=st: estimate(spec, p, st))
+            cols.append(f"{us:.1f}{'*' if changed else ''}")
         np_us = median_us(lambda spec=spec: spec.num_params())
         meta = meta_count(name)
         ratio = f"{meta[1] / np_us:,.0f}x" if meta else "transformers not installed"
-        rows.append((name, f"{par.world_size}", f"{est_us:.1f}", f"{np_us:.2f}", ratio))
-    heads = ("model", "GPUs", "estimate() us", "num_params() us", "meta-device build / num_params")
+        rows.append((name, f"{par.world_size}", f"{par.pp}", *cols, f"{np_us:.2f}", ratio))
+    heads = ("model", "GPUs", "p", *(f"{n} us" for n in names), "num_params() us",
+             "meta-device build / num_params")
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(heads)]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
-    print("parmem estimator speed (median of 7 x 500 calls; goal: estimate() <= 50 us)")
+    print("parmem estimator speed: estimate() per engine profile (median of 7 x 500 calls; "
+          "goal: <= 50 us for a 4-stage layout)")
     print(fmt.format(*heads))
     for r in rows:
         print(fmt.format(*r))
+    print("* the nearest layout the profile can express (ZeRO stage, no pipeline for hf, "
+          "recompute)")
 
 
 if __name__ == "__main__":

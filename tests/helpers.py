@@ -7,9 +7,23 @@ from __future__ import annotations
 
 import os
 
+from hypothesis import HealthCheck, settings
+
 from parmem import ModelSpec
 from parmem.papers import korthikanti_table2
 
+#: the fuzz suites' scale: PARMEM_FUZZ_SCALE=20 runs 20 times as many examples, random (not
+#: derandomized): a deeper search for a local run; CI runs the same examples every time
+FUZZ_SCALE = int(os.environ.get("PARMEM_FUZZ_SCALE", "0"))
+#: the fuzz suites' Hypothesis settings (no deadline, no example database)
+FUZZ = settings(
+    deadline=None,
+    derandomize=not FUZZ_SCALE,
+    database=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
+                           HealthCheck.data_too_large],
+)
 #: ranks for the distributed tests: $PARMEM_WORLD_SIZE (2 in CI and ``make test``)
 WORLD_SIZE = int(os.environ.get("PARMEM_WORLD_SIZE", "2"))
 FP32 = 4

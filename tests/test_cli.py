@@ -2,6 +2,7 @@
 status 2."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -59,7 +60,7 @@ def test_model_from_config_path(tmp_path, capsys):
      "tp=3 must divide heads=32"),
     (["estimate", "--model", "llama-2-7b", "--pp", "48", "--seq", "4096"], "pp=48 > layers=32"),
     (["estimate", "--model", "nope", "--seq", "4096"], "unknown model preset 'nope'"),
-    (["estimate", "--model", "llama-2-7b", "--seq", "0"], "seq_len=0"),
+    (["estimate", "--model", "llama-2-7b", "--seq", "0"], "argument --seq: 0 must be an integer"),
     (["kv", "--model", "/no/such/config.json", "--seq", "10"], "no such file"),
 ])
 def test_errors_are_one_line_and_exit_2(args, msg):
@@ -87,7 +88,8 @@ def test_cli_plan(capsys):
     data = json.loads(capsys.readouterr().out)
     assert len(data["candidates"]) == 3
     assert main([*args, "--emit", "deepspeed"]) == 0
-    assert json.loads(capsys.readouterr().out)["train_batch_size"] == 64
+    out = capsys.readouterr().out  # a recipe: the target version, the JSON, the launch
+    assert "# target: DeepSpeed 0.19.8" in out and '"train_batch_size": 64' in out
     assert main([*args, "--emit", "megatron", "--zero", "1", "--recompute", "full"]) == 0
     out = capsys.readouterr().out
     assert "--use-distributed-optimizer" in out and "--recompute-granularity full" in out
@@ -106,3 +108,114 @@ def test_cli_plan_errors_are_one_line_exit_2():
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
     assert r.stderr.count("\n") == 1 and "gpu='b200'" in r.stderr
+
+
+# ---------------------------------------------------------------------------- errors, pipes, presets
+@pytest.mark.parametrize("args, flag", [
+    (["serve-memory", "--model", "llama-2-7b", "--seq", "10", "--tp", "0"], "--tp"),
+    (["estimate", "--model", "llama-2-7b", "--seq", "4096", "--context-gib", "inf"],
+     "--context-gib"),
+    (["estimate", "--model", "llama-2-7b", "--seq", "9" * 400], "--seq"),
+    (["estimate", "--model", "llama-2-7b", "--seq", "4096", "--tp", "x"], "--tp"),
+    (["estimate", "--model", "llama-2-7b"], "--seq"),
+    (["estimate", "--model", "llama-2-7b", "--seq", "4096", "--zero", "4"], "--zero"),
+    (["estimate", "--model", "llama-2-7b", "--seq", "4096", "--layers-per-stage", "a"],
+     "--layers-per-stage"),
+    (["plan", "--model", "llama-2-7b", "--nodes", str(10**8), "--global-batch", "8", "--seq",
+      "4096"], "--nodes"),
+    (["plan", "--model", "llama-2-7b", "--nodes", "1", "--global-batch", "8", "--seq", "4096",
+      "--mfu", "nan"], "--mfu"),
+    (["kv", "--model", "llama-2-7b", "--seq", "10", "--dtype", "fp64"], "--dtype"),
+    (["estimate", "--model", "llama-2-7b", "--seq", "4096", "--bogus"], "--bogus"),
+    (["nope"], "nope"),
+    ([], "COMMAND"),
+])
+def test_argument_errors_are_one_line_naming_the_flag_exit_2(args, flag, capsys):
+    """argparse's usage block is replaced by one line and a hint to --help."""
+    assert main(args) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    assert len(lines) == 1 and flag in lines[0] and "--help" in lines[0], captured.err
+    assert captured.out == ""
+
+
+@pytest.mark.parametrize("cfg, key", [
+    ({"hidden_size": [64]}, "hidden_size"), ({"hidden_size": 64.7}, "hidden_size"),
+    ({"num_hidden_layers": "abc"}, "num_hidden_layers"),
+    ({"tie_word_embeddings": "false"}, "tie_word_embeddings"),
+])
+def test_bad_config_values_are_one_line_naming_the_key(tmp_path, capsys, cfg, key):
+    base = {"model_type": "llama", "vocab_size": 1000, "hidden_size": 64, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "intermediate_size": 128}
+    (tmp_path / "config.json").write_text(json.dumps({**base, **cfg}))
+    assert main(["kv", "--model", str(tmp_path / "config.json"), "--seq", "10"]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and f"config[{key!r}]" in lines[0]
+
+
+@pytest.mark.parametrize("text", ["[" * 100_000, '{"hidden_size": Infinity}', '{"a": NaN}'])
+def test_hostile_config_files_are_one_line(tmp_path, capsys, text):
+    (tmp_path / "config.json").write_text(text)
+    assert main(["kv", "--model", str(tmp_path), "--seq", "10"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("parmem: error: ")
+
+
+def test_a_preset_wins_over_a_folder_of_the_same_name(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "llama-2-7b").mkdir()  # no config.json in it
+    assert main(["kv", "--model", "llama-2-7b", "--seq", "10", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["model"] == "llama-2-7b"
+    # a path is a path: ./name, or a name ending in .json
+    assert main(["kv", "--model", "./llama-2-7b", "--seq", "10"]) == 2
+    assert "no such file" in capsys.readouterr().err
+    assert main(["kv", "--model", "llama-2-7b.json", "--seq", "10"]) == 2
+    assert "no such file" in capsys.readouterr().err
+
+
+def test_a_folder_that_is_not_a_preset_is_read(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mymodel").mkdir()
+    cfg = {"model_type": "gpt2", "vocab_size": 50257, "n_embd": 768, "n_layer": 12,
+           "n_head": 12, "n_positions": 1024}
+    (tmp_path / "mymodel" / "config.json").write_text(json.dumps(cfg))
+    assert main(["kv", "--model", "mymodel", "--seq", "10", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["model"] == "mymodel"
+
+
+def test_version(capsys):
+    from parmem import __version__
+
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0 and capsys.readouterr().out.strip() == f"parmem {__version__}"
+
+
+def test_output_into_a_closed_pipe_ends_quietly():
+    """``parmem plan ... | head -1`` used to end in a BrokenPipeError traceback."""
+    cmd = [sys.executable, "-m", "parmem.cli", "plan", "--model", "llama-2-7b", "--nodes", "16",
+           "--global-batch", "512", "--seq", "4096", "--top", "1000", "--json"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        first = proc.stdout.readline()  # read one line, as head -1 does, then close the pipe
+        proc.stdout.close()
+        err = proc.stderr.read()
+        code = proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert first.strip() == b"{"
+    assert err == b"" and code == 141
+
+
+def test_the_console_script():
+    import shutil
+
+    exe = shutil.which("parmem", path=os.path.dirname(sys.executable))
+    if exe is None:
+        pytest.skip("the parmem console script is not installed next to this Python")
+    r = subprocess.run([exe, "estimate", "--model", "llama-2-7b", "--seq", "0"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--seq" in r.stderr
+    r = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.startswith("parmem ")

@@ -24,7 +24,7 @@ from parmem import ModelSpec, ParallelConfig, TrainingSetup, estimate
     (dict(cp=3), {}, {}, "cp=3 must divide seq_len=4096"),
     (dict(), dict(micro_batch=0), {}, "micro_batch=0 must be an integer >= 1"),
     (dict(), dict(precision="fp8"), {}, "precision='fp8' must be one of"),
-    (dict(), dict(optimizer="lion"), {}, "optimizer='lion' must be one of"),
+    (dict(), dict(optimizer="adagrad"), {}, "optimizer='adagrad' must be one of"),
     (dict(), dict(recompute="partial"), {}, "recompute='partial' must be one of"),
 ])
 def test_invalid_configs(par, setup, kw, msg):

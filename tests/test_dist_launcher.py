@@ -143,3 +143,262 @@ def test_torchrun_runs_a_demo_on_each_rank():
     assert proc.returncode == 0, proc.stderr[-2000:]
     results = json.loads(proc.stdout[proc.stdout.index("["):])
     assert [r["all_reduce"]["bytes_sent"] for r in results] == [2 * 1 * 64 * 4 // 2] * 2
+
+
+# ---------------------------------------------------------------------------- faults
+# Each test below reproduces one failure of issue 21 that the pool used to have; every wait in
+# them is bounded (subprocess timeouts, deadlines), so a regression fails instead of hanging.
+TESTS = os.path.dirname(os.path.abspath(__file__))
+
+
+def _gone(pid: int) -> bool:
+    """The process has exited (a zombie that nobody reaped counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+    except OSError:  # no /proc (macOS): ask the kernel
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        return False
+
+
+def _wait_gone(pids, seconds: float) -> list[int]:
+    """Poll until every pid is gone or ``seconds`` pass; the ones still running."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        alive = [p for p in pids if not _gone(p)]
+        if not alive:
+            return []
+        time.sleep(0.05)
+    return [p for p in pids if not _gone(p)]
+
+
+def _kill(pids) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
+
+
+def test_pool_arguments_are_checked_at_construction():
+    for kw, field in [({"start_timeout": float("nan")}, "start_timeout"),
+                      ({"start_timeout": float("inf")}, "start_timeout"),
+                      ({"pg_timeout": "5"}, "pg_timeout"), ({"pg_timeout": -1}, "pg_timeout"),
+                      ({"world_size": 10**6}, "world_size"), ({"world_size": True}, "world_size"),
+                      ({"backend": None}, "backend")]:
+        with pytest.raises(ValueError, match=field):
+            Pool(**{"world_size": 2, **kw})
+
+
+def test_run_arguments_are_checked_before_any_rank_starts():
+    p = Pool(world_size=2)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'nope'"):
+        p.run("parmem.dist.checks:ping", nope=1)
+    with pytest.raises(ValueError, match="picklable"):
+        p.run("parmem.dist.checks:sleep", seconds=lambda: 1)
+    for kw, field in [({"timeout": float("nan")}, "timeout"), ({"timeout": 0}, "timeout"),
+                      ({"seed": -1}, "seed"), ({"seed": 1.5}, "seed")]:
+        with pytest.raises(ValueError, match=field):
+            p.run("parmem.dist.checks:ping", **kw)
+    assert not p.alive and not p._procs
+
+
+def test_no_stale_result_after_a_failed_start():
+    """A start that times out used to leave the ranks running with their "ready" replies unread;
+    the next run returned them ([None, None]) as its results."""
+    p = Pool(world_size=2, start_timeout=0.05)
+    with pytest.raises(RunTimeout, match="<start>"):
+        p.run("parmem.dist.checks:ping")
+    assert not p.alive and not p._procs  # the half-started ranks were stopped
+    p.start_timeout = 120.0
+    try:
+        assert p.run("parmem.dist.checks:sleep", seconds=0) == [{"rank": 0}, {"rank": 1}]
+        assert [r["rank_sum"] for r in p.run("parmem.dist.checks:ping")] == [1, 1]
+    finally:
+        p.close()
+
+
+def test_no_stale_result_after_ctrl_c_during_the_lazy_start():
+    """Ctrl-C while ``run`` starts the ranks: the start is torn down, later runs are right."""
+    import signal
+    import threading
+
+    p = Pool(world_size=2)
+    spawned: list = []
+
+    def interrupt_once_spawned():
+        deadline = time.monotonic() + 60
+        while len(p._procs) < 2 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        spawned.extend(p._procs)
+        os.kill(os.getpid(), signal.SIGINT)  # what Ctrl-C (or a kernel interrupt) does
+
+    t = threading.Thread(target=interrupt_once_spawned)
+    t.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            p.run("parmem.dist.checks:ping")
+            time.sleep(5)  # not reached unless the start won the race: the interrupt lands here
+    finally:
+        t.join(60)
+    assert len(spawned) == 2 and all(proc.poll() is not None for proc in spawned)
+    assert not p.alive
+    try:
+        assert [r["rank_sum"] for r in p.run("parmem.dist.checks:ping")] == [1, 1]
+        assert p.run("parmem.dist.checks:sleep", seconds=0) == [{"rank": 0}, {"rank": 1}]
+    finally:
+        p.close()
+
+
+def test_replies_are_matched_to_their_task(pool):
+    """Replies carrying another task's id (left over from an earlier call) are dropped."""
+    assert pool.run("dist_faults:stale_reply") == [{"rank": 0, "stale": False},
+                                                   {"rank": 1, "stale": False}]
+    assert [r["rank"] for r in pool.run("parmem.dist.checks:ping")] == [0, 1]
+
+
+def test_a_task_for_a_rank_that_died_while_idle_raises_worker_died(pool):
+    """It used to raise a bare BrokenPipeError (or hang on the live ranks)."""
+    pids = [r["pid"] for r in pool.run("parmem.dist.checks:ping")]
+    os.kill(pids[1], 9)
+    assert _wait_gone([pids[1]], 5) == []
+    with pytest.raises(WorkerDied) as info:
+        pool.run("parmem.dist.checks:ping")
+    assert info.value.rank == 1 and "code -9" in str(info.value) and not pool.alive
+    assert [r["rank_sum"] for r in pool.run("parmem.dist.checks:ping")] == [1, 1]
+
+
+def test_a_hung_rank_is_stopped_by_the_run_timeout(pool):
+    """A rank that ignores SIGTERM and never returns is killed when the run's deadline passes."""
+    pids = [r["pid"] for r in pool.run("parmem.dist.checks:ping")]
+    t0 = time.perf_counter()
+    with pytest.raises(RunTimeout):
+        pool.run("dist_faults:hang_ignoring_sigterm", seconds=60, timeout=1.0)
+    assert time.perf_counter() - t0 < 15 and not pool.alive
+    assert _wait_gone(pids, 5) == []
+
+
+_IDLE_SCRIPT = """
+import json, sys, time
+sys.path.insert(0, {tests!r})
+from parmem.dist import Pool
+pool = Pool(world_size=2).start()
+first = pool.run("parmem.dist.checks:ping")
+try:
+    print("ready", flush=True)
+    time.sleep(60)  # an unrelated cell, the pool idle
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+again = pool.run("parmem.dist.checks:ping")
+print(json.dumps([[r["pid"] for r in first], [r["pid"] for r in again]]), flush=True)
+pool.close()
+"""
+
+
+def test_an_interrupt_in_an_unrelated_cell_leaves_the_pool_usable():
+    """A notebook kernel's interrupt signals its whole process group; the ranks used to be in it,
+    died, and the next run raised BrokenPipeError. Now they run in their own session."""
+    import signal
+
+    proc = subprocess.Popen([sys.executable, "-c", _IDLE_SCRIPT.format(tests=TESTS)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # its own group, like a kernel's
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+            proc.wait(10)
+    assert proc.returncode == 0, err[-2000:]
+    lines = out.splitlines()
+    assert lines[0] == "interrupted"
+    first, again = json.loads(lines[1])
+    assert first == again  # the same ranks served both calls
+
+
+_KILLED_SCRIPT = """
+import sys, threading
+sys.path.insert(0, {tests!r})
+from parmem.dist import Pool
+pool = Pool(world_size=2)
+if {from_thread}:  # no parent-death signal then: the watchdog alone must stop the ranks
+    t = threading.Thread(target=pool.start); t.start(); t.join()
+pids = [r["pid"] for r in pool.run("parmem.dist.checks:ping")]
+print(*pids, flush=True)
+pool.run({target!r}, seconds=60)
+"""
+
+
+@pytest.mark.parametrize("target, from_thread", [("parmem.dist.checks:sleep", False),
+                                                 ("dist_faults:allreduce_loop", False),
+                                                 ("dist_faults:allreduce_loop", True)])
+def test_ranks_exit_within_5_s_of_the_parent_being_killed(target, from_thread):
+    """SIGKILL the parent in the middle of a task: the ranks used to run on until the task
+    ended (38.7 s asleep, 39.7 s in an all-reduce loop)."""
+    script = _KILLED_SCRIPT.format(tests=TESTS, target=target, from_thread=from_thread)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    pids: list[int] = []
+    try:
+        line = proc.stdout.readline()
+        pids = [int(x) for x in line.split()]
+        assert len(pids) == 2, proc.stderr.read()[-2000:] if not line else line
+        time.sleep(1.0)  # the task is running
+        assert not any(_gone(p) for p in pids)
+        proc.kill()
+        proc.wait(10)
+        t0 = time.monotonic()
+        left = _wait_gone(pids, 5.0)
+        assert left == [], f"ranks {left} still running {time.monotonic() - t0:.1f} s after"
+    finally:
+        _kill([proc.pid, *pids])
+        if proc.poll() is None:
+            proc.wait(10)
+
+
+# ---------------------------------------------------------------------------- python -m parmem.dist
+@pytest.mark.parametrize("args, needle", [
+    (["nope"], "demo='nope' is not one of"),
+    (["--world-size", "0"], "argument --world-size/-n: 0 must be an integer in 1..64"),
+    (["tp", "-n", "2", "--world-size", "x"], "argument --world-size/-n"),
+    (["tp", "novalue"], "argument 'novalue' must look like key=value"),
+    (["tp", "bogus=1"], "unexpected keyword argument 'bogus'"),
+    (["no.such.module:fn"], "cannot be imported"),
+    (["--bogus"], "unrecognized arguments: --bogus"),
+])
+def test_dist_cli_errors_are_one_line_exit_2(args, needle, capsys):
+    from parmem.dist.__main__ import main
+
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and needle in err and err.startswith("python -m parmem.dist: ")
+
+
+def test_dist_cli_a_demo_that_fails_on_a_rank_is_one_line():
+    r = subprocess.run([sys.executable, "-m", "parmem.dist", "pp", "-n", "2", "schedule=zigzag"],
+                       capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr[-2000:]
+    assert "failed in parmem.dist.pp:demo: ValueError: schedule='zigzag'" in r.stderr
+
+
+def test_dist_cli_without_torch_says_install_it():
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "from parmem.dist.__main__ import main\n"
+            "sys.exit(main(['tp']))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+    assert "torch is not installed" in r.stderr and "pip install torch" in r.stderr
+
+
+def test_dist_cli_version():
+    r = subprocess.run([sys.executable, "-m", "parmem.dist", "--version"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0 and "parmem" in r.stdout

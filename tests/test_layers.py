@@ -5,7 +5,7 @@ The layers, bottom to top (DESIGN.md, "one home per formula, layers one way"); m
 same layer may not import each other either, so that a formula cannot drift into a sibling:
 
     units, _check, _data                  units, validation, packaged data
-    sharding, hardware                    the parameter table; GPUs and links
+    sharding, hardware, engines           the parameter table; GPUs and links; engine profiles
     model                                 ModelSpec
     config, papers                        ParallelConfig, TrainingSetup, vocabularies; published tables
     states, pipeline, activations         model states; schedules; saved activations
@@ -31,7 +31,7 @@ LIB = Path(__file__).resolve().parent.parent / "lib" / "parmem"
 
 LAYERS: list[set[str]] = [
     {"units", "_check", "_data"},
-    {"sharding", "hardware"},
+    {"sharding", "hardware", "engines"},
     {"model"},
     {"config", "papers"},
     {"states", "pipeline", "activations"},

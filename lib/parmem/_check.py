@@ -4,36 +4,72 @@ Every check raises ``ValueError`` (or ``TypeError`` for a value of the wrong typ
 names the field and the rule, e.g. ``tp=3 must divide heads=32`` or
 ``seq_len='4k' must be an integer >= 1``. Booleans are booleans (the string ``'false'`` is not
 ``False``), integers are integers (``True`` is not 1, ``4.0`` is not 4), numbers are finite.
+
+The commands (``parmem`` and ``python -m parmem.dist``) share :class:`OneLineParser`: a bad
+command line is one line and exit status 2, like every other bad input.
+
+Work that grows with a size has an upper bound here, one home for each: :data:`MAX_GPUS`,
+:data:`MAX_SEQ_LEN`, :data:`MAX_BATCH`, :data:`MAX_LAYERS` and :data:`MAX_WIDTH`. They are far
+above any real job and keep every call fast (and every float finite).
 """
 
 from __future__ import annotations
 
+import argparse
 import math
+import numbers
+import os
+import sys
 from collections.abc import Iterable
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
-__all__ = ["integer", "boolean", "number", "choice", "cdiv"]
+__all__ = [
+    "integer",
+    "boolean",
+    "number",
+    "choice",
+    "instance",
+    "cdiv",
+    "MAX_GPUS",
+    "MAX_SEQ_LEN",
+    "MAX_BATCH",
+    "MAX_LAYERS",
+    "MAX_WIDTH",
+    "UsageError",
+    "OneLineParser",
+    "one_line",
+    "quiet_broken_pipe",
+]
 
 T = TypeVar("T")
 
+#: GPUs of a cluster, and each parallel size (d, t, p, e, cp): 2**20, about a million
+MAX_GPUS = 2**20
+#: tokens of a sequence: 2**27, about 134 million
+MAX_SEQ_LEN = 2**27
+#: sequences of a batch (a micro-batch, a step's global batch, micro-batches per step): 2**20
+MAX_BATCH = 2**20
+#: transformer layers of a model: 2**14 = 16,384
+MAX_LAYERS = 2**14
+#: every other size of a model (vocabulary, widths, heads, experts, positions): 2**31 - 1
+MAX_WIDTH = 2**31 - 1
+
 
 def integer(name: str, value: Any, minimum: int = 1, maximum: int | None = None) -> int:
-    """``value`` if it is an ``int`` (not a bool) within ``[minimum, maximum]``."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int)
-        or value < minimum
-        or (maximum is not None and value > maximum)
-    ):
-        rule = f">= {minimum}" if maximum is None else f"in {minimum}..{maximum}"
-        raise ValueError(f"{name}={value!r} must be an integer {rule}")
-    return value
+    """``value`` if it is an integer (an ``int`` or a NumPy integer, not a bool) within
+    ``[minimum, maximum]``, as an ``int``."""
+    n = int(value) if isinstance(value, numbers.Integral) and not isinstance(value, bool) else None
+    if n is None or n < minimum or (maximum is not None and n > maximum):
+        low = maximum is None or (n is not None and n < minimum)
+        rule = f">= {minimum}" if low else f"in {minimum}..{maximum}"
+        raise ValueError(f"{name}={_show(value)} must be an integer {rule}")
+    return n
 
 
 def boolean(name: str, value: Any) -> bool:
     """``value`` if it is ``True`` or ``False`` (strings and numbers are refused)."""
     if not isinstance(value, bool):
-        raise ValueError(f"{name}={value!r} must be True or False")
+        raise ValueError(f"{name}={_show(value)} must be True or False")
     return value
 
 
@@ -46,24 +82,90 @@ def number(
     lo_open: bool = False,
     hi_open: bool = False,
 ) -> float:
-    """``value`` as a float if it is a finite real number within the given bounds."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ValueError(f"{name}={value!r} must be a finite number")
+    """``value`` as a float if it is a finite real number (not a bool) within the given bounds."""
+    try:
+        real = isinstance(value, numbers.Real) and not isinstance(value, bool)
+        finite = real and math.isfinite(value)
+    except OverflowError:  # an int too large for a float
+        finite = False
+    if not finite:
+        raise ValueError(f"{name}={_show(value)} must be a finite number")
     if lo is not None and (value < lo or (lo_open and value == lo)):
-        raise ValueError(f"{name}={value!r} must be {'>' if lo_open else '>='} {lo}")
+        raise ValueError(f"{name}={_show(value)} must be {'>' if lo_open else '>='} {lo}")
     if hi is not None and (value > hi or (hi_open and value == hi)):
-        raise ValueError(f"{name}={value!r} must be {'<' if hi_open else '<='} {hi}")
+        raise ValueError(f"{name}={_show(value)} must be {'<' if hi_open else '<='} {hi}")
     return float(value)
 
 
 def choice(name: str, value: Any, options: Iterable[T]) -> T:
     """``value`` if it is one of ``options``; the message lists them."""
     opts = tuple(options)
-    if isinstance(value, bool) or value not in opts:
-        raise ValueError(f"{name}={value!r} must be one of {', '.join(map(repr, opts))}")
+    try:
+        known = not isinstance(value, bool) and value in opts
+    except TypeError:  # an unhashable value against a dict's keys
+        known = False
+    if not known:
+        raise ValueError(f"{name}={_show(value)} must be one of {', '.join(map(repr, opts))}")
     return value  # type: ignore[no-any-return]
+
+
+def instance(name: str, value: Any, kind: type[T], hint: str = "") -> T:
+    """``value`` if it is a ``kind``; else a ``ValueError`` naming ``name``, the type wanted and
+    the type given (``hint``, e.g. ``"ModelSpec.preset(name)"``, says how to make one)."""
+    if not isinstance(value, kind):
+        how = f" ({hint})" if hint else ""
+        raise ValueError(
+            f"{name} must be a {kind.__name__}{how}, got {type(value).__name__} {_show(value)}"
+        )
+    return value
+
+
+def _show(value: Any, limit: int = 60) -> str:
+    """``repr(value)`` cut to ``limit`` characters (a 400-digit integer, a deeply nested list)."""
+    try:
+        text = repr(value)
+    except Exception:  # a repr that fails, or an int too long for str()
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def cdiv(a: int, b: int) -> int:
     """⌈a / b⌉ for integers (a shard of a flat buffer of ``a`` values over ``b`` ranks)."""
     return -(-a // b)
+
+
+# ---------------------------------------------------------------------------- command lines
+class UsageError(SystemExit):
+    """A command line that was refused: a ``SystemExit`` with status 2 (as argparse's own errors)
+    whose message, ``str(error)``, is the one line to print."""
+
+    def __init__(self, message: str):
+        super().__init__(2)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, except that an error is one line (the message and a hint to ``--help``) instead
+    of a usage block, raised as :class:`UsageError` (``main`` prints it)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: error: {one_line(message)} (see '{self.prog} --help')")
+
+
+def one_line(text: object) -> str:
+    """``text`` on one line: its lines joined with "; "."""
+    return "; ".join(line.strip() for line in str(text).splitlines() if line.strip())
+
+
+def quiet_broken_pipe() -> int:
+    """After stdout's reader went away (``... | head``): point stdout at /dev/null so that the
+    interpreter's last flush is silent; the exit status of a tool killed by SIGPIPE."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout is not a file (a test's capture)
+        pass
+    return 141

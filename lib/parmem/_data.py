@@ -1,9 +1,10 @@
-"""Locate and load the YAML data files shipped with ``parmem``.
+"""Locate and load the data files shipped with ``parmem`` (YAML and TOML).
 
 A wheel ships the repository's ``data/`` folder as ``parmem/data/`` (see the
 ``force-include`` entry in ``pyproject.toml``); an editable install or a source
 checkout has it two levels above this module, at the repository root.
-:func:`load_yaml` looks in that order and caches what it parsed.
+:func:`load_yaml` and :func:`load_toml` look in that order and cache what they parsed. TOML is
+read with the standard library (``tomllib``); YAML needs PyYAML.
 """
 
 from __future__ import annotations
@@ -41,3 +42,20 @@ def load_yaml(name: str) -> Any:
 
     with data_path(name).open(encoding="utf-8") as fh:
         return yaml.safe_load(fh)
+
+
+@lru_cache(maxsize=32)
+def load_toml(name: str) -> Any:
+    """Parse data file ``name`` with the standard library's ``tomllib`` (cached: do not mutate
+    the result).
+
+    Raises:
+        ValueError: if the file is missing or is not valid TOML (the message names the file).
+    """
+    import tomllib
+
+    try:
+        with data_path(name).open("rb") as fh:
+            return tomllib.load(fh)
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"data file {name!r} is not valid TOML: {e}") from None

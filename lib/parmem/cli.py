@@ -1,25 +1,53 @@
 """The ``parmem`` command.
 
     parmem models
+    parmem engines
     parmem estimate --model llama-2-7b --tp 4 --pp 2 --dp 8 --zero 1 --seq 4096 [--json]
+        [--engine megatron-core] [--optimizer lion] [--offload optimizer]
     parmem kv --model llama-3-70b --seq 8192 --batch 16 --tp 8
     parmem serve-memory --model llama-2-7b --weights int4 --seq 4096 --batch 8
     parmem plan --model gpt3-175b --gpu a100-80gb --gpus-per-node 8 --nodes 96 \
         --global-batch 1536 --seq 2048 [--top 10] [--json] [--emit megatron|deepspeed|torchtitan]
 
-``--model`` takes a preset name or the path of a Hugging Face ``config.json`` (or its folder).
-Errors print one line to stderr and exit with status 2. ``parmem plan`` exits with status 1 when
-no layout fits (the reason goes to stderr; with ``--json`` the plan still goes to stdout).
+``--model`` takes a preset name or the path of a Hugging Face ``config.json`` (or its folder);
+a preset wins over a folder of the same name unless the argument has a ``/`` or ends in
+``.json``. Errors print one line to stderr, naming the flag, and exit with status 2.
+``parmem plan`` exits with status 1 when no layout fits (the reason goes to stderr; with
+``--json`` the plan still goes to stdout). Output piped into a command that stops reading
+(``parmem plan ... | head``) ends quietly with status 141, as a killed-by-SIGPIPE tool does.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
-from .config import OPTIMIZERS, PRECISIONS, RECOMPUTE, SCHEDULES, ParallelConfig, TrainingSetup
+from ._check import (
+    MAX_BATCH,
+    MAX_GPUS,
+    MAX_LAYERS,
+    MAX_SEQ_LEN,
+    OneLineParser,
+    UsageError,
+    one_line,
+    quiet_broken_pipe,
+)
+from .config import (
+    GRAD_DTYPES,
+    OFFLOADS,
+    OPTIMIZERS,
+    PRECISIONS,
+    RECOMPUTE,
+    SCHEDULES,
+    ParallelConfig,
+    TrainingSetup,
+)
+from .engines import engine, engines
 from .estimate import estimate
 from .inference import KV_DTYPES, WEIGHT_DTYPES, kv_cache_bytes, kv_cache_bytes_per_token
 from .inference import weight_bytes as _weight_bytes
@@ -28,10 +56,24 @@ from .units import GIB
 
 
 def _model(name: str) -> ModelSpec:
-    path = Path(name)
-    if path.suffix == ".json" or path.is_dir() or path.is_file():
+    """``--model``: a preset name, else the path of a config.json or its folder (an error names
+    the flag)."""
+    try:
+        return _find_model(name)
+    except ValueError as e:
+        raise ValueError(f"--model {name!r:.80}: {e}") from None
+
+
+def _find_model(name: str) -> ModelSpec:
+    """A preset wins over a file or folder of the same name unless ``name`` has a path separator
+    or ends in ``.json``."""
+    is_path = name.endswith(".json") or any(sep and sep in name for sep in ("/", os.sep, os.altsep))
+    if not is_path and name.lower() in presets():
+        return ModelSpec.preset(name)
+    path = Path(name).expanduser()
+    if is_path or path.exists():
         return ModelSpec.from_hf_config(path)
-    return ModelSpec.preset(name)
+    return ModelSpec.preset(name)  # unknown: the message lists the presets
 
 
 def _cmd_models(args) -> int:
@@ -62,6 +104,18 @@ def _cmd_models(args) -> int:
     return 0
 
 
+def _cmd_engines(args) -> int:
+    names = engines()
+    if args.json:
+        rows = [{"name": n, "title": t, "version": engine(n).version} for n, t in names.items()]
+        print(json.dumps(rows, indent=2))
+        return 0
+    width = max(map(len, names))
+    for n, title in names.items():
+        print(f"{n:<{width}}  {title} ({engine(n).version})")
+    return 0
+
+
 def _cmd_estimate(args) -> int:
     spec = _model(args.model)
     par = ParallelConfig(
@@ -84,12 +138,22 @@ def _cmd_estimate(args) -> int:
         recompute=args.recompute,
         schedule=schedule,
         flash_attention=args.flash,
-        dropout=not args.no_dropout,
+        dropout=args.dropout,
         grad_buckets=args.grad_buckets,
         cuda_context=int(round(args.context_gib * GIB)),
+        engine=args.engine,
+        grad_dtype=args.grad_dtype,
+        offload=args.offload,
     )
-    lps = [int(x) for x in args.layers_per_stage.split(",")] if args.layers_per_stage else None
-    est = estimate(spec, par, setup, layers_per_stage=lps, world_size=args.world_size)
+    lps = list(args.layers_per_stage) if args.layers_per_stage else None
+    est = estimate(
+        spec,
+        par,
+        setup,
+        layers_per_stage=lps,
+        world_size=args.world_size,
+        gpus_per_node=args.gpus_per_node,
+    )
     print(json.dumps(est.to_dict(), indent=2) if args.json else est)
     return 0
 
@@ -143,11 +207,47 @@ def _cmd_serve(args) -> int:
     return 0
 
 
+def _int(lo: int = 1, hi: int = MAX_GPUS) -> Callable[[str], int]:
+    """An argparse type: an integer in ``lo..hi`` (argparse names the flag in the message)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r:.40} is not an integer") from None
+        if not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"{text:.40} must be an integer in {lo}..{hi}")
+        return value
+
+    return parse
+
+
+def _real(lo: float, hi: float) -> Callable[[str], float]:
+    """An argparse type: a finite number in ``lo..hi``."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r:.40} is not a number") from None
+        if not math.isfinite(value) or not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"{text:.40} must be a number in {lo:g}..{hi:g}")
+        return value
+
+    return parse
+
+
 def _ints(text: str) -> tuple[int, ...]:
+    """An argparse type: integers in 0..MAX_GPUS separated by commas."""
     try:
-        return tuple(int(x) for x in text.split(","))
+        values = tuple(int(x) for x in text.split(","))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} must be integers separated by commas") from None
+        raise argparse.ArgumentTypeError(
+            f"{text!r:.40} must be integers separated by commas"
+        ) from None
+    if not all(0 <= v <= MAX_GPUS for v in values):
+        raise argparse.ArgumentTypeError(f"{text:.40}: each value must be in 0..{MAX_GPUS}")
+    return values
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -180,7 +280,7 @@ def _cmd_plan(args) -> int:
         precision=args.precision,
         optimizer=args.optimizer,
         flash_attention=args.flash,
-        dropout=not args.no_dropout,
+        dropout=False if args.no_dropout else None,
         **opts,
     )
     if args.json:
@@ -194,49 +294,83 @@ def _cmd_plan(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="parmem", description="GPU memory under parallelism.")
-    sub = ap.add_subparsers(dest="cmd", required=True)
+    from . import __version__
+
+    ap = OneLineParser(prog="parmem", description="GPU memory under parallelism.")
+    ap.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = ap.add_subparsers(dest="cmd", metavar="COMMAND", required=True)
 
     p = sub.add_parser("models", help="list model presets")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_models)
 
+    p = sub.add_parser("engines", help="list engine profiles, one line each")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_engines)
+
     p = sub.add_parser("estimate", help="per-GPU training memory, stage by stage")
     p.add_argument("--model", required=True, help="preset name or path to a config.json")
-    for flag, default in (("dp", 1), ("tp", 1), ("pp", 1), ("ep", 1), ("cp", 1), ("vpp", 1)):
-        p.add_argument(f"--{flag}", type=int, default=default)
+    for flag, default in (("dp", 1), ("tp", 1), ("pp", 1), ("ep", 1), ("cp", 1)):
+        p.add_argument(f"--{flag}", type=_int(), default=default)
+    p.add_argument("--vpp", type=_int(1, MAX_LAYERS), default=1)
     p.add_argument("--sp", action="store_true", help="sequence parallelism (needs --tp >= 2)")
-    p.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3))
-    p.add_argument("--seq", type=int, required=True, help="sequence length s")
-    p.add_argument("--micro-batch", type=int, default=1, help="micro-batch size b")
-    p.add_argument("--microbatches", type=int, default=1, help="micro-batches per step m")
+    p.add_argument("--zero", type=_int(0, 3), default=0, choices=(0, 1, 2, 3))
+    p.add_argument("--seq", type=_int(1, MAX_SEQ_LEN), required=True, help="sequence length s")
+    p.add_argument("--micro-batch", type=_int(1, MAX_BATCH), default=1, help="micro-batch size b")
+    p.add_argument(
+        "--microbatches", type=_int(1, MAX_BATCH), default=1, help="micro-batches per step m"
+    )
     p.add_argument("--precision", default="bf16-mixed", choices=tuple(PRECISIONS))
     p.add_argument("--optimizer", default="adamw", choices=tuple(OPTIMIZERS))
     p.add_argument("--recompute", default="none", choices=RECOMPUTE)
     p.add_argument("--schedule", default=None, choices=SCHEDULES)
     p.add_argument("--flash", action="store_true", help="attention keeps no s x s matrix")
-    p.add_argument("--no-dropout", action="store_true")
-    p.add_argument("--grad-buckets", default="view", choices=("view", "copy"))
-    p.add_argument("--context-gib", type=float, default=0.0, help="CUDA context per GPU, GiB")
-    p.add_argument("--layers-per-stage", default=None, help="uneven split, e.g. 15,17")
-    p.add_argument("--world-size", type=int, default=None, help="check d*t*p*cp against this")
+    drop = p.add_mutually_exclusive_group()
+    drop.add_argument(
+        "--dropout",
+        dest="dropout",
+        action="store_const",
+        const=True,
+        default=None,
+        help="keep dropout masks (default: the model's own dropout)",
+    )
+    drop.add_argument("--no-dropout", dest="dropout", action="store_const", const=False)
+    p.add_argument(
+        "--grad-buckets",
+        default=None,
+        choices=("view", "copy"),
+        help="DDP buckets (default: the engine's)",
+    )
+    p.add_argument(
+        "--engine", default="paper", choices=tuple(engines()), help="engine profile (see engines)"
+    )
+    p.add_argument("--grad-dtype", default=None, choices=tuple(GRAD_DTYPES))
+    p.add_argument("--offload", default="none", choices=OFFLOADS, help="ZeRO-Offload to the host")
+    p.add_argument(
+        "--gpus-per-node", type=_int(1, 1024), default=None, help="for host memory per node"
+    )
+    p.add_argument(
+        "--context-gib", type=_real(0, 1024), default=0.0, help="CUDA context per GPU, GiB"
+    )
+    p.add_argument("--layers-per-stage", type=_ints, default=None, help="uneven split, e.g. 15,17")
+    p.add_argument("--world-size", type=_int(), default=None, help="check d*t*p*cp against this")
     p.add_argument("--json", action="store_true", help="bytes as JSON")
     p.set_defaults(func=_cmd_estimate)
 
     p = sub.add_parser("kv", help="KV-cache bytes for serving")
     p.add_argument("--model", required=True)
-    p.add_argument("--seq", type=int, required=True)
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--seq", type=_int(0, MAX_SEQ_LEN), required=True)
+    p.add_argument("--batch", type=_int(0, MAX_BATCH), default=1)
+    p.add_argument("--tp", type=_int(), default=1)
     p.add_argument("--dtype", default="fp16", choices=tuple(KV_DTYPES))
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_kv)
 
     p = sub.add_parser("serve-memory", help="weights + KV cache per GPU for serving")
     p.add_argument("--model", required=True)
-    p.add_argument("--seq", type=int, required=True)
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--seq", type=_int(0, MAX_SEQ_LEN), required=True)
+    p.add_argument("--batch", type=_int(0, MAX_BATCH), default=1)
+    p.add_argument("--tp", type=_int(), default=1)
     p.add_argument("--weights", default="fp16", choices=tuple(WEIGHT_DTYPES))
     p.add_argument("--kv-dtype", default="fp16", choices=tuple(KV_DTYPES))
     p.add_argument("--json", action="store_true")
@@ -245,11 +379,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="search parallel layouts for a model on a cluster")
     p.add_argument("--model", required=True, help="preset name or path to a config.json")
     p.add_argument("--gpu", default="h100-sxm", help="hardware preset (see data/hardware.yaml)")
-    p.add_argument("--gpus-per-node", type=int, default=8)
-    p.add_argument("--nodes", type=int, required=True)
-    p.add_argument("--global-batch", type=int, required=True, help="sequences per step")
-    p.add_argument("--seq", type=int, required=True, help="sequence length s")
-    p.add_argument("--top", type=int, default=10, help="candidates to list")
+    p.add_argument("--gpus-per-node", type=_int(), default=8)
+    p.add_argument("--nodes", type=_int(), required=True)
+    p.add_argument(
+        "--global-batch", type=_int(1, MAX_BATCH), required=True, help="sequences per step"
+    )
+    p.add_argument("--seq", type=_int(1, MAX_SEQ_LEN), required=True, help="sequence length s")
+    p.add_argument("--top", type=_int(1, 10**6), default=10, help="candidates to list")
     p.add_argument(
         "--emit",
         choices=("megatron", "deepspeed", "torchtitan"),
@@ -281,7 +417,7 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         p.add_argument(
             f"--{flag}",
-            type=float,
+            type=_real(0, 1),
             default=None,
             help=f"{what} (default: parmem.planner.Assumptions)",
         )
@@ -290,13 +426,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    """Run the ``parmem`` command with ``argv`` (default ``sys.argv[1:]``); the exit status.
+    Every error is one line on stderr and status 2."""
     try:
-        return args.func(args)
-    except ValueError as e:
-        print(f"parmem: error: {e}", file=sys.stderr)
-        return 2
+        args = build_parser().parse_args(argv)
+        status = args.func(args)
+        sys.stdout.flush()
+        return status
+    except BrokenPipeError:
+        return quiet_broken_pipe()
+    except UsageError as e:
+        print(e, file=sys.stderr)
+    except (ValueError, TypeError, OSError) as e:
+        print(f"parmem: error: {one_line(e)}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print("parmem: interrupted", file=sys.stderr)
+        return 130
+    return 2
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -2,7 +2,8 @@
 (:class:`TrainingSetup`), the names they accept, and the checks that tie them to a model.
 
 Each vocabulary is defined here once and imported everywhere else: number formats
-(:data:`PRECISIONS`), optimizers (:data:`OPTIMIZERS`), activation recomputation
+(:data:`PRECISIONS`), optimizers (:data:`OPTIMIZERS`, from the presets of
+:mod:`parmem.engines`), engine profiles (:func:`parmem.engines.engines`), activation recomputation
 (:data:`RECOMPUTE`, Korthikanti et al. 2022 §5), pipeline schedules (:data:`SCHEDULES`: GPipe,
 Huang et al. 2019; 1F1B and interleaved 1F1B, Narayanan et al. 2021 §2.2) and DDP gradient buckets
 (:data:`GRAD_BUCKETS`). :func:`even_split` is the one default layer split of a pipeline and
@@ -14,7 +15,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ._check import boolean, choice, integer, number
+from ._check import (
+    MAX_BATCH,
+    MAX_GPUS,
+    MAX_LAYERS,
+    MAX_SEQ_LEN,
+    boolean,
+    choice,
+    instance,
+    integer,
+    number,
+)
+from .engines import GRAD_DTYPES, OFFLOADS, engine, engines, optimizer_presets
 from .sharding import check_tp
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -29,6 +41,8 @@ __all__ = [
     "RECOMPUTE",
     "SCHEDULES",
     "GRAD_BUCKETS",
+    "GRAD_DTYPES",
+    "OFFLOADS",
     "even_split",
     "check_layout",
 ]
@@ -41,11 +55,12 @@ PRECISIONS: dict[str, dict[str, int]] = {
     "fp16-mixed": {"param": 2, "grad": 2, "master": 4, "state": 4, "act": 2},
     "bf16": {"param": 2, "grad": 2, "master": 0, "state": 2, "act": 2},
 }
-#: optimizer states per parameter, in units of the precision's state size (adam-8bit: 1 byte).
-OPTIMIZERS: dict[str, int] = {"adamw": 2, "adam-8bit": 2, "sgd-momentum": 1, "sgd": 0}
+#: optimizer states per parameter, in units of the precision's state size (adam-8bit: 1 byte;
+#: adafactor: 0 moments plus a factored second moment), from ``data/engines.toml``.
+OPTIMIZERS: dict[str, int] = {name: p.states for name, p in optimizer_presets().items()}
 #: bitsandbytes block-wise quantisation keeps one fp32 absmax per block of 2048 values
 #: (Dettmers et al. 2022, §2).
-ADAM8BIT_BLOCK = 2048
+ADAM8BIT_BLOCK = optimizer_presets()["adam-8bit"].block
 #: Activation recomputation: none, selective (the attention core, Korthikanti et al. 2022 §5),
 #: full (each layer's input only).
 RECOMPUTE: tuple[str, ...] = ("none", "selective", "full")
@@ -81,8 +96,9 @@ class ParallelConfig:
     vpp: int = 1
 
     def __post_init__(self) -> None:
-        for f in ("dp", "tp", "pp", "ep", "cp", "vpp"):
-            integer(f, getattr(self, f))
+        for f in ("dp", "tp", "pp", "ep", "cp"):
+            integer(f, getattr(self, f), 1, MAX_GPUS)
+        integer("vpp", self.vpp, 1, MAX_LAYERS)
         integer("zero", self.zero, 0, 3)
         boolean("sp", self.sp)
         if self.sp and self.tp == 1:
@@ -105,6 +121,7 @@ class ParallelConfig:
 
     def check_world_size(self, world_size: int) -> None:
         """Raise ``ValueError`` unless d·t·p·cp equals ``world_size``."""
+        integer("world_size", world_size)
         if self.world_size != world_size:
             raise ValueError(
                 f"dp*tp*pp*cp = {self.dp}*{self.tp}*{self.pp}*{self.cp} = "
@@ -130,9 +147,19 @@ class TrainingSetup:
     """What one training step does: sequence length s, micro-batch b, micro-batches m per step,
     number formats, optimizer, activation recomputation and pipeline schedule.
 
+    ``engine`` names the profile of :mod:`parmem.engines` the estimate follows (``"paper"``, the
+    default: the papers' accounting; ``"megatron-core"``, ``"deepspeed"``, ``"fsdp2"``, ``"hf"``).
+    ``dropout=None`` (the default) follows the model (:attr:`ModelSpec.has_dropout
+    <parmem.model.ModelSpec.has_dropout>`: GPT-2 and GPT-3 have dropout, Llama and Mixtral none).
+
     ``grad_buckets="copy"`` models PyTorch DDP's default (``gradient_as_bucket_view=False``): the
-    all-reduce buckets hold a second copy of every gradient. ``"view"`` (the default) is DDP with
-    ``gradient_as_bucket_view=True`` and what Megatron-LM, DeepSpeed and FSDP do.
+    all-reduce buckets hold a second copy of every gradient. ``"view"`` is DDP with
+    ``gradient_as_bucket_view=True`` and what Megatron-LM, DeepSpeed and FSDP do; ``None`` (the
+    default) takes the profile's (``"view"``, or ``"copy"`` for ``hf``).
+    ``grad_dtype`` (``"fp32"``, ``"bf16"``, ``"fp16"``) and ``master_weights`` override the
+    profile's gradient element and fp32 master copy (``None``: the profile's and precision's).
+    ``offload`` moves optimizer states (``"optimizer"``, ZeRO-Offload) or also the parameters
+    (``"optimizer+params"``, ZeRO-Infinity) to the host; the estimate reports them as host memory.
     ``cuda_context`` is a fixed per-GPU cost you measured (the CUDA context and kernels take
     several hundred MiB; it depends on driver, libraries and lazy loading), 0 by default.
     """
@@ -145,24 +172,55 @@ class TrainingSetup:
     recompute: str = "none"
     schedule: str = "1f1b"
     flash_attention: bool = False
-    dropout: bool = True
-    grad_buckets: str = "view"
+    dropout: bool | None = None
+    grad_buckets: str | None = None
     capacity_factor: float = 1.0
     cuda_context: int = 0
+    engine: str = "paper"
+    grad_dtype: str | None = None
+    master_weights: bool | None = None
+    offload: str = "none"
 
     def __post_init__(self) -> None:
-        integer("seq_len", self.seq_len)
-        integer("micro_batch", self.micro_batch)
-        integer("num_microbatches", self.num_microbatches)
-        integer("cuda_context", self.cuda_context, minimum=0)
+        integer("seq_len", self.seq_len, 1, MAX_SEQ_LEN)
+        integer("micro_batch", self.micro_batch, 1, MAX_BATCH)
+        integer("num_microbatches", self.num_microbatches, 1, MAX_BATCH)
+        integer("cuda_context", self.cuda_context, 0, 2**40)  # bytes: at most 1 TiB
         choice("precision", self.precision, PRECISIONS)
         choice("optimizer", self.optimizer, OPTIMIZERS)
         choice("recompute", self.recompute, RECOMPUTE)
         choice("schedule", self.schedule, SCHEDULES)
-        choice("grad_buckets", self.grad_buckets, GRAD_BUCKETS)
         boolean("flash_attention", self.flash_attention)
-        boolean("dropout", self.dropout)
         number("capacity_factor", self.capacity_factor, 1.0, 1e6)
+        choice("engine", self.engine, engines())
+        choice("offload", self.offload, OFFLOADS)
+        self._check_optional()
+
+    def _check_optional(self) -> None:
+        """The fields where ``None`` means "the model's" or "the profile's"."""
+        if self.dropout is not None:
+            boolean("dropout", self.dropout)
+        if self.grad_buckets is not None:
+            choice("grad_buckets", self.grad_buckets, GRAD_BUCKETS)
+        if self.grad_dtype is not None:
+            choice("grad_dtype", self.grad_dtype, GRAD_DTYPES)
+        if self.master_weights is not None:
+            boolean("master_weights", self.master_weights)
+            if self.master_weights and PRECISIONS[self.precision]["param"] == 4:
+                raise ValueError(
+                    f"master_weights=True needs 16-bit weights; precision={self.precision!r} "
+                    "keeps fp32 weights (use bf16 or bf16-mixed)"
+                )
+
+    def dropout_for(self, spec: ModelSpec) -> bool:
+        """Whether the layers keep dropout masks: ``dropout`` if given, else the model's own
+        (:attr:`~parmem.model.ModelSpec.has_dropout`)."""
+        return spec.has_dropout if self.dropout is None else self.dropout
+
+    @property
+    def buckets(self) -> str:
+        """The DDP bucket mode: ``grad_buckets``, or the engine profile's default."""
+        return self.grad_buckets or engine(self.engine).grad_buckets
 
 
 def check_layout(
@@ -170,6 +228,8 @@ def check_layout(
 ) -> list[int]:
     """Raise ``ValueError`` unless ``par`` and ``setup`` fit ``spec``; return the layers of each
     pipeline stage (``layers_per_stage``, checked, or :func:`even_split`)."""
+    instance("parallel", par, ParallelConfig, "ParallelConfig(dp=..., tp=..., ...)")
+    instance("setup", setup, TrainingSetup, "TrainingSetup(seq_len=...)")
     p = par.pp
     check_tp(spec, par.tp, par.ep)
     if p > spec.layers:
@@ -181,6 +241,7 @@ def check_layout(
             f"seq_len={setup.seq_len} > max_positions={spec.max_positions} "
             f"(learned positions of {spec.name})"
         )
+    engine(setup.engine).check(par.zero, p, setup.recompute, setup.offload)
     interleaved = setup.schedule == "interleaved"
     if interleaved != (par.vpp > 1):
         raise ValueError(

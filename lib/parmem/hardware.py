@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from parmem._check import integer, number
 from parmem._data import load_yaml
 
 __all__ = ["Link", "Hardware", "hardware_preset", "hardware_presets", "link_preset", "link_presets"]
@@ -34,8 +35,17 @@ __all__ = ["Link", "Hardware", "hardware_preset", "hardware_presets", "link_pres
 _FILE = "hardware.yaml"
 
 
+#: the most memory a GPU may have, in bytes (1 PiB)
+MAX_MEMORY_BYTES = 2**50
+
+
 def _is_number(x: Any) -> bool:
-    return isinstance(x, int | float) and not isinstance(x, bool)
+    """A finite real number (not a bool, not NaN or infinity)."""
+    try:
+        number("x", x)
+    except ValueError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -70,10 +80,8 @@ class Link:
         Source: Hockney (1994), "The communication challenge for MPP", the alpha-beta
         model used by Thakur, Rabenseifner & Gropp (2005) §2.
         """
-        if nbytes < 0:
-            raise ValueError(f"nbytes={nbytes} must be >= 0")
-        if messages < 0:
-            raise ValueError(f"messages={messages} must be >= 0")
+        number("nbytes", nbytes, 0)
+        integer("messages", messages, 0)
         return messages * self.latency + nbytes / self.bandwidth
 
 
@@ -105,10 +113,11 @@ class Hardware:
         if (
             not isinstance(self.memory_bytes, int)
             or isinstance(self.memory_bytes, bool)
-            or self.memory_bytes <= 0
+            or not 0 < self.memory_bytes <= MAX_MEMORY_BYTES
         ):
             raise ValueError(
-                f"Hardware {self.name!r}: memory_bytes={self.memory_bytes!r} must be an int > 0"
+                f"Hardware {self.name!r}: memory_bytes={self.memory_bytes!r:.40} must be an int > 0 "
+                f"and <= {MAX_MEMORY_BYTES} (1 PiB)"
             )
         if not _is_number(self.peak_flops_bf16) or self.peak_flops_bf16 <= 0:
             raise ValueError(
@@ -160,7 +169,7 @@ def link_preset(name: str) -> Link:
         ValueError: unknown name; the message lists the known ones.
     """
     links = _table("links")
-    if name not in links:
+    if not isinstance(name, str) or name not in links:
         raise ValueError(f"unknown link {name!r}; known: {', '.join(sorted(links))}")
     entry = links[name]
     return Link(
@@ -182,7 +191,7 @@ def hardware_preset(name: str) -> Hardware:
         ValueError: unknown name; the message lists the known ones.
     """
     table = _table("hardware")
-    if name not in table:
+    if not isinstance(name, str) or name not in table:
         raise ValueError(f"unknown hardware {name!r}; known: {', '.join(sorted(table))}")
     entry = table[name]
     where = f"hardware.{name}"

@@ -13,7 +13,8 @@
 
 from __future__ import annotations
 
-from ._check import boolean, choice, integer, number
+from ._check import MAX_BATCH, MAX_SEQ_LEN, MAX_WIDTH, boolean, choice, instance, integer, number
+from .hardware import MAX_MEMORY_BYTES
 from .model import ModelSpec
 from .sharding import (
     check_heads,
@@ -40,6 +41,12 @@ __all__ = [
 ]
 
 KV_DTYPES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
+#: the most requests :func:`random_requests` draws and :func:`simulate_kv_cache` serves
+MAX_REQUESTS = 2**20
+#: the most steps :func:`simulate_kv_cache` runs (the latest arrival plus every output token)
+MAX_SIM_STEPS = 2**24
+#: the largest capacity, block and ``max_len`` of :func:`simulate_kv_cache`, in tokens
+MAX_SIM_TOKENS = 2**40
 WEIGHT_DTYPES = {"fp32": 32, "fp16": 16, "bf16": 16, "int8": 8, "int4": 4}
 
 
@@ -49,6 +56,7 @@ def kv_cache_bytes_per_token(spec: ModelSpec, dtype: str = "fp16", tp: int = 1) 
 
     Llama-2-7B in fp16: 2 · 32 · 32 · 128 · 2 = 524,288 bytes = 512 KiB per token.
     """
+    _spec(spec)
     choice("dtype", dtype, KV_DTYPES)
     check_heads(spec, tp)
     return 2 * spec.layers * kv_heads_local(spec, tp) * spec.head_dim * KV_DTYPES[dtype]
@@ -59,14 +67,13 @@ def kv_cache_bytes(
 ) -> int:
     """KV-cache bytes on one GPU for ``batch`` sequences of ``seq_len`` tokens each."""
     _spec(spec)
-    integer("seq_len", seq_len, 0)
-    integer("batch", batch, 0)
+    integer("seq_len", seq_len, 0, MAX_SEQ_LEN)
+    integer("batch", batch, 0, MAX_BATCH)
     return kv_cache_bytes_per_token(spec, dtype, tp) * seq_len * batch
 
 
 def _spec(spec: object) -> None:
-    if not isinstance(spec, ModelSpec):
-        raise ValueError(f"spec must be a ModelSpec (ModelSpec.preset(name)), got {spec!r}")
+    instance("spec", spec, ModelSpec, "ModelSpec.preset(name)")
 
 
 def weight_bytes(
@@ -90,12 +97,14 @@ def weight_bytes(
     _spec(spec)
     choice("dtype", dtype, WEIGHT_DTYPES)
     check_tp(spec, tp)
+    if group_size is not None:
+        integer("group_size", group_size, 1, MAX_WIDTH)
+    if zero_point is not None:
+        boolean("zero_point", zero_point)
     bits = WEIGHT_DTYPES[dtype]
     if bits >= 16:
         return sum(stage_params(spec, tp)) * bits // 8
-    if group_size is not None:
-        integer("group_size", group_size)
-    zp = (bits == 4) if zero_point is None else boolean("zero_point", zero_point)
+    zp = (bits == 4) if zero_point is None else zero_point
     per_group = 2 + (2 if zp else 0)
     total = 0
     for x, copies in [(x, spec.layers) for x in layer_tensors(spec)] + [
@@ -129,12 +138,16 @@ def _memory_bytes(gpu) -> int:
     if isinstance(gpu, str):
         from .hardware import hardware_preset
 
-        return hardware_preset(gpu).memory_bytes
+        try:
+            return hardware_preset(gpu).memory_bytes
+        except ValueError as e:
+            raise ValueError(f"gpu={gpu!r:.60}: {e}") from None
     if hasattr(gpu, "memory_bytes"):
         return int(gpu.memory_bytes)
-    if isinstance(gpu, bool) or not isinstance(gpu, int) or gpu <= 0:
+    if isinstance(gpu, bool) or not isinstance(gpu, int) or not 0 < gpu <= MAX_MEMORY_BYTES:
         raise ValueError(
-            f"gpu={gpu!r} must be bytes (an integer >= 1), a Hardware or a preset name"
+            f"gpu={gpu!r:.40} must be bytes (an integer in 1..{MAX_MEMORY_BYTES}), a Hardware "
+            "or a preset name"
         )
     return gpu
 
@@ -162,9 +175,10 @@ def max_concurrency(
     counted at its full length, as a server that reserves whole sequences must; with
     PagedAttention (:func:`simulate_kv_cache`) the average length is what matters.
     """
-    integer("seq_len", seq_len)
+    _spec(spec)
+    integer("seq_len", seq_len, 1, MAX_SEQ_LEN)
     number("utilization", utilization, 0, 1, lo_open=True)
-    integer("reserved", reserved, 0)
+    integer("reserved", reserved, 0, MAX_MEMORY_BYTES)
     budget = (
         int(_memory_bytes(gpu) * utilization)
         - reserved
@@ -205,12 +219,16 @@ def random_requests(
     (exponential gaps, rounded down to whole steps). Deterministic for a given ``seed``."""
     import random
 
-    integer("n", n, 0)
-    for name, (lo, hi) in (("prompt", prompt), ("output", output)):
-        if not 1 <= lo <= hi:
-            raise ValueError(f"{name}={(lo, hi)!r} must satisfy 1 <= low <= high")
-    if rate is not None and not rate > 0:
-        raise ValueError(f"rate={rate!r} must be > 0 requests per step")
+    integer("n", n, 0, MAX_REQUESTS)
+    integer("seed", seed, 0)
+    for name, pair in (("prompt", prompt), ("output", output)):
+        if not isinstance(pair, tuple | list) or len(pair) != 2:
+            raise ValueError(f"{name}={pair!r:.60} must be a pair (low, high) of token counts")
+        lo = integer(f"{name}[0]", pair[0], 1, MAX_SEQ_LEN)
+        if integer(f"{name}[1]", pair[1], 1, MAX_SEQ_LEN) < lo:
+            raise ValueError(f"{name}={tuple(pair)!r} must satisfy 1 <= low <= high")
+    if rate is not None:
+        number("rate", rate, 0, lo_open=True)
     rng = random.Random(seed)
     t, out = 0.0, []
     for _ in range(n):
@@ -290,8 +308,8 @@ def simulate_kv_cache(
     """
     choice("policy", policy, ("paged", "contiguous"))
     for name, v in (("capacity", capacity), ("block_size", block_size), ("max_len", max_len)):
-        integer(name, v)
-    reqs = sorted(requests, key=lambda r: r.arrival)
+        integer(name, v, 1, MAX_SIM_TOKENS)
+    reqs = _requests(requests)
     server = _Server(
         reqs,
         capacity,
@@ -319,6 +337,29 @@ def simulate_kv_cache(
         server.generated,
         server.preemptions,
     )
+
+
+def _requests(requests: object) -> list[Request]:
+    """``requests`` checked (:class:`Request` objects of integer fields, at most
+    :data:`MAX_REQUESTS`, whose simulation takes at most :data:`MAX_SIM_STEPS` steps), sorted by
+    arrival."""
+    if isinstance(requests, str | bytes) or not hasattr(requests, "__iter__"):
+        raise ValueError(f"requests={requests!r:.60} must be a list of Request")
+    reqs = list(requests)
+    integer("len(requests)", len(reqs), 0, MAX_REQUESTS)
+    for i, r in enumerate(reqs):
+        instance(f"requests[{i}]", r, Request, "Request(arrival, prompt, output)")
+        integer(f"requests[{i}].arrival", r.arrival, 0, MAX_SIM_STEPS)
+        integer(f"requests[{i}].prompt", r.prompt, 1, MAX_SEQ_LEN)
+        integer(f"requests[{i}].output", r.output, 1, MAX_SEQ_LEN)
+    # each step generates a token of a running request, or waits for the next arrival
+    steps = max((r.arrival for r in reqs), default=0) + sum(r.output for r in reqs)
+    if steps > MAX_SIM_STEPS:
+        raise ValueError(
+            f"requests: the simulation would take up to {steps} steps (latest arrival + every "
+            f"output token); at most {MAX_SIM_STEPS} are simulated"
+        )
+    return sorted(reqs, key=lambda r: r.arrival)
 
 
 class _Server:

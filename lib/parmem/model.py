@@ -17,8 +17,9 @@ import json
 from dataclasses import asdict, dataclass, fields, replace
 from os import PathLike
 from pathlib import Path
+from typing import Any
 
-from ._check import boolean, choice, integer
+from ._check import MAX_LAYERS, MAX_WIDTH, boolean, choice, integer, number
 from ._data import load_yaml
 from .sharding import layer_tensors, param_counts
 
@@ -43,6 +44,11 @@ class ModelSpec:
 
     ``kv_heads``, ``head_dim``, ``ffn_hidden`` and ``expert_ffn_hidden`` may be left at 0 (or
     ``None``) to take their usual values: ``heads``, h/a, 4h and ``ffn_hidden``.
+
+    ``dropout`` is the model's own dropout probability (the largest of its attention, residual
+    and embedding dropouts): 0.1 for GPT-2 and GPT-3, 0.0 for Llama, Mistral, Mixtral and Qwen.
+    ``None`` (a spec built by hand without it) keeps the papers' assumption, dropout on
+    (:attr:`has_dropout`). A :class:`~parmem.config.TrainingSetup` follows it by default.
     """
 
     name: str
@@ -64,11 +70,16 @@ class ModelSpec:
     top_k: int = 0
     expert_ffn_hidden: int = 0
     shared_experts: int = 0
+    dropout: float | None = None
     source: str = ""
 
     def __post_init__(self) -> None:
-        for f in ("vocab_size", "hidden", "layers", "heads", "max_positions"):
-            integer(f, getattr(self, f))
+        for f in ("name", "source"):
+            if not isinstance(getattr(self, f), str):
+                raise ValueError(f"{f}={getattr(self, f)!r:.60} must be a string")
+        for f in ("vocab_size", "hidden", "heads", "max_positions"):
+            integer(f, getattr(self, f), 1, MAX_WIDTH)
+        integer("layers", self.layers, 1, MAX_LAYERS)
         self._derive_widths()
         if self.heads % self.kv_heads:
             raise ValueError(f"kv_heads={self.kv_heads} must divide heads={self.heads}")
@@ -77,6 +88,8 @@ class ModelSpec:
         choice("position", self.position, POSITION_KINDS)
         for f in ("bias", "qkv_bias", "tied_embeddings"):
             boolean(f, getattr(self, f))
+        if self.dropout is not None:
+            number("dropout", self.dropout, 0.0, 1.0, hi_open=True)
         self._check_experts()
 
     def _derive_widths(self) -> None:
@@ -84,6 +97,7 @@ class ModelSpec:
         for f in ("kv_heads", "head_dim", "ffn_hidden", "expert_ffn_hidden"):
             if getattr(self, f) is None:  # the 0.1 API's "derive it"
                 object.__setattr__(self, f, 0)
+            integer(f, getattr(self, f), 0, MAX_WIDTH)  # 0: derive it (not False, not 0.0)
         if not self.kv_heads:
             object.__setattr__(self, "kv_heads", self.heads)
         if not self.head_dim:
@@ -95,12 +109,12 @@ class ModelSpec:
         if not self.ffn_hidden:
             object.__setattr__(self, "ffn_hidden", 4 * self.hidden)
         for f in ("kv_heads", "head_dim", "ffn_hidden"):
-            integer(f, getattr(self, f))
+            integer(f, getattr(self, f), 1, MAX_WIDTH)
 
     def _check_experts(self) -> None:
-        integer("num_experts", self.num_experts, 0)
-        integer("top_k", self.top_k, 0)
-        integer("shared_experts", self.shared_experts, 0)
+        integer("num_experts", self.num_experts, 0, MAX_WIDTH)
+        integer("top_k", self.top_k, 0, MAX_WIDTH)
+        integer("shared_experts", self.shared_experts, 0, MAX_WIDTH)
         if self.num_experts:
             if not 1 <= self.top_k <= self.num_experts:
                 raise ValueError(
@@ -108,7 +122,7 @@ class ModelSpec:
                 )
             if not self.expert_ffn_hidden:
                 object.__setattr__(self, "expert_ffn_hidden", self.ffn_hidden)
-            integer("expert_ffn_hidden", self.expert_ffn_hidden)
+            integer("expert_ffn_hidden", self.expert_ffn_hidden, 1, MAX_WIDTH)
         elif self.top_k or self.shared_experts:
             raise ValueError("top_k and shared_experts need num_experts >= 1")
 
@@ -117,7 +131,9 @@ class ModelSpec:
     def preset(cls, name: str) -> ModelSpec:
         """A named preset from ``data/models.yaml`` (see :func:`presets`)."""
         table = load_yaml("models.yaml")
-        key = str(name).lower()
+        if not isinstance(name, str):
+            raise ValueError(f"name={name!r:.60} must be a preset name (a string); see presets()")
+        key = name.lower()
         if key not in table:
             raise ValueError(f"unknown model preset {name!r}; known: {', '.join(sorted(table))}")
         return cls(name=key, **table[key])
@@ -129,24 +145,24 @@ class ModelSpec:
         Understands the Llama, Mistral, Mixtral, Qwen2, Qwen2-MoE and GPT-2 families (and any
         config using the Llama key names). No network access: only the file is read.
         """
+        if name is not None and not isinstance(name, str):
+            raise ValueError(f"name={name!r:.60} must be a string or None")
         if isinstance(config, dict):
-            cfg, label = config, name or config.get("_name_or_path") or "hf-model"
+            cfg, default = config, "hf-model"
+        elif isinstance(config, str | PathLike):
+            cfg, path = _read_config(Path(config))
+            default = path.parent.name or "hf-model"
         else:
-            path = Path(config)
-            if path.is_dir():
-                path = path / "config.json"
-            if not path.is_file():
-                raise ValueError(f"config: no such file {str(path)!r}")
-            try:
-                cfg = json.loads(path.read_text())
-            except json.JSONDecodeError as e:
-                raise ValueError(
-                    f"config: {path} is not valid JSON ({e.msg} at line {e.lineno})"
-                ) from None
-            if not isinstance(cfg, dict):
-                raise ValueError(f"config: {path} must hold a JSON object")
-            label = name or cfg.get("_name_or_path") or path.parent.name or "hf-model"
-        return cls(**_from_hf(cfg), name=str(label))
+            raise ValueError(
+                "config must be a path to a config.json, its folder or a dict, "
+                f"got {type(config).__name__}"
+            )
+        label = cfg.get("_name_or_path")
+        if label is not None and not isinstance(label, str):
+            raise ValueError(
+                f"config['_name_or_path'] must be a string, got {type(label).__name__}"
+            )
+        return cls(**_from_hf(cfg), name=name or label or default)
 
     def with_(self, **changes) -> ModelSpec:
         """A copy with some fields changed (validated again)."""
@@ -159,6 +175,12 @@ class ModelSpec:
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
+
+    @property
+    def has_dropout(self) -> bool:
+        """Whether training keeps dropout masks: ``dropout > 0``, or ``dropout`` not given (the
+        papers' GPT layers, Korthikanti et al. 2022, have dropout)."""
+        return self.dropout is None or self.dropout > 0
 
     @property
     def q_dim(self) -> int:
@@ -212,68 +234,148 @@ def presets() -> list[str]:
 _SPEC_FIELDS = {f.name for f in fields(ModelSpec)}
 
 
-def _need(cfg: dict, *keys: str):
+#: the largest config.json read (real ones are a few KiB)
+MAX_CONFIG_BYTES = 2**24
+
+
+def _read_config(path: Path) -> tuple[dict[str, Any], Path]:
+    """The JSON object in ``path`` (or ``path/config.json``) and the file read; every failure is
+    a ``ValueError`` naming the file."""
+    try:
+        if path.is_dir():
+            path = path / "config.json"
+        if not path.is_file():
+            raise ValueError(f"config: no such file {str(path)!r}")
+        if path.stat().st_size > MAX_CONFIG_BYTES:
+            raise ValueError(f"config: {path} is larger than {MAX_CONFIG_BYTES} bytes")
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"config: {path} is not UTF-8 text") from None
+    except OSError as e:  # permission denied, a name too long, ...
+        raise ValueError(f"config: cannot read {str(path)!r}: {e.strerror or e}") from None
+    try:
+        cfg = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"config: {path} is not valid JSON ({e.msg} at line {e.lineno})") from None
+    except RecursionError:
+        raise ValueError(f"config: {path} is nested too deeply to be a config.json") from None
+    if not isinstance(cfg, dict):
+        raise ValueError(f"config: {path} must hold a JSON object")
+    return cfg, path
+
+
+def _key(key: str) -> str:
+    """How a message names a config.json key: ``config['hidden_size']``."""
+    return f"config[{key!r}]"
+
+
+def _need(cfg: dict[str, Any], *keys: str, maximum: int = MAX_WIDTH) -> int:
+    """The first of ``keys`` that is set (not null), as an integer >= 1."""
     for k in keys:
         if cfg.get(k) is not None:
-            return cfg[k]
-    raise ValueError(f"config: missing {keys[0]!r} (model_type={cfg.get('model_type')!r})")
+            return integer(_key(k), cfg[k], 1, maximum)
+    raise ValueError(f"config: missing {keys[0]!r} (model_type={cfg.get('model_type')!r:.40})")
 
 
-def _from_hf(cfg: dict) -> dict:
-    """Map a Hugging Face config dict onto ModelSpec fields."""
-    mtype = str(cfg.get("model_type", "")).lower()
+#: Hugging Face config keys that hold a dropout probability (GPT-2: resid/embd/attn_pdrop; Llama,
+#: Mistral, Mixtral, Qwen: attention_dropout; others: hidden_dropout …).
+_HF_DROPOUT_KEYS = (
+    "attention_dropout",
+    "hidden_dropout",
+    "resid_pdrop",
+    "embd_pdrop",
+    "attn_pdrop",
+    "dropout",
+    "hidden_dropout_prob",
+    "attention_probs_dropout_prob",
+)
+
+
+def _hf_dropout(cfg: dict[str, Any], default: float) -> float:
+    """The largest dropout probability a config states; ``default`` (the family's Hugging Face
+    default: 0.1 for GPT-2, 0.0 for the Llama key names) when it states none."""
+    found = [number(_key(k), cfg[k], 0.0, 1.0) for k in _HF_DROPOUT_KEYS if cfg.get(k) is not None]
+    return max(found) if found else default
+
+
+def _opt(cfg: dict[str, Any], key: str) -> int:
+    """``key`` as an integer >= 0, 0 when it is missing or null (0: "take the usual value")."""
+    value = cfg.get(key)
+    return 0 if value is None else integer(_key(key), value, 0, MAX_WIDTH)
+
+
+def _flag(cfg: dict[str, Any], key: str, default: bool) -> bool:
+    """``key`` as a JSON boolean (``"false"`` is refused, not read as true); ``default`` when it
+    is missing or null."""
+    value = cfg.get(key)
+    return default if value is None else boolean(_key(key), value)
+
+
+def _from_hf(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Map a Hugging Face config dict onto ModelSpec fields, each value checked under its key."""
+    mtype = cfg.get("model_type", "")
+    if not isinstance(mtype, str):
+        raise ValueError(f"{_key('model_type')} must be a string, got {type(mtype).__name__}")
+    mtype = mtype.lower()
     if mtype == "gpt2" or "n_embd" in cfg:
-        h = int(_need(cfg, "n_embd"))
-        inner = cfg.get("n_inner")
+        h = _need(cfg, "n_embd")
         return dict(
-            vocab_size=int(_need(cfg, "vocab_size")),
+            vocab_size=_need(cfg, "vocab_size"),
             hidden=h,
-            layers=int(_need(cfg, "n_layer")),
-            heads=int(_need(cfg, "n_head")),
-            ffn_hidden=int(inner) if inner else 4 * h,
+            layers=_need(cfg, "n_layer", maximum=MAX_LAYERS),
+            heads=_need(cfg, "n_head"),
+            ffn_hidden=_opt(cfg, "n_inner") or 4 * h,
             ffn_kind="gelu",
             bias=True,
             norm="layernorm",
-            tied_embeddings=bool(cfg.get("tie_word_embeddings", True)),
+            tied_embeddings=_flag(cfg, "tie_word_embeddings", True),
             position="learned",
-            max_positions=int(_need(cfg, "n_positions", "n_ctx")),
+            max_positions=_need(cfg, "n_positions", "n_ctx"),
+            dropout=_hf_dropout(cfg, 0.1),
             source=f"Hugging Face config.json (model_type={mtype or 'gpt2'})",
         )
-    h = int(_need(cfg, "hidden_size"))
-    heads = int(_need(cfg, "num_attention_heads"))
+    h = _need(cfg, "hidden_size")
+    heads = _need(cfg, "num_attention_heads")
+    attention_bias = _flag(cfg, "attention_bias", False)
     out = dict(
-        vocab_size=int(_need(cfg, "vocab_size")),
+        vocab_size=_need(cfg, "vocab_size"),
         hidden=h,
-        layers=int(_need(cfg, "num_hidden_layers")),
+        layers=_need(cfg, "num_hidden_layers", maximum=MAX_LAYERS),
         heads=heads,
-        kv_heads=int(cfg.get("num_key_value_heads") or heads),
-        head_dim=int(cfg["head_dim"]) if cfg.get("head_dim") else 0,
-        ffn_hidden=int(_need(cfg, "intermediate_size")),
+        kv_heads=_opt(cfg, "num_key_value_heads") or heads,
+        head_dim=_opt(cfg, "head_dim"),
+        ffn_hidden=_need(cfg, "intermediate_size"),
         ffn_kind="swiglu",
-        bias=bool(cfg.get("mlp_bias", False)) and bool(cfg.get("attention_bias", False)),
-        qkv_bias=mtype.startswith("qwen2") or bool(cfg.get("attention_bias", False)),
+        bias=_flag(cfg, "mlp_bias", False) and attention_bias,
+        qkv_bias=mtype.startswith("qwen2") or attention_bias,
         norm="rmsnorm",
-        tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        tied_embeddings=_flag(cfg, "tie_word_embeddings", False),
         position="rotary",
-        max_positions=int(cfg.get("max_position_embeddings") or 2048),
+        max_positions=_opt(cfg, "max_position_embeddings") or 2048,
+        dropout=_hf_dropout(cfg, 0.0),
         source=f"Hugging Face config.json (model_type={mtype or 'unknown'})",
     )
-    experts = cfg.get("num_local_experts") or cfg.get("num_experts")
-    if experts:
-        out.update(
-            num_experts=int(experts),
-            top_k=int(_need(cfg, "num_experts_per_tok")),
-            expert_ffn_hidden=int(cfg.get("moe_intermediate_size") or cfg["intermediate_size"]),
-        )
-        if cfg.get("shared_expert_intermediate_size"):
-            # Qwen2-MoE: one shared expert of its own width; counted as shared_experts of
-            # expert width, so we only support the case where it is a multiple of that width.
-            shared = int(cfg["shared_expert_intermediate_size"])
-            width = int(cfg.get("moe_intermediate_size") or cfg["intermediate_size"])
-            if shared % width:
-                raise ValueError(
-                    "config: shared_expert_intermediate_size must be a multiple of "
-                    "moe_intermediate_size for parmem's shared-expert model"
-                )
-            out["shared_experts"] = shared // width
+    out.update(_hf_experts(cfg))
     return {k: v for k, v in out.items() if k in _SPEC_FIELDS}
+
+
+def _hf_experts(cfg: dict[str, Any]) -> dict[str, int]:
+    """The mixture-of-experts fields of a Mixtral / Qwen2-MoE config (none for a dense one)."""
+    experts = _opt(cfg, "num_local_experts") or _opt(cfg, "num_experts")
+    if not experts:
+        return {}
+    width = _opt(cfg, "moe_intermediate_size") or _need(cfg, "intermediate_size")
+    out = dict(
+        num_experts=experts, top_k=_need(cfg, "num_experts_per_tok"), expert_ffn_hidden=width
+    )
+    shared = _opt(cfg, "shared_expert_intermediate_size")
+    if shared:
+        # Qwen2-MoE: one shared expert of its own width; counted as shared_experts of
+        # expert width, so we only support the case where it is a multiple of that width.
+        if shared % width:
+            raise ValueError(
+                "config: shared_expert_intermediate_size must be a multiple of "
+                "moe_intermediate_size for parmem's shared-expert model"
+            )
+        out["shared_experts"] = shared // width
+    return out

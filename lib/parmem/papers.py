@@ -16,6 +16,9 @@ Tables: ``rajbhandari2020_figure1`` (ZeRO's per-GPU model states, Ψ = 7.5B, N_d
 :class:`~parmem.model.ModelSpec` of a row). A value the file could not check against its source
 is ``None`` and the table's ``unchecked`` says which.
 
+:func:`published_runs` reads ``data/published_runs.yaml``: published training runs (layout and
+measured throughput) that :mod:`parmem.planner.calibration` ranks and fits the planner against.
+
 Standard library only (and the packaged data), so it runs wherever the estimator does.
 """
 
@@ -28,9 +31,17 @@ from fractions import Fraction
 from ._check import choice, integer
 from ._data import load_yaml
 
-__all__ = ["PublishedTable", "table", "names", "korthikanti_table2", "narayanan_gpt"]
+__all__ = [
+    "PublishedTable",
+    "table",
+    "names",
+    "korthikanti_table2",
+    "narayanan_gpt",
+    "published_runs",
+]
 
 _FILE = "papers.yaml"
+_RUNS = "published_runs.yaml"
 
 
 @dataclass(frozen=True)
@@ -92,6 +103,27 @@ def korthikanti_table2(case: str, s: int, b: int, h: int, a: int, t: int = 1) ->
     s_, t_ = Fraction(s), Fraction(t)
     attention = Fraction(a) * s_ / h * (r["attention"] + r["attention_over_t"] / t_)
     return s_ * b * h * (r["constant"] + r["constant_over_t"] / t_ + attention)
+
+
+def published_runs() -> dict[str, dict]:
+    """The groups of ``data/published_runs.yaml``: published training runs with their layout
+    and measured throughput, each group with its source. A group with ``rows_from`` takes its
+    rows from that table of ``papers.yaml`` (:func:`table`), with the values its ``fill`` list
+    checks (matched on ``params_billion``) filled in where the table has ``None``. A fresh copy,
+    safe to modify."""
+    groups = copy.deepcopy(load_yaml(_RUNS))
+    for group in groups.values():
+        source = group.pop("rows_from", None)
+        if source is None:
+            continue
+        fills = {f["params_billion"]: f for f in group.pop("fill", [])}
+        rows = []
+        for row in table(source).rows:
+            extra = fills.get(row["params_billion"], {})
+            rows.append({k: (extra.get(k, v) if v is None else v) for k, v in row.items()})
+        group["rows"] = rows
+        group.setdefault("settings", table(source).settings)
+    return groups
 
 
 def narayanan_gpt(row: dict):

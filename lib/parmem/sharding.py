@@ -12,7 +12,8 @@ split           what one rank of a tensor-parallel group of ``t`` holds
 ``kv``          K or V by key/value heads: kv_heads/t heads, or one whole head when
                 t > kv_heads (each head then kept by t/kv_heads ranks)
 ``row``         the input features divided by t (attention output, FC2/down)
-``vocab``       the vocabulary rows, ⌈V/t⌉ each (vocab-parallel embedding and LM head)
+``vocab``       the vocabulary rows, ⌈V/t⌉ each (vocab-parallel embedding and LM head), or
+                the padded vocabulary's rows (Megatron pads V to a multiple of 128·t)
 ``replicated``  everything (norms, row-parallel biases, learned positions, the MoE router)
 ==============  =========================================================================
 
@@ -61,6 +62,8 @@ __all__ = [
     "tp_param_counts",
     "linear_shapes",
     "layer_matmul_params",
+    "largest_module_params",
+    "factored_numel",
 ]
 
 SPLITS = ("column", "kv", "row", "vocab", "replicated")
@@ -253,24 +256,32 @@ def kv_heads_local(spec: Any, tp: int) -> int:
     return max(int(spec.kv_heads) // tp, 1)
 
 
-def vocab_rows(spec: Any, tp: int) -> int:
-    """Vocabulary rows of the embedding (or LM head) on one rank: ⌈V/t⌉."""
-    return cdiv(spec.vocab_size, tp)
+def vocab_rows(spec: Any, tp: int, multiple: int = 1) -> int:
+    """Vocabulary rows of the embedding (or LM head) on one rank: ⌈V/t⌉, or with vocabulary
+    padding the padded V' / t, V' the smallest multiple of ``multiple`` · t not below V
+    (Megatron-LM's ``vocab_size_with_padding``, ``--make-vocab-size-divisible-by 128``: V = 32000
+    at t = 8 pads to 32768). ``multiple=1`` is no padding: ⌈V/t⌉."""
+    return cdiv(spec.vocab_size, multiple * tp) * multiple
 
 
-def local_numel(spec: Any, x: Tensor, tp: int = 1, ep: int = 1) -> int:
-    """Elements of tensor ``x`` (all its local copies) on one rank of ``tp`` × ``ep``."""
+def local_shape(spec: Any, x: Tensor, tp: int = 1, vocab_multiple: int = 1) -> tuple[int, int]:
+    """(rows, cols) of one copy of tensor ``x`` on one rank of a tensor-parallel group of
+    ``tp`` (the split column of the module docstring)."""
     if x.split == "column":
-        per = x.rows // tp * x.cols
-    elif x.split == "row":
-        per = x.rows * (x.cols // tp)
-    elif x.split == "kv":
-        per = kv_heads_local(spec, tp) * spec.head_dim * x.cols
-    elif x.split == "vocab":
-        per = vocab_rows(spec, tp) * x.cols
-    else:
-        per = x.rows * x.cols
-    return per * (x.count // ep if x.expert else x.count)
+        return x.rows // tp, x.cols
+    if x.split == "row":
+        return x.rows, x.cols // tp
+    if x.split == "kv":
+        return kv_heads_local(spec, tp) * spec.head_dim, x.cols
+    if x.split == "vocab":
+        return vocab_rows(spec, tp, vocab_multiple), x.cols
+    return x.rows, x.cols
+
+
+def local_numel(spec: Any, x: Tensor, tp: int = 1, ep: int = 1, vocab_multiple: int = 1) -> int:
+    """Elements of tensor ``x`` (all its local copies) on one rank of ``tp`` × ``ep``."""
+    rows, cols = local_shape(spec, x, tp, vocab_multiple)
+    return rows * cols * (x.count // ep if x.expert else x.count)
 
 
 @lru_cache(maxsize=1024)
@@ -293,21 +304,68 @@ def stage_params(
     n_layers: int | None = None,
     first: bool = True,
     last: bool = True,
+    vocab_multiple: int = 1,
 ) -> tuple[int, int]:
     """(dense, expert) parameters one GPU of a pipeline stage holds before ZeRO sharding.
 
     ``n_layers`` transformer layers (default: all), plus the embedding on the ``first`` stage
     and the final norm and LM head on the ``last`` (a tied LM head counts once on a single
     stage and is copied on the last stage of a pipeline). Expert parameters are kept apart
-    because ZeRO shards them over the expert-data-parallel group.
+    because ZeRO shards them over the expert-data-parallel group. ``vocab_multiple`` pads the
+    vocabulary (:func:`vocab_rows`).
     """
     n = spec.layers if n_layers is None else n_layers
     dense, expert = layer_params(spec, tp, ep)
     dense, expert = n * dense, n * expert
     for x in model_tensors(spec, pipeline=not (first and last)):
         if (x.place == "first" and first) or (x.place == "last" and last):
-            dense += local_numel(spec, x, tp, ep)
+            dense += local_numel(spec, x, tp, ep, vocab_multiple)
     return dense, expert
+
+
+def factored_numel(
+    spec: Any,
+    tp: int = 1,
+    ep: int = 1,
+    n_layers: int | None = None,
+    first: bool = True,
+    last: bool = True,
+    vocab_multiple: int = 1,
+) -> tuple[int, int]:
+    """(dense, expert) elements of a factored second moment for the parameters of
+    :func:`stage_params`: rows + columns of each local matrix, every value of a vector
+    (Shazeer & Stern 2018, Adafactor §3)."""
+
+    def second_moment(x: Tensor) -> int:
+        rows, cols = local_shape(spec, x, tp, vocab_multiple)
+        copies = x.count // ep if x.expert else x.count
+        return copies * (rows + cols if cols > 1 else rows)
+
+    n = spec.layers if n_layers is None else n_layers
+    dense = expert = 0
+    for x in layer_tensors(spec):
+        if x.expert:
+            expert += n * second_moment(x)
+        else:
+            dense += n * second_moment(x)
+    for x in model_tensors(spec, pipeline=not (first and last)):
+        if (x.place == "first" and first) or (x.place == "last" and last):
+            dense += second_moment(x)
+    return dense, expert
+
+
+def largest_module_params(spec: Any, tp: int = 1, vocab_multiple: int = 1) -> int:
+    """Parameters of the largest module on one rank: a weight with its bias (``name.weight`` and
+    ``name.bias``), one expert's matrix, the embedding or the LM head; what DeepSpeed's
+    ``model_to_params`` calls ``largest_layer_params`` (the largest
+    ``sum(p.numel() for p in m.parameters(recurse=False))``; modules that fuse several of these
+    tensors, such as GPT-2's ``c_attn``, are larger than this table's largest entry)."""
+    sizes: dict[str, int] = {}
+    for x in (*layer_tensors(spec), *model_tensors(spec)):
+        rows, cols = local_shape(spec, x, tp, vocab_multiple)
+        module = x.name.rsplit(".", 1)[0]
+        sizes[module] = sizes.get(module, 0) + rows * cols
+    return max(sizes.values())
 
 
 def stage_tensor_numels(

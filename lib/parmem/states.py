@@ -1,46 +1,149 @@
-"""Model states: the bytes of parameters, gradients and optimizer states on one GPU.
+"""Model states: the bytes of parameters, gradients and optimizer states on one GPU (and, when
+they are offloaded, on its host).
 
 Rajbhandari et al. 2020 (ZeRO) §3.1 and §5: mixed-precision Adam keeps 2 + 2 + 12 bytes per
 parameter (16-bit weights and gradients; fp32 master weights, momentum and variance); ZeRO stage
 1, 2 and 3 shard the optimizer states, then the gradients, then the parameters over the
-data-parallel group. 8-bit Adam per Dettmers et al. 2022.
+data-parallel group. That is the ``paper`` engine profile; the other profiles of
+:mod:`parmem.engines` (Megatron-Core, DeepSpeed, FSDP2, Hugging Face) list their own categories
+(fp32 main gradients, fp32 gradient partitions, fp32 sharded weights …), read here by one
+function. Optimizer states per parameter come from the optimizer presets (Adam and AdamW: two
+moments; Lion, Chen et al. 2023: one; 8-bit Adam, Dettmers et al. 2022: two 1-byte moments and an
+fp32 absmax per 2048 values; Adafactor, Shazeer & Stern 2018: a factored second moment).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from functools import lru_cache
+from typing import TYPE_CHECKING, NamedTuple
 
-from ._check import cdiv, choice, integer
-from .config import ADAM8BIT_BLOCK, OPTIMIZERS, PRECISIONS
+from ._check import boolean, cdiv, choice, integer
+from .config import OPTIMIZERS, PRECISIONS
+from .engines import (
+    GRAD_DTYPES,
+    OFFLOADS,
+    OptimizerPreset,
+    engines,
+    itemsizes,
+    offloads_to_host,
+    optimizer_preset,
+)
+from .engines import engine as _engine
 
 if TYPE_CHECKING:  # pragma: no cover
     from .model import ModelSpec
 
-__all__ = ["ModelStateBytes", "model_state_bytes", "total_model_state_floor"]
+__all__ = [
+    "ModelStateBytes",
+    "StateRule",
+    "model_state_bytes",
+    "optimizer_state_bytes",
+    "state_rule",
+    "apply_rule",
+    "total_model_state_floor",
+]
+
+_FIELD = {"params": 0, "grads": 1, "optimizer": 2}
+_GPU, _HOST, _DROP = 0, 1, 2
 
 
 @dataclass(frozen=True)
 class ModelStateBytes:
-    """Per-GPU bytes of parameters, gradients and optimizer states."""
+    """Per-GPU bytes of parameters, gradients and optimizer states (``total``, on the GPU), and
+    the bytes this GPU's process keeps on its host (``host``: offloaded states)."""
 
     params: int
     grads: int
     optimizer: int
+    host: int = 0
 
     @property
     def total(self) -> int:
         return self.params + self.grads + self.optimizer
 
 
-def _optimizer_bytes(n: int, precision: str, optimizer: str) -> int:
-    prec = PRECISIONS[precision]
-    states = OPTIMIZERS[optimizer]
-    if optimizer == "adam-8bit":
-        per_state = n + 4 * cdiv(n, ADAM8BIT_BLOCK)
+class StateRule(NamedTuple):
+    """Where each model-state category goes for one (engine, precision, optimizer, ZeRO stage,
+    offload): ``cats`` holds (field index, bytes per element, sharded, place) per category;
+    the optimizer's states are sharded when ``opt_sharded``, in elements of ``opt_itemsize``
+    bytes, on the host when ``opt_host``."""
+
+    cats: tuple[tuple[int, int, bool, int], ...]
+    preset: OptimizerPreset
+    opt_itemsize: int
+    opt_sharded: bool
+    opt_host: bool
+
+
+@lru_cache(maxsize=1024)
+def state_rule(
+    engine_name: str,
+    precision: str,
+    optimizer: str,
+    zero: int,
+    offload: str = "none",
+    grad_dtype: str | None = None,
+    master_weights: bool | None = None,
+) -> StateRule:
+    """The :class:`StateRule` of a profile (cached; arguments already validated)."""
+    prof = _engine(engine_name)
+    sizes = itemsizes(PRECISIONS[precision], grad_dtype, master_weights)
+    cats = []
+    for c in prof.categories(precision, zero):
+        size = sizes[c.dtype]
+        if c.name == "grads" and grad_dtype is not None:
+            size = GRAD_DTYPES[grad_dtype]
+        sharded = zero >= c.shard_from
+        place = _GPU
+        if sharded and offloads_to_host(c.offload, offload):
+            place = _DROP if c.offload == "drop" else _HOST
+        if size:
+            cats.append((_FIELD[c.field], size, sharded, place))
+    return StateRule(
+        cats=tuple(cats),
+        preset=optimizer_preset(optimizer),
+        opt_itemsize=sizes[prof.optimizer_dtype],
+        opt_sharded=zero >= 1,
+        opt_host=zero >= 1 and offload != "none",
+    )
+
+
+def optimizer_state_bytes(
+    n: int, preset: OptimizerPreset, itemsize: int, factored: int | None = None
+) -> int:
+    """Bytes of ``preset``'s states for ``n`` parameters whose state element is ``itemsize``
+    bytes: ``states`` elements each (8-bit Adam, Dettmers et al. 2022 §2: 1 byte plus one fp32
+    absmax per block of 2048, per state); a factored second moment (Adafactor, Shazeer & Stern
+    2018 §3) adds ``factored`` elements (rows + columns of each matrix, the whole of each vector)
+    or, without shapes (a flat shard), ``n``."""
+    if preset.block:
+        per_state = preset.state_bytes * n + 4 * cdiv(n, preset.block)
     else:
-        per_state = prec["state"] * n
-    return prec["master"] * n + states * per_state
+        per_state = (preset.state_bytes or itemsize) * n
+    out = preset.states * per_state
+    if preset.factored:
+        out += itemsize * (n if factored is None else factored)
+    return out
+
+
+def apply_rule(rule: StateRule, n: int, dp: int, factored: int | None = None) -> ModelStateBytes:
+    """Model-state bytes of ``n`` parameters under ``rule``, sharded over ``dp`` ranks: a sharded
+    tensor of n values gives each rank ⌈n/d⌉ (flat-buffer padding, as DeepSpeed and FSDP do).
+    ``factored``: the factored second-moment elements of these parameters (used only while the
+    optimizer states are unsharded: a ZeRO shard is a flat 1-D buffer)."""
+    shard = cdiv(n, dp)
+    out = [0, 0, 0, 0]  # params, grads, optimizer, host
+    for field, size, sharded, place in rule.cats:
+        if place == _DROP:
+            continue
+        out[3 if place == _HOST else field] += size * (shard if sharded else n)
+    o_n = shard if rule.opt_sharded else n
+    opt = optimizer_state_bytes(
+        o_n, rule.preset, rule.opt_itemsize, None if rule.opt_sharded else factored
+    )
+    out[3 if rule.opt_host else 2] += opt
+    return ModelStateBytes(params=out[0], grads=out[1], optimizer=out[2], host=out[3])
 
 
 def model_state_bytes(
@@ -49,6 +152,12 @@ def model_state_bytes(
     zero: int = 0,
     precision: str = "bf16-mixed",
     optimizer: str = "adamw",
+    *,
+    engine: str = "paper",
+    offload: str = "none",
+    grad_dtype: str | None = None,
+    master_weights: bool | None = None,
+    factored: int | None = None,
 ) -> ModelStateBytes:
     """Parameters, gradients and optimizer states per GPU for Ψ = ``num_params``.
 
@@ -56,24 +165,31 @@ def model_state_bytes(
     holds (2 + 2 + K)Ψ bytes; stage 1 holds 2Ψ + 2Ψ + KΨ/d; stage 2 2Ψ + (2 + K)Ψ/d; stage 3
     (2 + 2 + K)Ψ/d. A sharded tensor of n values gives each rank ⌈n/d⌉ values (flat-buffer
     padding, as DeepSpeed and FSDP do). Other precisions and optimizers follow the same pattern
-    with their own byte sizes (:data:`parmem.config.PRECISIONS`, :data:`parmem.config.OPTIMIZERS`; 8-bit Adam per Dettmers et
-    al. 2022: two 1-byte states plus one fp32 scale per 2048 values).
+    with their own byte sizes (:data:`~parmem.config.PRECISIONS`, the optimizer presets).
+
+    ``engine`` picks a profile of :mod:`parmem.engines` (Megatron-Core: 6 + 12/d with the
+    distributed optimizer, 18 without; DeepSpeed: 2 + 18/d at ZeRO-2, 18/d at ZeRO-3; FSDP2: fp32
+    sharded weights and gradients …). ``offload`` (``"optimizer"``, ZeRO-Offload, Ren et al.
+    2021; ``"optimizer+params"``, ZeRO-Infinity) moves the offloaded bytes to ``host``;
+    ``grad_dtype`` and ``master_weights`` override the profile's gradient element and fp32 master
+    copy; ``factored`` gives Adafactor's factored second-moment elements (default: unfactored).
     """
     integer("num_params", num_params, minimum=0)
     integer("dp", dp)
     integer("zero", zero, 0, 3)
     choice("precision", precision, PRECISIONS)
     choice("optimizer", optimizer, OPTIMIZERS)
-    shard = cdiv(num_params, dp)
-    prec = PRECISIONS[precision]
-    p_n = shard if zero >= 3 else num_params
-    g_n = shard if zero >= 2 else num_params
-    o_n = shard if zero >= 1 else num_params
-    return ModelStateBytes(
-        params=prec["param"] * p_n,
-        grads=prec["grad"] * g_n,
-        optimizer=_optimizer_bytes(o_n, precision, optimizer),
-    )
+    choice("engine", engine, engines())
+    choice("offload", offload, OFFLOADS)
+    if grad_dtype is not None:
+        choice("grad_dtype", grad_dtype, GRAD_DTYPES)
+    if master_weights is not None:
+        boolean("master_weights", master_weights)
+    if factored is not None:
+        integer("factored", factored, minimum=0)
+    _engine(engine).check(zero, 1, "none", offload)
+    rule = state_rule(engine, precision, optimizer, zero, offload, grad_dtype, master_weights)
+    return apply_rule(rule, num_params, dp, factored)
 
 
 def total_model_state_floor(

@@ -13,10 +13,14 @@ One module per parallel axis (picotron style): :mod:`~parmem.dist.tp`, :mod:`~pa
 From a shell: ``python -m parmem.dist tp --world-size 2``. On a GPU node the same demos run one
 process per GPU with NCCL: ``torchrun --nproc-per-node 4 -m parmem.dist tp``.
 
-Importing this package does not import torch; starting a pool does.
+A pool never returns a stale result: a start that fails or is interrupted stops its ranks, and
+each task's replies carry its id. Its ranks run in their own session (a notebook interrupt does
+not reach them), exit with their parent, and a task sent to a rank that died raises
+:class:`WorkerDied`. Importing this package does not import torch; starting a pool does.
 """
 
 from parmem.dist.launcher import (
+    MAX_WORLD_SIZE,
     Pool,
     RankError,
     RunTimeout,
@@ -47,4 +51,4 @@ DEMOS: dict[str, str] = {
 }
 
 __all__ = ["Pool", "RankError", "WorkerDied", "RunTimeout", "default_world_size",
-           "format_results", "DEMOS"]
+           "format_results", "DEMOS", "MAX_WORLD_SIZE"]

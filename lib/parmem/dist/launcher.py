@@ -15,10 +15,18 @@ How it works:
   guard; POSIX only). Each sets ``torch.set_num_threads(1)`` and joins a gloo (CPU) or NCCL (GPU) process
   group through a ``TCPStore`` that the parent owns on port 0 (the OS picks a free port), so
   any number of pools, notebooks and tests can run at once without port collisions.
-* Every process group has a timeout (``pg_timeout``, 60 s); every ``run`` has a deadline too.
+* Every process group has a timeout (``pg_timeout``, 60 s); every ``run`` has a deadline too,
+  so a hung rank is stopped (terminated, then killed) when it passes.
 * A rank that raises sends back its traceback; the parent tears the pool down and raises
-  :class:`RankError` naming the rank. A rank that dies is seen when its socket closes and
-  raises :class:`WorkerDied`. The next ``run`` on a torn-down pool starts fresh ranks.
+  :class:`RankError` naming the rank. A rank that dies is seen when its socket closes (or before
+  a task is sent to it) and raises :class:`WorkerDied`. The next ``run`` on a torn-down pool
+  starts fresh ranks.
+* Every task carries an id and only the replies with that id are its results; a start that
+  fails or is interrupted (Ctrl-C) stops the ranks it started, so a later ``run`` never reads a
+  stale reply.
+* Ranks run in their own session: interrupting a notebook cell (the kernel signals its whole
+  process group) does not reach them, and an idle pool stays usable. They exit when the parent
+  dies, even in the middle of a task (:func:`die_with_parent`).
 * Before each task every rank calls ``torch.manual_seed(seed)`` (same seed on all ranks), so
   results are deterministic; a demo that needs different data per rank derives it from its rank.
 
@@ -39,11 +47,21 @@ import time
 import traceback
 from typing import Any
 
-from parmem._check import integer
+from parmem._check import choice, integer, number
 
 __all__ = ["Pool", "RankError", "WorkerDied", "RunTimeout", "default_world_size", "rank",
            "world_size", "device", "backend", "resolve", "format_results", "set_state",
-           "rank_main"]
+           "rank_main", "die_with_parent", "MAX_WORLD_SIZE", "MAX_TIMEOUT_S", "BACKENDS"]
+
+#: the most ranks a pool starts on one machine (each is a Python process that imports torch)
+MAX_WORLD_SIZE = 64
+#: the longest timeout a pool accepts, in seconds (one day)
+MAX_TIMEOUT_S = 86_400.0
+#: the process-group backends a pool can use
+BACKENDS = ("gloo", "nccl")
+#: seconds between two checks of a rank's watchdog that its parent is still alive
+WATCHDOG_S = 0.25
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
 _STATE: dict = {"rank": 0, "world_size": 1, "device": "cpu", "backend": None}
 
@@ -72,14 +90,15 @@ def default_world_size() -> int:
         try:
             return _check_world_size(int(env))
         except ValueError:
-            raise ValueError(f"PARMEM_WORLD_SIZE={env!r} must be a positive integer") from None
+            raise ValueError(f"PARMEM_WORLD_SIZE={env!r} must be an integer in "
+                             f"1..{MAX_WORLD_SIZE}") from None
     if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
         return 2
     return 4
 
 
 def _check_world_size(n: object) -> int:
-    return integer("world_size", n)
+    return integer("world_size", n, 1, MAX_WORLD_SIZE)
 
 
 def rank() -> int:
@@ -117,8 +136,10 @@ def resolve(target):
     mod, _, fn = target.partition(":")
     try:
         obj = getattr(importlib.import_module(mod), fn)
-    except (ImportError, AttributeError) as e:
+    except Exception as e:  # ImportError, AttributeError, ValueError('Empty module name'), ...
         raise ValueError(f"target={target!r} cannot be imported: {e}") from e
+    if not callable(obj):
+        raise ValueError(f"target={target!r} is not a function")
     return target, obj
 
 
@@ -138,12 +159,14 @@ def set_state(rank_: int, ws: int, backend_: str) -> None:
 
 
 def rank_main() -> None:
-    """Entry point of a rank process that a :class:`Pool` starts (``python -c ... FD``): read the
+    """Entry point of a rank process that a :class:`Pool` starts
+    (``python -c ... FD PARENT_PID DEATH_SIGNAL``): arrange to die with the parent, read the
     set-up from the socket ``FD``, join the group, then run tasks until told to stop."""
     import sys
     from multiprocessing.connection import Connection
 
     conn = Connection(int(sys.argv[1]))
+    die_with_parent(int(sys.argv[2]), sys.argv[3] == "1")
     rank_, ws, host, port, backend_, pg_timeout, path = conn.recv()
     sys.path[:] = path
     _worker(rank_, ws, host, port, backend_, pg_timeout, conn)
@@ -153,9 +176,45 @@ def rank_main() -> None:
     os._exit(0)
 
 
+def die_with_parent(parent: int, death_signal: bool = True) -> None:
+    """Make this process exit when process ``parent`` dies, whatever it is doing: a rank runs in
+    its own session (a notebook kernel's interrupt does not reach it), so nothing else would stop
+    it when its parent is killed.
+
+    Two mechanisms: on Linux, ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` (the kernel kills this
+    process the moment the thread that started it exits; only asked for when ``death_signal``,
+    i.e. the pool was started from the main thread, which lives as long as the process); and,
+    everywhere, a daemon thread that checks every ``WATCHDOG_S`` seconds whether this
+    process was re-parented (``os.getppid() != parent``) and then exits. A parent that died
+    before either was in place is caught by the first check."""
+    import sys
+    import threading
+
+    if death_signal and sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        except (OSError, AttributeError):  # no libc symbol: the watchdog still works
+            pass
+    if os.getppid() != parent:
+        os._exit(1)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(WATCHDOG_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="parmem-parent-watchdog", daemon=True).start()
+
+
 def _worker(rank_: int, ws: int, host: str, port: int, backend_: str, pg_timeout: float,
             conn) -> None:
-    """Body of one rank: join the group, then run tasks until told to stop."""
+    """Body of one rank: join the group, then run tasks until told to stop. Every reply carries
+    the id of the message it answers (``0``: the start), so the parent never takes a reply to an
+    earlier request for the answer to the current one."""
     from datetime import timedelta
 
     import torch
@@ -173,73 +232,109 @@ def _worker(rank_: int, ws: int, host: str, port: int, backend_: str, pg_timeout
         kw = {"device_id": device()} if backend_ == "nccl" else {}
         dist.init_process_group(backend_, store=store, rank=rank_, world_size=ws,
                                 timeout=timeout, **kw)
-        conn.send(("ready", None))
+        conn.send((0, "ready", None))
     except BaseException:
-        conn.send(("error", traceback.format_exc()))
+        _reply(conn, 0, "error", traceback.format_exc())
         return
     while True:
         try:
             msg = conn.recv()
-        except EOFError:
+        except (EOFError, OSError):
             break
         if msg is None:
             break
-        target, kwargs, seed = msg
+        task, target, kwargs, seed = msg
         try:
             torch.manual_seed(seed)
-            out = ("ok", resolve(target)[1](**kwargs))
-            conn.send(out)
+            conn.send((task, "ok", resolve(target)[1](**kwargs)))
         except BaseException:
-            conn.send(("error", traceback.format_exc()))
+            if not _reply(conn, task, "error", traceback.format_exc()):
+                break
     try:
         dist.destroy_process_group()
     except Exception:
         pass
 
 
+def _reply(conn, task: int, kind: str, payload: object) -> bool:
+    """Send one reply; ``False`` when the parent is gone."""
+    try:
+        conn.send((task, kind, payload))
+    except OSError:
+        return False
+    return True
+
+
+def _seconds(name: str, value: object) -> float:
+    return number(name, value, 0.0, MAX_TIMEOUT_S, lo_open=True)
+
+
 class Pool:
     """``world_size`` spawned ranks in one process group, reused for many :meth:`run` calls.
 
-    Parameters: ``world_size`` (default :func:`default_world_size`), ``backend`` (``"gloo"``;
+    Parameters (checked here, before any process starts): ``world_size`` (1 to
+    :data:`MAX_WORLD_SIZE`; default :func:`default_world_size`), ``backend`` (``"gloo"``;
     ``"nccl"`` needs one GPU per rank), ``pg_timeout`` (seconds for every collective and the
-    rendezvous), ``start_timeout`` (seconds for all ranks to join).
+    rendezvous), ``start_timeout`` (seconds for all ranks to join); timeouts are finite numbers
+    of seconds, more than 0 and at most :data:`MAX_TIMEOUT_S`.
+
+    Guarantees: a start that fails or is interrupted (Ctrl-C) stops every rank it started, so the
+    next call starts afresh; each task carries an id and only replies with that id are results;
+    the ranks run in their own session, so interrupting a notebook cell does not kill them, and
+    they exit when this process dies (:func:`die_with_parent`); a task on a rank that died
+    raises :class:`WorkerDied`.
     """
 
     def __init__(self, world_size: int | None = None, backend: str = "gloo",
                  pg_timeout: float = 60.0, start_timeout: float = 120.0):
         self.world_size = _check_world_size(default_world_size() if world_size is None
                                             else world_size)
-        if backend not in ("gloo", "nccl"):
-            raise ValueError(f"backend={backend!r} must be 'gloo' or 'nccl'")
-        if not pg_timeout > 0:
-            raise ValueError(f"pg_timeout={pg_timeout!r} must be > 0 seconds")
-        self.backend, self.pg_timeout, self.start_timeout = backend, pg_timeout, start_timeout
+        self.backend = choice("backend", backend, BACKENDS)
+        self.pg_timeout = _seconds("pg_timeout", pg_timeout)
+        self.start_timeout = _seconds("start_timeout", start_timeout)
         self._procs: list = []
         self._conns: list = []
         self._store: Any = None
+        self._task = 0
         self.start_seconds: float | None = None
 
     # -- life cycle -------------------------------------------------------------------------
     @property
     def alive(self) -> bool:
-        return bool(self._procs)
+        """Whether the ranks are started and every one of them is still running."""
+        return bool(self._procs) and all(p.poll() is None for p in self._procs)
 
     def start(self) -> Pool:
-        """Start the ranks and wait until all have joined the process group."""
+        """Start the ranks and wait until all have joined the process group. A start that fails
+        or is interrupted stops the ranks it started before re-raising."""
         if self._procs:
             return self
-        import subprocess
-        import sys
-        from datetime import timedelta
-        from multiprocessing import Pipe
-
         import torch
-        import torch.distributed as dist
 
+        timeout = _seconds("start_timeout", self.start_timeout)
         if self.backend == "nccl" and torch.cuda.device_count() < self.world_size:
             raise ValueError(f"backend='nccl' needs world_size={self.world_size} GPUs; "
                              f"{torch.cuda.device_count()} visible (use backend='gloo')")
         t0 = time.perf_counter()
+        try:
+            self._spawn()
+            self._collect(0, "<start>", timeout)
+        except BaseException:
+            self._teardown()
+            raise
+        self.start_seconds = time.perf_counter() - t0
+        return self
+
+    def _spawn(self) -> None:
+        """Start the store and one process per rank, each in its own session."""
+        import subprocess
+        import sys
+        import threading
+        from datetime import timedelta
+        from multiprocessing import Pipe
+
+        import torch.distributed as dist
+
         self._store = dist.TCPStore("127.0.0.1", 0, world_size=self.world_size + 1,
                                     is_master=True, timeout=timedelta(seconds=self.pg_timeout),
                                     wait_for_workers=False)
@@ -248,19 +343,22 @@ class Pool:
                # parmem importable in the rank even when it is not installed (a source checkout)
                "PYTHONPATH": os.pathsep.join(filter(None, [root,
                                                            os.environ.get("PYTHONPATH")]))}
+        # the parent-death signal follows the thread that starts the process: only ask for it
+        # from the main thread, which lives as long as this process
+        main = "1" if threading.current_thread() is threading.main_thread() else "0"
         for r in range(self.world_size):
             parent, child = Pipe()  # a socket pair on POSIX
             cmd = [sys.executable, "-c", "from parmem.dist.launcher import rank_main; rank_main()",
-                   str(child.fileno())]
-            p = subprocess.Popen(cmd, pass_fds=(child.fileno(),), env=env)
-            child.close()
-            parent.send((r, self.world_size, "127.0.0.1", self._store.port, self.backend,
-                         self.pg_timeout, list(sys.path)))
+                   str(child.fileno()), str(os.getpid()), main]
+            try:
+                p = subprocess.Popen(cmd, pass_fds=(child.fileno(),), env=env,
+                                     start_new_session=True)
+            finally:
+                child.close()
             self._procs.append(p)
             self._conns.append(parent)
-        self._collect("<start>", self.start_timeout)
-        self.start_seconds = time.perf_counter() - t0
-        return self
+            parent.send((r, self.world_size, "127.0.0.1", self._store.port, self.backend,
+                         self.pg_timeout, list(sys.path)))
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop the ranks: ask politely, join, then terminate and kill stragglers."""
@@ -271,21 +369,20 @@ class Pool:
                 pass
         self._reap(timeout)
 
-    def _reap(self, timeout: float) -> None:
-        import subprocess
+    def _teardown(self) -> None:
+        """Stop every rank now (terminate, then kill) and forget them."""
+        self._reap(0.0)
 
-        deadline = time.monotonic() + timeout
+    def _reap(self, timeout: float) -> None:
+        """Wait up to ``timeout`` s for the ranks to exit, terminate the rest, give them 2 s
+        (together), then kill what is left."""
+        for grace, stop in ((timeout, "terminate"), (2.0, "kill")):
+            deadline = time.monotonic() + grace
+            for p in self._procs:
+                if not _exited(p, deadline - time.monotonic()):
+                    getattr(p, stop)()
         for p in self._procs:
-            try:
-                p.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.terminate()
-        for p in self._procs:
-            try:
-                p.wait(2.0)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(2.0)
+            _exited(p, 2.0)
         for c in self._conns:
             c.close()
         self._procs, self._conns, self._store = [], [], None
@@ -307,22 +404,65 @@ class Pool:
     def run(self, target, *, timeout: float = 300.0, seed: int = 0, **kwargs) -> list:
         """Run ``target(**kwargs)`` on every rank; return the per-rank results, rank order.
 
-        Raises :class:`RankError` (a rank raised), :class:`WorkerDied` (a rank exited) or
-        :class:`RunTimeout`; in each case the pool is torn down and the next ``run`` restarts it.
+        ``target``, the keyword arguments (they must fit its signature and be picklable),
+        ``timeout`` (seconds) and ``seed`` are checked before any rank starts. Raises
+        :class:`RankError` (a rank raised), :class:`WorkerDied` (a rank exited, also one that died
+        while the pool was idle) or :class:`RunTimeout`; in each case, and when interrupted, the
+        pool is torn down and the next ``run`` restarts it.
         """
-        name, _ = resolve(target)
+        name, fn = resolve(target)
+        timeout = _seconds("timeout", timeout)
+        seed = integer("seed", seed, 0, 2**63 - 1)
+        _check_kwargs(name, fn, kwargs)
+        self._task += 1
+        task = self._task
+        data = _dumps(name, (task, name, kwargs, seed))
         self.start()
         try:
-            for c in self._conns:
-                c.send((name, kwargs, seed))
-            return self._collect(name, timeout)
+            self._send_all(name, data)
+            return self._collect(task, name, timeout)
         except (RankError, RunTimeout):
             raise
-        except BaseException:  # KeyboardInterrupt in a notebook, a broken pipe: never leave
-            self._reap(0.0)    # ranks running a task whose result nobody will read
+        except BaseException:  # KeyboardInterrupt in a notebook: never leave ranks running a
+            self._teardown()   # task whose result nobody will read
             raise
 
-    def _collect(self, name: str, timeout: float) -> list:
+    def _send_all(self, name: str, data: bytes) -> None:
+        """Send one task to every rank; a rank found dead (before or while sending) is a
+        :class:`WorkerDied`, and the pool is torn down."""
+        for r, p in enumerate(self._procs):
+            if p.poll() is not None:
+                raise self._died(r, name, "while the pool was idle")
+        for r, c in enumerate(self._conns):
+            try:
+                c.send_bytes(data)
+            except OSError:
+                raise self._died(r, name, "before it received the task") from None
+
+    def _died(self, r: int, name: str, when: str) -> WorkerDied:
+        """Tear the pool down; the :class:`WorkerDied` to raise for rank ``r``."""
+        try:
+            code = self._procs[r].wait(2.0)
+        except Exception:
+            code = None
+        self._teardown()
+        return WorkerDied(r, name, f"process exited with code {code} {when}; the pool was torn "
+                                   "down and the next run starts fresh ranks")
+
+    def _receive(self, r: int, task: int) -> tuple[str, Any] | None:
+        """Rank ``r``'s reply to ``task``: ``(kind, payload)``, ``("died", None)`` at EOF, or
+        ``None`` for a reply to another (earlier) message, which is dropped."""
+        try:
+            msg = self._conns[r].recv()
+        except (EOFError, OSError):
+            return "died", None
+        except Exception as e:  # a result this process cannot unpickle
+            return "error", f"its result could not be read here: {type(e).__name__}: {e}"
+        if not (isinstance(msg, tuple) and len(msg) == 3 and msg[0] == task):
+            return None
+        return msg[1], msg[2]
+
+    def _collect(self, task: int, name: str, timeout: float) -> list:
         from multiprocessing.connection import wait
 
         n = self.world_size
@@ -333,25 +473,18 @@ class Pool:
         while pending:
             left = deadline - time.monotonic()
             if left <= 0:
-                self._reap(0.0)
+                self._teardown()
                 raise RunTimeout(f"{name} did not finish within {timeout:g} s on ranks "
                                  f"{sorted(pending)}; the pool was torn down")
             handles = {self._conns[r]: r for r in pending}  # EOF when a rank's process dies
             for h in wait(list(handles), timeout=min(left, 1.0)):
                 r = handles[h]
-                if r not in pending:
+                reply = self._receive(r, task)
+                if reply is None:
                     continue
-                conn = self._conns[r]
-                try:
-                    kind, payload = conn.recv() if conn.poll() else ("died", None)
-                except (EOFError, OSError):
-                    kind, payload = "died", None
+                kind, payload = reply
                 if kind == "died":
-                    try:
-                        code = self._procs[r].wait(2.0)
-                    except Exception:
-                        code = None
-                    errors[r] = (WorkerDied, f"process exited with code {code}")
+                    errors[r] = (WorkerDied, f"process exited with code {self._exit_code(r)}")
                 elif kind == "error":
                     errors[r] = (RankError, payload)
                 else:
@@ -361,10 +494,53 @@ class Pool:
                 # the first rank to report is usually the root cause; the others may be
                 # blocked in a collective with it, so they are terminated, not awaited
                 first = next(iter(errors))
-                self._reap(0.0)
+                self._teardown()
                 cls, msg = errors[first]
                 raise cls(first, name, msg, tuple(sorted(set(errors) - {first})))
         return results
+
+    def _exit_code(self, r: int) -> int | None:
+        try:
+            return self._procs[r].wait(2.0)
+        except Exception:
+            return None
+
+
+def _exited(p, seconds: float) -> bool:
+    """Wait up to ``seconds`` for process ``p``; whether it has exited (and been reaped)."""
+    import subprocess
+
+    try:
+        p.wait(max(0.0, seconds))
+    except subprocess.TimeoutExpired:
+        return False
+    return True
+
+
+def _check_kwargs(name: str, fn, kwargs: dict) -> None:
+    """Raise ``TypeError`` naming ``name`` unless ``fn`` accepts ``kwargs`` (checked here, so a
+    misspelt argument fails before any rank starts)."""
+    import inspect
+
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin without a signature: let the ranks find out
+        return
+    try:
+        sig.bind(**kwargs)
+    except TypeError as e:
+        raise TypeError(f"{name}: {e}") from None
+
+
+def _dumps(name: str, msg: tuple) -> bytes:
+    """``msg`` pickled the way ``Connection.send`` does (the ranks read it with ``recv``)."""
+    from multiprocessing.reduction import ForkingPickler
+
+    try:
+        return bytes(ForkingPickler.dumps(msg))
+    except Exception as e:
+        raise ValueError(f"the arguments of {name} cannot be sent to the ranks (they must be "
+                         f"picklable): {type(e).__name__}: {e}") from None
 
 
 def format_results(results: list[dict], digits: int = 6) -> str:

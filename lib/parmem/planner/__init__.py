@@ -4,19 +4,22 @@ my cluster?
 :func:`plan` enumerates every valid layout of a :class:`Cluster`, keeps those whose
 :func:`~parmem.estimate.estimate` peak fits the GPU less a headroom, ranks them by a modelled step
 time, and returns a :class:`Plan`: the ranked :class:`Candidate` list, the reason every rejected
-family failed, the Pareto front of memory against time, and the winner as flags for Megatron-LM,
-DeepSpeed and torchtitan (:meth:`Plan.emit`).
+family failed, the Pareto front of memory against time, and the winner as a launch recipe for
+Megatron-LM, DeepSpeed and torchtitan (:meth:`Plan.recipe`, :meth:`Plan.emit`).
 
 The package, from the bottom up:
 
 * :mod:`parmem.planner.inputs`: the :class:`Cluster` and the :class:`Assumptions`;
 * :mod:`parmem.planner.cost`: the step-time model (:class:`StepTime`; every formula and its
   source is in that module's docstring);
-* :mod:`parmem.planner.emit`: a layout as Megatron-LM, DeepSpeed or torchtitan settings;
+* :mod:`parmem.planner.emit`: a layout as a Megatron-LM, DeepSpeed or torchtitan launch recipe,
+  one module per engine, each checked by that engine's own code in the tests;
 * :mod:`parmem.planner.result`: :class:`Candidate` and :class:`Plan` and their tables;
 * :mod:`parmem.planner.families`: the request checked and the families of layouts enumerated;
 * :mod:`parmem.planner.search`: :func:`plan` (validate, enumerate the families, search each,
-  rank, the Pareto front) and :func:`evaluate`.
+  rank with ties of 1% going to the simpler layout, the Pareto front) and :func:`evaluate`;
+* :mod:`parmem.planner.calibration`: the published runs of ``data/published_runs.yaml`` ranked
+  and modelled; the defaults of :class:`Assumptions` are fitted to them.
 
 Answers and errors
 ------------------

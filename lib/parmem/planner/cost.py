@@ -65,6 +65,7 @@ from ..sharding import stage_params
 from .inputs import Assumptions, Cluster, SetupOptions
 
 __all__ = [
+    "busy_fraction",
     "CostModel",
     "StageComm",
     "StageKey",
@@ -113,6 +114,17 @@ class StepTime:
 
 
 # ---------------------------------------------------------------------------- the model
+def busy_fraction(a: Assumptions, hidden: int, tp: int = 1) -> float:
+    """Fraction of the dense BF16 peak the training kernels sustain for a model of hidden size
+    ``h`` split ``t`` ways: ``mfu · w/(w + mfu_half_width) · h/(h + mfu_half_hidden)`` with
+    ``w = h/t`` the width of each GPU's matrix multiplications. Narrow GEMMs run further from
+    peak, and a smaller model does more elementwise work (norms, activations, softmax) per
+    FLOP. The form and its parameters are fitted to published runs
+    (:mod:`parmem.planner.calibration`)."""
+    w = hidden / tp
+    return a.mfu * w / (w + a.mfu_half_width) * hidden / (hidden + a.mfu_half_hidden)
+
+
 class StageComm:
     """Communication seconds of one stage: per micro-batch ``α_c + b·β_c`` for c in tp, cp, ep,
     pp; data parallel ``F + m·P`` per step; ``grad_once``: one full gradient reduction."""
@@ -173,7 +185,7 @@ class CostModel:
         self.setup_kw = setup_kw
         hw = cluster.hardware
         self.hw = hw
-        self.rate = hw.peak_flops_bf16 * a.mfu
+        self.peak = hw.peak_flops_bf16
         self.usable = a.usable_bytes(hw)
         self.f_layer, self.f_core, self.f_head = flops_per_sequence(spec, seq_len)
         prec = PRECISIONS[setup_kw["precision"]]
@@ -403,7 +415,7 @@ class StepTimer:
         self.a = a = model.a
         self.p, self.v = par.pp, par.vpp
         self.zero = par.zero
-        split_rate = par.tp * par.cp * model.rate
+        split_rate = par.tp * par.cp * model.peak * busy_fraction(a, model.spec.hidden, par.tp)
         rc_flops = {"none": 0, "selective": model.f_core, "full": model.f_layer}[recompute]
         seen: dict[StageKey, _StageGroup] = {}
         for i, n in enumerate(lps):

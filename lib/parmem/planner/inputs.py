@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import TypedDict
 
-from .._check import integer, number
+from .._check import MAX_GPUS, integer, number
 from ..hardware import Hardware, hardware_preset, hardware_presets
 
 __all__ = ["Cluster", "Assumptions", "AssumptionOptions", "SetupOptions"]
@@ -40,9 +40,14 @@ class Cluster:
                     f"{', '.join(hardware_presets())}"
                 ) from None
         else:
-            raise ValueError(f"gpu={self.gpu!r} must be a preset name or a Hardware")
-        integer("gpus_per_node", self.gpus_per_node)
-        integer("nodes", self.nodes)
+            raise ValueError(f"gpu={self.gpu!r:.60} must be a preset name or a Hardware")
+        integer("gpus_per_node", self.gpus_per_node, 1, MAX_GPUS)
+        integer("nodes", self.nodes, 1, MAX_GPUS)
+        if self.gpus_per_node * self.nodes > MAX_GPUS:
+            raise ValueError(
+                f"nodes={self.nodes} x gpus_per_node={self.gpus_per_node} = "
+                f"{self.gpus_per_node * self.nodes} GPUs: at most {MAX_GPUS} (2**20) are planned for"
+            )
         object.__setattr__(self, "hardware", hw)
 
     @property
@@ -62,13 +67,26 @@ class Assumptions:
     (``plan(..., mfu=0.5)``).
     """
 
-    mfu: float = 0.55
+    mfu: float = 0.64
     """Fraction of the GPU's dense BF16 peak (``Hardware.peak_flops_bf16``) that the training
-    kernels sustain while a GPU is busy (executed FLOPs, recomputation included, over busy time).
-    An assumption, not a measurement. End-to-end utilisation comes out lower, once bubbles and
-    exposed communication are added: Narayanan et al. 2021, Table 1, report 44–52% of peak end
-    to end for GPT models of 1.7B–1T parameters on A100s, so the busy fraction must be above
-    that."""
+    kernels sustain while a GPU is busy (executed FLOPs, recomputation included, over busy
+    time) in the limit of wide matrix multiplications and a large model; narrower ones run
+    below it (``mfu_half_width``, ``mfu_half_hidden``:
+    :func:`~parmem.planner.cost.busy_fraction`). End-to-end utilisation comes out lower once
+    bubbles and exposed communication are added. Fitted, with the other defaults, to the
+    published runs of ``data/published_runs.yaml`` (Narayanan et al. 2021 Tables 1 and 2, the
+    Megatron-Core Mixtral-8x7B reference; :mod:`parmem.planner.calibration`)."""
+
+    mfu_half_width: int = 100
+    """Per-GPU GEMM width ``w = h/t`` at which the kernels reach half of ``mfu`` (the factor
+    ``w/(w + mfu_half_width)``): splitting a layer many ways makes its matrix multiplications
+    narrower and less efficient. Fitted to the published runs; 0 switches it off."""
+
+    mfu_half_hidden: int = 1000
+    """Hidden size at which the factor ``h/(h + mfu_half_hidden)`` is one half: a smaller model
+    spends more of its time in elementwise work (norms, activations, softmax, dropout) per
+    FLOP. Fitted to the published runs (the 1.7B-7.5B rows of Narayanan et al. 2021 Table 1
+    reach 137-142 TFLOP/s on A100s, the 530B and 1T rows 163); 0 switches it off."""
 
     headroom: float = 0.10
     """Fraction of GPU memory kept free for what :func:`~parmem.estimate.estimate` does not count:
@@ -76,25 +94,31 @@ class Assumptions:
     own buffers, temporaries of fused kernels. A layout fits when its peak stage is at most
     ``(1 − headroom) · memory``."""
 
-    tp_overlap: float = 0.0
-    """Fraction of TP/SP collective time hidden behind computation. 0: Megatron-LM's default,
-    where the all-reduces (all-gathers, reduce-scatters) wait for the GEMMs around them;
-    Transformer Engine's user-buffer overlap can hide part of them."""
+    tp_overlap: float = 0.75
+    """Fraction of TP/SP collective time hidden behind computation. Fitted to the published
+    runs: the backward all-reduces overlap with the weight-gradient GEMMs, and Transformer
+    Engine's user-buffer overlap hides more; 0: every collective waits for the GEMMs around
+    it."""
 
-    dp_overlap: float = 1.0
+    dp_overlap: float = 0.05
     """Fraction of the window during which data-parallel collectives are issued that hides them:
     the gradient reduce-scatter (all-reduce) runs during the backward pass of the last
     micro-batch (every micro-batch with ZeRO-2/3), ZeRO's parameter all-gather during the first
-    forward of the next step (every forward and backward with ZeRO-3). 1: Megatron-LM's
-    ``--overlap-grad-reduce --overlap-param-gather``; 0: nothing overlaps."""
+    forward of the next step (every forward and backward with ZeRO-3). Fitted to the published
+    runs, chiefly DeepSpeed ZeRO-3 in Narayanan et al. 2021 Table 2 (144, 88 and 44 TFLOP/s
+    per GPU for GPT-3 on 384, 768 and 1536 A100s at a fixed batch: the gathers barely hide)
+    and Megatron-LM of 2021, which reduced gradients after the backward pass. 1: everything
+    hides but the last bucket (Megatron-LM's ``--overlap-grad-reduce --overlap-param-gather`` at
+    its best); 0: nothing overlaps."""
 
     dp_bucket_params: int = 40_000_000
     """Parameters per gradient bucket. The last bucket's reduction starts after the last
     gradient is computed, so it is never hidden. 40M is Megatron-LM's default bucket size."""
 
-    pp_overlap: float = 0.0
-    """Fraction of pipeline point-to-point transfer time hidden behind computation (0: the
-    sends and receives of each micro-batch sit between its forward and backward passes)."""
+    pp_overlap: float = 0.5
+    """Fraction of pipeline point-to-point transfer time hidden behind computation. Fitted to
+    the published runs (Megatron-LM overlaps the sends and receives of the interleaved schedule
+    with computation); 0: the transfers of each micro-batch sit between its passes."""
 
     cp_overlap: float = 1.0
     """Fraction of the attention computation that the context-parallel K/V ring can hide behind
@@ -110,7 +134,9 @@ class Assumptions:
         number("headroom", self.headroom, 0.0, 1.0, hi_open=True)
         for f in ("tp_overlap", "dp_overlap", "pp_overlap", "cp_overlap", "ep_overlap"):
             number(f, getattr(self, f), 0.0, 1.0)
-        integer("dp_bucket_params", self.dp_bucket_params)
+        integer("dp_bucket_params", self.dp_bucket_params, 1, 2**40)
+        integer("mfu_half_width", self.mfu_half_width, 0, 2**31)
+        integer("mfu_half_hidden", self.mfu_half_hidden, 0, 2**31)
 
     @classmethod
     def from_kwargs(cls, kwargs: AssumptionOptions) -> Assumptions:
@@ -135,6 +161,8 @@ class AssumptionOptions(TypedDict, total=False):
     each means; keep the two lists equal)."""
 
     mfu: float
+    mfu_half_width: int
+    mfu_half_hidden: int
     headroom: float
     tp_overlap: float
     dp_overlap: float
@@ -151,7 +179,7 @@ class SetupOptions(TypedDict):
     precision: str
     optimizer: str
     flash_attention: bool
-    dropout: bool
+    dropout: bool | None
     capacity_factor: float
     cuda_context: int
 

@@ -1,5 +1,6 @@
 """What :func:`parmem.planner.plan` returns: ranked :class:`Candidate` layouts in a :class:`Plan`,
-shown as a text table, HTML, a dict (JSON) or engine flags (:meth:`Plan.emit`)."""
+shown as a text table, HTML, a dict (JSON) or engine launch recipes (:meth:`Plan.recipe`,
+:meth:`Plan.emit`)."""
 
 from __future__ import annotations
 
@@ -7,12 +8,13 @@ import html
 from dataclasses import asdict, dataclass
 from typing import Any, TypedDict
 
+from .._check import integer
 from ..config import ParallelConfig, TrainingSetup
 from ..estimate import Estimate
 from ..model import ModelSpec
 from ..units import GIB
 from .cost import StepTime
-from .emit import EMITTERS, ENGINES
+from .emit import EMITTERS, ENGINES, Recipe
 from .inputs import Assumptions, Cluster
 
 __all__ = ["Candidate", "CandidateDict", "ClusterDict", "Plan", "PlanDict", "PlanStats"]
@@ -351,16 +353,27 @@ class Plan:
         }
 
     # ------------------------------------------------------------------ engines
-    def emit(self, engine: str, candidate: Candidate | int | None = None) -> str:
-        """The layout (default: the best; an ``int`` picks a rank, 0-based) as settings for a
-        real engine: ``"megatron"`` (Megatron-LM command-line arguments), ``"deepspeed"`` (a
-        DeepSpeed config JSON; the tensor and pipeline sizes are launcher arguments, given to
-        Megatron-DeepSpeed as ``--tensor-model-parallel-size`` / ``--pipeline-model-parallel-size``)
-        or ``"torchtitan"`` (a TOML job-config fragment)."""
+    def recipe(self, engine: str, candidate: Candidate | int | None = None) -> Recipe:
+        """The layout (default: the best; an ``int`` picks a rank, 0-based) as a launch
+        :class:`~parmem.planner.emit.recipe.Recipe` for a real engine: ``"megatron"`` (Megatron-LM's
+        ``pretrain_gpt.py`` with its flags and environment), ``"deepspeed"`` (a
+        ``ds_config.json`` and its launch; Megatron-DeepSpeed when ``t > 1`` or ``p > 1``) or
+        ``"torchtitan"`` (``torchtitan.train`` with command-line overrides). Each names the
+        engine version it targets (``parmem.planner.emit.TARGETS``)."""
         if engine not in ENGINES:
             raise ValueError(f"engine={engine!r} must be one of {ENGINES}")
         if candidate is None or isinstance(candidate, int):
             if not self.candidates:
                 raise ValueError(f"nothing to emit: {self.message}")
-            candidate = self.candidates[candidate or 0]
+            rank = 0 if candidate is None else candidate
+            candidate = self.candidates[integer("candidate", rank, 0, len(self.candidates) - 1)]
+        elif not isinstance(candidate, Candidate):
+            raise ValueError(
+                f"candidate={candidate!r:.60} must be a Candidate or its rank (an int), or None"
+            )
         return EMITTERS[engine](self, candidate)
+
+    def emit(self, engine: str, candidate: Candidate | int | None = None) -> str:
+        """:meth:`recipe` as the shell script a user pastes: the target engine version, notes,
+        the environment, the files to write and the launch command."""
+        return str(self.recipe(engine, candidate))

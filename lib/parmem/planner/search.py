@@ -17,7 +17,7 @@ exact communication of their own ``b`` and ``m``
 
 :func:`plan` runs it in steps: validate the request (``check_inputs``, ``check_setup``,
 ``search_space``), enumerate the families (``Families``), search each (``_search_family``), rank
-(``_rank``), take the Pareto front (``_pareto``). :func:`evaluate` models one given layout the
+(``_rank``: fastest first, ties within 1% to the simpler layout), take the Pareto front (``_pareto``). :func:`evaluate` models one given layout the
 same way.
 
 Sources: Narayanan et al. 2021 §3 (the layouts), Rajbhandari et al. 2020 (ZeRO) §7; DeepSpeed's
@@ -31,7 +31,8 @@ from collections.abc import Iterable
 from itertools import product
 from typing import NamedTuple, Unpack
 
-from ..config import RECOMPUTE, ParallelConfig, TrainingSetup, even_split
+from .._check import MAX_BATCH, boolean, integer
+from ..config import RECOMPUTE, ParallelConfig, TrainingSetup, check_layout
 from ..estimate import Estimate, estimate
 from ..flops import step_flops
 from ..hardware import hardware_preset, hardware_presets
@@ -42,7 +43,7 @@ from .families import Families, Family, check_inputs, check_setup, search_space
 from .inputs import AssumptionOptions, Assumptions, Cluster, SetupOptions
 from .result import Candidate, Plan, PlanStats
 
-__all__ = ["evaluate", "plan"]
+__all__ = ["TIE", "evaluate", "plan", "rank_candidates", "simplicity"]
 
 
 class _Point(NamedTuple):
@@ -56,8 +57,17 @@ class _Point(NamedTuple):
     lps: tuple[int, ...]
 
 
+#: Layouts whose modelled step times differ by less than this fraction are a tie: the simpler
+#: one ranks first (:func:`simplicity`). The cost model cannot resolve a 1% difference.
+TIE = 0.01
+
 # a setting of one family: indices into its zeros, sps, rcs and the micro-batches searched
 _Cell = tuple[int, ...]
+
+#: the most work one :func:`plan` does, in stage-estimates (an estimate of a p-stage layout
+#: counts p; a plan of GPT-3 175B on 3,072 GPUs does about 6,000); beyond it the request is
+#: refused with a message, so a huge search space answers in seconds instead of minutes
+MAX_SEARCH_WORK = 1_000_000
 
 
 def _fmt_setting(zero: int, sp: bool, rc: str, b: int, v: int = 1) -> str:
@@ -107,6 +117,11 @@ def _search_family(
     return None if found else "does not fit with any allowed setting"
 
 
+def _lower(cell: _Cell) -> list[tuple[int, _Cell]]:
+    """The more frugal neighbours of ``cell`` (one step back on one axis), with the axis."""
+    return [(k, cell[:k] + (cell[k] - 1,) + cell[k + 1 :]) for k in range(4) if cell[k] > 0]
+
+
 def _search_interleave(model: CostModel, fam: Family, v: int, out: list[_Point]) -> bool:
     """The settings of ``fam`` with ``v`` virtual stages, on the grid (ZeRO, SP, recompute,
     micro-batch) ordered from frugal to generous; whether any fits."""
@@ -130,11 +145,14 @@ def _search_interleave(model: CostModel, fam: Family, v: int, out: list[_Point])
         b = bv[bi]
         m = per_replica // b
         tt = times[cell] = timers[zi, si, ri].total(b, m)
-        lower = [cell[:k] + (cell[k] - 1,) + cell[k + 1 :] for k in range(4) if cell[k] > 0]
+        lower = [n for _, n in _lower(cell)]
         if any(status[n] == 0 for n in lower):
             status[cell] = 0
             continue
-        if any(times[n] <= tt for n in lower):
+        # a neighbour with less memory that is as fast dominates; along the ZeRO axis the
+        # neighbour has the higher stage, so it must win by more than a tie (TIE: the simpler
+        # layout takes ties)
+        if any(times[n] * (1 + TIE * (k == 0)) <= tt for k, n in _lower(cell)):
             status[cell] = 1
             continue
         par = pars[zi, si]
@@ -175,13 +193,39 @@ def _candidate(
     )
 
 
+def simplicity(c: Candidate) -> tuple[int, int, int, int]:
+    """How complex a layout is, for breaking ties: the parallel axes in use (d, t, p, cp, e
+    above 1), interleaving, the number of virtual stages, the ZeRO stage; smaller is simpler."""
+    par = c.parallel
+    axes = sum(x > 1 for x in (par.dp, par.tp, par.pp, par.cp, par.ep))
+    return (axes, int(par.vpp > 1), par.vpp, par.zero)
+
+
+def rank_candidates(cands: list[Candidate]) -> list[Candidate]:
+    """``cands`` fastest first, except that among layouts within :data:`TIE` of the fastest
+    one left the simplest goes first (:func:`simplicity`, then time, then memory)."""
+    rest = sorted(cands, key=lambda c: (c.step_time, c.peak_bytes))
+    out: list[Candidate] = []
+    while rest:
+        limit = rest[0].step_time * (1 + TIE)
+        k = 1
+        while k < len(rest) and rest[k].step_time <= limit:
+            k += 1
+        i = min(range(k), key=lambda j: (simplicity(rest[j]), rest[j].step_time))
+        out.append(rest.pop(i))
+    return out
+
+
 def _rank(model: CostModel, feasible: list[_Point], top: int) -> list[Candidate]:
-    """Sort ``feasible`` by (linear time, peak); re-time the first ``top + 8`` with the exact
-    communication of their own ``b`` and ``m`` and rank them again."""
+    """Sort ``feasible`` by (linear time, peak); re-time the first ``top + 8`` (and any within
+    :data:`TIE` of the last of them) with the exact communication of their own ``b`` and ``m``
+    and rank them (:func:`rank_candidates`)."""
     feasible.sort(key=lambda x: (x[0], x[1]))
-    head = [_candidate(model, x.par, x.setup, x.lps, x.est) for x in feasible[: top + 8]]
-    head.sort(key=lambda c: (c.step_time, c.peak_bytes))
-    return head
+    n = min(len(feasible), top + 8)
+    while n < len(feasible) and feasible[n].time <= feasible[n - 1].time * (1 + TIE):
+        n += 1
+    head = [_candidate(model, x.par, x.setup, x.lps, x.est) for x in feasible[:n]]
+    return rank_candidates(head)
 
 
 def _pareto(model: CostModel, feasible: list[_Point], head: list[Candidate]) -> list[Candidate]:
@@ -235,6 +279,31 @@ def _check_batch(families: Families) -> None:
         )
 
 
+def _search(
+    model: CostModel, families: Families
+) -> tuple[list[_Point], list[tuple[int, str]], int]:
+    """Search every family (recording the rejected ones in ``families.rejected``); the feasible
+    points, the lower bounds of the families and the number searched. Refuses (``ValueError``)
+    a search that grows past :data:`MAX_SEARCH_WORK`."""
+    feasible: list[_Point] = []
+    lower_bounds: list[tuple[int, str]] = []
+    searched = work = 0
+    for fam in families:
+        searched += 1
+        before = model.estimates
+        reason = _search_family(model, fam, feasible, lower_bounds)
+        if reason:
+            families.rejected[fam.key] = reason
+        work += (model.estimates - before) * fam.p
+        if work > MAX_SEARCH_WORK:
+            raise ValueError(
+                f"the search is too large: {model.estimates} estimates of up to {fam.p} stages "
+                f"after {searched} families of the {families.N} GPUs; narrow it (tp=, pp=, "
+                "micro_batch=, uneven_pp=False) or plan for fewer GPUs"
+            )
+    return feasible, lower_bounds, searched
+
+
 # ---------------------------------------------------------------------------- entry points
 def plan(
     spec: ModelSpec,
@@ -256,7 +325,7 @@ def plan(
     precision: str = "bf16-mixed",
     optimizer: str = "adamw",
     flash_attention: bool = False,
-    dropout: bool = True,
+    dropout: bool | None = None,
     capacity_factor: float = 1.0,
     cuda_context: int = 0,
     **assumptions: Unpack[AssumptionOptions],
@@ -273,7 +342,8 @@ def plan(
     with ``pp=1``, DeepSpeed's rule), ``sp`` (with ``tp > 1``), ``recompute``, ``micro_batch``
     (dividing ``global_batch / d``), ``vpp`` (virtual stages; v ≥ 2 needs ``m % p == 0`` and v
     dividing each stage's layers). ``precision``, ``optimizer``, ``flash_attention``, ``dropout``,
-    ``capacity_factor`` and ``cuda_context`` go to every :class:`~parmem.config.TrainingSetup`.
+    ``capacity_factor`` and ``cuda_context`` go to every :class:`~parmem.config.TrainingSetup`
+    (``dropout=None``: the model's own).
 
     ``**assumptions``: the cost model's parameters, see :class:`Assumptions` (``mfu``,
     ``headroom``, ``tp_overlap``, ``dp_overlap``, ``dp_bucket_params``, ``pp_overlap``,
@@ -286,6 +356,17 @@ def plan(
     t0 = time.perf_counter()
     # 1. validate the request
     check_inputs(spec, cluster, global_batch, seq_len, top, cuda_context)
+    integer("global_batch", global_batch, 1, MAX_BATCH)
+    boolean("uneven_pp", uneven_pp)
+    setup_kw = SetupOptions(
+        precision=precision,
+        optimizer=optimizer,
+        flash_attention=flash_attention,
+        dropout=dropout,
+        capacity_factor=capacity_factor,
+        cuda_context=cuda_context,
+    )
+    TrainingSetup(seq_len=seq_len, **setup_kw)  # validates every setup field, each by name
     check_setup(precision, optimizer)
     a = Assumptions.from_kwargs(assumptions)
     space = search_space(
@@ -301,26 +382,10 @@ def plan(
         vpp=vpp,
         uneven_pp=uneven_pp,
     )
-    setup_kw = SetupOptions(
-        precision=precision,
-        optimizer=optimizer,
-        flash_attention=bool(flash_attention),
-        dropout=bool(dropout),
-        capacity_factor=capacity_factor,
-        cuda_context=cuda_context,
-    )
-    TrainingSetup(seq_len=seq_len, **setup_kw)  # validates capacity_factor and the rest
     model = CostModel(spec, cluster, global_batch, seq_len, a, setup_kw)
     # 2. enumerate the families, 3. search each
     families = Families(spec, cluster, global_batch, seq_len, space)
-    feasible: list[_Point] = []
-    lower_bounds: list[tuple[int, str]] = []
-    searched = 0
-    for fam in families:
-        searched += 1
-        reason = _search_family(model, fam, feasible, lower_bounds)
-        if reason:
-            families.rejected[fam.key] = reason
+    feasible, lower_bounds, searched = _search(model, families)
     _check_batch(families)
     # 4. rank, 5. the Pareto front
     head = _rank(model, feasible, top)
@@ -365,6 +430,7 @@ def evaluate(
         raise ValueError(f"spec must be a ModelSpec, got {type(spec).__name__}")
     if not isinstance(cluster, Cluster):
         raise ValueError(f"cluster must be a Cluster, got {type(cluster).__name__}")
+    lps = tuple(check_layout(spec, parallel, setup, layers_per_stage))
     parallel.check_world_size(cluster.world_size)
     a = Assumptions.from_kwargs(assumptions)
     if parallel.tp > cluster.gpus_per_node:
@@ -379,10 +445,5 @@ def evaluate(
         cuda_context=setup.cuda_context,
     )
     model = CostModel(spec, cluster, G, setup.seq_len, a, setup_kw)
-    lps = (
-        tuple(layers_per_stage)
-        if layers_per_stage is not None
-        else even_split(spec.layers, parallel.pp)
-    )
     est = estimate(spec, parallel, setup, layers_per_stage=list(lps))
     return _candidate(model, parallel, setup, lps, est)

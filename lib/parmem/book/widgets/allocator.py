@@ -8,7 +8,7 @@ from ...config import ParallelConfig, TrainingSetup
 from ...model import ModelSpec, presets
 from ...traces import training_step_events
 from ..plots.allocator import plot_replay
-from .base import STYLE, error_html, explorer
+from .base import checkbox, dropdown, error_html, explorer, float_slider, int_slider, slider
 
 __all__ = ["explore_allocator"]
 
@@ -30,24 +30,15 @@ def explore_allocator(
     (:func:`parmem.book.plots.allocator.plot_replay`).
 
     Used in chapter 19 (what else unbalances per-GPU memory?)."""
-    import ipywidgets as w
-
     controls = {
-        "model": w.Dropdown(options=presets(), value=model, description="model", style=STYLE),
-        "tp": w.SelectionSlider(options=[1, 2, 4, 8], value=tp, description="t", style=STYLE),
-        "pp": w.SelectionSlider(options=[1, 2, 4, 8], value=pp, description="p", style=STYLE),
-        "seq_len": w.SelectionSlider(
-            options=[512, 1024, 2048, 4096, 8192, 16384],
-            value=seq_len,
-            description="s",
-            style=STYLE,
-        ),
-        "jitter": w.FloatSlider(
-            value=jitter, min=0.0, max=0.5, step=0.05, description="length spread", style=STYLE
-        ),
-        "steps": w.IntSlider(value=steps, min=1, max=8, description="steps", style=STYLE),
+        "model": dropdown("model", model, presets(), "model"),
+        "tp": slider("tp", tp, [1, 2, 4, 8], "t"),
+        "pp": slider("pp", pp, [1, 2, 4, 8], "p"),
+        "seq_len": slider("seq_len", seq_len, [512, 1024, 2048, 4096, 8192, 16384], "s"),
+        "jitter": float_slider("jitter", jitter, 0.0, 0.5, "length spread", step=0.05),
+        "steps": int_slider("steps", steps, 1, 8, "steps"),
         # (lengths follow a fixed pattern so that a figure is reproducible)
-        "flash": w.Checkbox(value=flash, description="FlashAttention", style=STYLE),
+        "flash": checkbox("flash", flash, "FlashAttention"),
     }
 
     def render(model, tp, pp, seq_len, jitter, steps, flash):

@@ -1,5 +1,8 @@
 """What every explorer shares: :func:`explorer` (controls, a render function, an output area that
-redraws), the one error message a render returns for an invalid combination, and small helpers.
+redraws), the controls themselves (:func:`dropdown`, :func:`slider`, :func:`int_slider`,
+:func:`float_slider`, :func:`checkbox`: each checks its starting value first, so an explorer's
+argument outside a control's range is a ``ValueError`` naming that argument, not a traitlets
+error), the one error message a render returns for an invalid combination, and small helpers.
 
 Executed headless (CI, the static site) an explorer also leaves the figure for its default
 values as a plain image, so a reader without a kernel still sees it. ipywidgets and matplotlib
@@ -9,15 +12,23 @@ are imported lazily.
 from __future__ import annotations
 
 import html
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from ..._check import boolean, integer, number
 from ...config import TrainingSetup
 from ...model import ModelSpec
 
 __all__ = [
     "STYLE",
     "explorer",
+    "dropdown",
+    "slider",
+    "int_slider",
+    "float_slider",
+    "checkbox",
+    "text",
+    "gib",
     "show_static",
     "error_html",
     "divisors",
@@ -53,6 +64,7 @@ def explorer(
     import matplotlib.pyplot as plt
     from IPython.display import display
 
+    boolean("static", static)
     out = w.Output()
 
     def redraw(**values):
@@ -78,6 +90,78 @@ def explorer(
         if hasattr(fig, "savefig"):
             show_static(fig)
     return box
+
+
+def _one_of(name: str, value: Any, options: Sequence[Any]) -> None:
+    """Raise ``ValueError`` naming ``name`` unless ``value`` is one of ``options`` (of the same
+    type: ``4.0`` is not the option ``4``, ``True`` is not ``1``)."""
+    if not any(type(value) is type(o) and value == o for o in options):
+        shown = ", ".join(map(repr, options[:12])) + (", ..." if len(options) > 12 else "")
+        raise ValueError(f"{name}={value!r:.60} must be one of {shown}")
+
+
+def dropdown(name: str, value: Any, options: Sequence[Any], description: str, **kw: Any):
+    """An ``ipywidgets.Dropdown`` of ``options`` starting at ``value`` (the explorer's argument
+    ``name``, checked to be one of them)."""
+    import ipywidgets as w
+
+    options = list(options)
+    _one_of(name, value, options)
+    return w.Dropdown(options=options, value=value, description=description, style=STYLE, **kw)
+
+
+def slider(name: str, value: Any, options: Sequence[Any], description: str, **kw: Any):
+    """An ``ipywidgets.SelectionSlider`` over ``options`` starting at ``value`` (checked to be one
+    of them)."""
+    import ipywidgets as w
+
+    options = list(options)
+    _one_of(name, value, options)
+    return w.SelectionSlider(
+        options=options, value=value, description=description, style=STYLE, **kw
+    )
+
+
+def int_slider(name: str, value: Any, lo: int, hi: int, description: str, **kw: Any):
+    """An ``ipywidgets.IntSlider`` from ``lo`` to ``hi`` starting at ``value`` (checked to be an
+    integer in that range)."""
+    import ipywidgets as w
+
+    integer(name, value, lo, hi)
+    return w.IntSlider(value=value, min=lo, max=hi, description=description, style=STYLE, **kw)
+
+
+def float_slider(name: str, value: Any, lo: float, hi: float, description: str, **kw: Any):
+    """An ``ipywidgets.FloatSlider`` from ``lo`` to ``hi`` starting at ``value`` (checked to be a
+    finite number in that range)."""
+    import ipywidgets as w
+
+    number(name, value, lo, hi)
+    return w.FloatSlider(value=value, min=lo, max=hi, description=description, style=STYLE, **kw)
+
+
+def checkbox(name: str, value: Any, description: str, **kw: Any):
+    """An ``ipywidgets.Checkbox`` starting at ``value`` (checked to be True or False)."""
+    import ipywidgets as w
+
+    boolean(name, value)
+    return w.Checkbox(value=value, description=description, style=STYLE, **kw)
+
+
+def text(name: str, value: Any, description: str, **kw: Any):
+    """An ``ipywidgets.Text`` starting at ``value`` (checked to be a string)."""
+    import ipywidgets as w
+
+    if not isinstance(value, str):
+        raise ValueError(f"{name}={value!r:.60} must be a string")
+    return w.Text(value=value, description=description, style=STYLE, **kw)
+
+
+def gib(name: str, value: Any) -> int:
+    """A GPU size given in GiB (``gpu_gib``): a finite number > 0 and at most 1 PiB, in bytes."""
+    from ...units import GIB
+
+    return int(number(name, value, 0, 2**20, lo_open=True) * GIB)
 
 
 def error_html(e: Exception, lead: str = "Not a valid layout"):

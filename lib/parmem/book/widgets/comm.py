@@ -6,7 +6,7 @@ from ...analyses import collective_curves
 from ...comm import COLLECTIVES, collective_bytes, collective_time
 from ...hardware import link_presets
 from ..plots.comm import plot_collective_times
-from .base import STYLE, explorer
+from .base import dropdown, explorer, slider
 
 __all__ = ["explore_collectives"]
 
@@ -27,23 +27,12 @@ def explore_collectives(
     sends.
 
     Used in chapter 1 (how many bytes does each collective move?)."""
-    import ipywidgets as w
-
     controls = {
-        "op": w.Dropdown(
-            options=list(COLLECTIVES), value=op, description="collective", style=STYLE
-        ),
-        "n": w.SelectionSlider(
-            options=[2, 4, 8, 16, 32, 64, 128, 256, 512, 1024],
-            value=n,
-            description="ranks n",
-            style=STYLE,
-        ),
-        "size_mib": w.SelectionSlider(
-            options=_SIZES_MIB, value=size_mib, description="S (MiB)", style=STYLE
-        ),
-        "fast": w.Dropdown(options=link_presets(), value=fast, description="link 1", style=STYLE),
-        "slow": w.Dropdown(options=link_presets(), value=slow, description="link 2", style=STYLE),
+        "op": dropdown("op", op, list(COLLECTIVES), "collective"),
+        "n": slider("n", n, [2, 4, 8, 16, 32, 64, 128, 256, 512, 1024], "ranks n"),
+        "size_mib": slider("size_mib", size_mib, _SIZES_MIB, "S (MiB)"),
+        "fast": dropdown("fast", fast, link_presets(), "link 1"),
+        "slow": dropdown("slow", slow, link_presets(), "link 2"),
     }
 
     def render(op, n, size_mib, fast, slow):

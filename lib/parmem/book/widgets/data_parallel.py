@@ -10,7 +10,7 @@ from ...model import ModelSpec, presets
 from ...units import GIB
 from ..plots.data_parallel import plot_zero3_vs_tp, plot_zero_stages
 from ..plots.memory import plot_compare
-from .base import STYLE, error_html, explorer, fit_seq_len
+from .base import checkbox, dropdown, error_html, explorer, fit_seq_len, gib, int_slider, slider
 
 __all__ = ["explore_data_parallel", "explore_zero", "explore_zero3_tp"]
 
@@ -29,27 +29,16 @@ def explore_data_parallel(
     (b = B/d sequences per GPU, one micro-batch, no dropout), from :func:`parmem.estimate`.
 
     Used in chapter 2 (does data parallelism lower per-GPU memory?)."""
-    import ipywidgets as w
-
+    gib("gpu_gib", gpu_gib)
     controls = {
-        "model": w.Dropdown(options=presets(), value=model, description="model", style=STYLE),
-        "global_batch": w.SelectionSlider(
-            options=[1, 2, 4, 8, 16, 32, 64],
-            value=global_batch,
-            description="global batch B",
-            style=STYLE,
+        "model": dropdown("model", model, presets(), "model"),
+        "global_batch": slider(
+            "global_batch", global_batch, [1, 2, 4, 8, 16, 32, 64], "global batch B"
         ),
-        "seq_len": w.SelectionSlider(
-            options=[512, 1024, 2048, 4096, 8192, 16384],
-            value=seq_len,
-            description="s",
-            style=STYLE,
-        ),
-        "grad_buckets": w.Dropdown(
-            options=["copy", "view"], value=grad_buckets, description="DDP buckets", style=STYLE
-        ),
-        "zero": w.IntSlider(value=zero, min=0, max=3, description="ZeRO", style=STYLE),
-        "flash": w.Checkbox(value=flash, description="FlashAttention", style=STYLE),
+        "seq_len": slider("seq_len", seq_len, [512, 1024, 2048, 4096, 8192, 16384], "s"),
+        "grad_buckets": dropdown("grad_buckets", grad_buckets, ["copy", "view"], "DDP buckets"),
+        "zero": int_slider("zero", zero, 0, 3, "ZeRO"),
+        "flash": checkbox("flash", flash, "FlashAttention"),
     }
 
     def render(model, global_batch, seq_len, grad_buckets, zero, flash):
@@ -87,26 +76,16 @@ def explore_zero(
     :func:`parmem.book.plots.data_parallel.plot_zero_stages`).
 
     Used in chapter 3 (why is DP + ZeRO a balance point?)."""
-    import ipywidgets as w
-
     controls = {
-        "params_b": w.SelectionSlider(
-            options=[1.0, 3.0, 7.0, 7.5, 13.0, 34.0, 70.0, 175.0, 405.0],
-            value=params_b,
-            description="Ψ (billions)",
-            style=STYLE,
+        "params_b": slider(
+            "params_b",
+            params_b,
+            [1.0, 3.0, 7.0, 7.5, 13.0, 34.0, 70.0, 175.0, 405.0],
+            "Ψ (billions)",
         ),
-        "dp": w.SelectionSlider(
-            options=[1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024],
-            value=dp,
-            description="d",
-            style=STYLE,
-        ),
-        "num_microbatches": w.SelectionSlider(
-            options=[1, 2, 4, 8, 16, 32],
-            value=num_microbatches,
-            description="micro-batches m",
-            style=STYLE,
+        "dp": slider("dp", dp, [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024], "d"),
+        "num_microbatches": slider(
+            "num_microbatches", num_microbatches, [1, 2, 4, 8, 16, 32], "micro-batches m"
         ),
     }
 
@@ -130,24 +109,13 @@ def explore_zero3_tp(
     :func:`parmem.book.plots.data_parallel.plot_zero3_vs_tp`).
 
     Used in chapter 4 (with ZeRO-3, is tensor parallelism still needed?)."""
-    import ipywidgets as w
-
+    gib("gpu_gib", gpu_gib)
     controls = {
-        "model": w.Dropdown(options=presets(), value=model, description="model", style=STYLE),
-        "seq_len": w.SelectionSlider(
-            options=[2048, 4096, 8192, 16384, 32768, 65536, 131072],
-            value=seq_len,
-            description="s",
-            style=STYLE,
-        ),
-        "tp": w.SelectionSlider(options=[2, 4, 8, 16], value=tp, description="t", style=STYLE),
-        "recompute": w.Dropdown(
-            options=["none", "selective", "full"],
-            value=recompute,
-            description="recompute",
-            style=STYLE,
-        ),
-        "flash": w.Checkbox(value=flash, description="FlashAttention", style=STYLE),
+        "model": dropdown("model", model, presets(), "model"),
+        "seq_len": slider("seq_len", seq_len, [2048, 4096, 8192, 16384, 32768, 65536, 131072], "s"),
+        "tp": slider("tp", tp, [2, 4, 8, 16], "t"),
+        "recompute": dropdown("recompute", recompute, ["none", "selective", "full"], "recompute"),
+        "flash": checkbox("flash", flash, "FlashAttention"),
     }
 
     def render(model, seq_len, tp, recompute, flash):

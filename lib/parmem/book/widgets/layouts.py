@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ..._check import MAX_BATCH, MAX_GPUS, integer
 from ...analyses import axis_by_axis, layout_sweep
 from ...config import ParallelConfig, TrainingSetup
 from ...estimate import estimate
@@ -13,7 +14,17 @@ from ...model import ModelSpec, presets
 from ...units import GIB
 from ..plots.layouts import plot_axis_steps, plot_tradeoff
 from ..plots.memory import plot_breakdown, plot_compare
-from .base import STYLE, error_html, explorer, fit_seq_len
+from .base import (
+    checkbox,
+    dropdown,
+    error_html,
+    explorer,
+    fit_seq_len,
+    float_slider,
+    gib,
+    int_slider,
+    slider,
+)
 
 __all__ = ["explore_experts", "explore_3d", "explore_axes"]
 
@@ -35,31 +46,17 @@ def explore_experts(
     many times its even share of tokens, modelled as ``capacity_factor``).
 
     Used in chapter 15 (how does expert parallelism cut MoE memory?)."""
-    import ipywidgets as w
-
+    integer("num_microbatches", num_microbatches, 1, MAX_BATCH)
+    gib("gpu_gib", gpu_gib)
     moe = [n for n in presets() if ModelSpec.preset(n).is_moe]
     controls = {
-        "model": w.Dropdown(options=moe, value=model, description="model", style=STYLE),
-        "dp": w.SelectionSlider(
-            options=[8, 16, 32, 64, 128], value=dp, description="d", style=STYLE
-        ),
-        "tp": w.SelectionSlider(options=[1, 2, 4, 8], value=tp, description="t", style=STYLE),
-        "pp": w.SelectionSlider(options=[1, 2, 4, 8], value=pp, description="p", style=STYLE),
-        "zero": w.IntSlider(value=zero, min=0, max=3, description="ZeRO", style=STYLE),
-        "seq_len": w.SelectionSlider(
-            options=[1024, 2048, 4096, 8192, 16384, 32768],
-            value=seq_len,
-            description="s",
-            style=STYLE,
-        ),
-        "imbalance": w.FloatSlider(
-            value=imbalance,
-            min=1.0,
-            max=4.0,
-            step=0.25,
-            description="router imbalance",
-            style=STYLE,
-        ),
+        "model": dropdown("model", model, moe, "model"),
+        "dp": slider("dp", dp, [8, 16, 32, 64, 128], "d"),
+        "tp": slider("tp", tp, [1, 2, 4, 8], "t"),
+        "pp": slider("pp", pp, [1, 2, 4, 8], "p"),
+        "zero": int_slider("zero", zero, 0, 3, "ZeRO"),
+        "seq_len": slider("seq_len", seq_len, [1024, 2048, 4096, 8192, 16384, 32768], "s"),
+        "imbalance": float_slider("imbalance", imbalance, 1.0, 4.0, "router imbalance", step=0.25),
     }
 
     def render(model, dp, tp, pp, zero, seq_len, imbalance):
@@ -142,25 +139,19 @@ def explore_3d(
     chosen layout's memory per pipeline stage.
 
     Used in chapter 16 (how does 3D parallelism trade memory against communication?)."""
-    import ipywidgets as w
+    integer("global_batch", global_batch, 1, MAX_BATCH)
+    integer("gpus_per_node", gpus_per_node, 1, MAX_GPUS)
     import matplotlib.pyplot as plt
 
     powers = [2**k for k in range(0, 11)]
     controls = {
-        "model": w.Dropdown(options=presets(), value=model, description="model", style=STYLE),
-        "world": w.SelectionSlider(
-            options=[8, 16, 32, 64, 128, 256, 512, 1024],
-            value=world,
-            description="GPUs",
-            style=STYLE,
-        ),
-        "tp": w.SelectionSlider(options=powers[:7], value=tp, description="t", style=STYLE),
-        "pp": w.SelectionSlider(options=powers[:8], value=pp, description="p", style=STYLE),
-        "seq_len": w.SelectionSlider(
-            options=[1024, 2048, 4096, 8192], value=seq_len, description="s", style=STYLE
-        ),
-        "zero": w.IntSlider(value=zero, min=0, max=1, description="ZeRO", style=STYLE),
-        "gpu": w.Dropdown(options=hardware_presets(), value=gpu, description="GPU", style=STYLE),
+        "model": dropdown("model", model, presets(), "model"),
+        "world": slider("world", world, [8, 16, 32, 64, 128, 256, 512, 1024], "GPUs"),
+        "tp": slider("tp", tp, powers[:7], "t"),
+        "pp": slider("pp", pp, powers[:8], "p"),
+        "seq_len": slider("seq_len", seq_len, [1024, 2048, 4096, 8192], "s"),
+        "zero": int_slider("zero", zero, 0, 1, "ZeRO"),
+        "gpu": dropdown("gpu", gpu, hardware_presets(), "GPU"),
     }
 
     def render(model, world, tp, pp, seq_len, zero, gpu):
@@ -217,32 +208,18 @@ def explore_axes(
     recomputation one at a time (:func:`parmem.analyses.axis_by_axis`), against a GPU.
 
     Used in chapter 17 (why do the largest runs combine DP, TP, PP and ZeRO?)."""
-    import ipywidgets as w
-
+    integer("num_microbatches", num_microbatches, 1, MAX_BATCH)
+    gib("gpu_gib", gpu_gib)
     controls = {
-        "model": w.Dropdown(options=presets(), value=model, description="model", style=STYLE),
-        "dp": w.SelectionSlider(
-            options=[1, 2, 4, 6, 8, 16, 24, 32, 64, 128], value=dp, description="d", style=STYLE
-        ),
-        "tp": w.SelectionSlider(options=[1, 2, 4, 8, 16], value=tp, description="t", style=STYLE),
-        "pp": w.SelectionSlider(
-            options=[1, 2, 4, 8, 16, 32, 64], value=pp, description="p", style=STYLE
-        ),
-        "cp": w.SelectionSlider(options=[1, 2, 4, 8, 16], value=cp, description="cp", style=STYLE),
-        "zero": w.IntSlider(value=zero, min=0, max=3, description="ZeRO", style=STYLE),
-        "sp": w.Checkbox(value=sp, description="sequence parallel", style=STYLE),
-        "recompute": w.Dropdown(
-            options=["none", "selective", "full"],
-            value=recompute,
-            description="recompute",
-            style=STYLE,
-        ),
-        "seq_len": w.SelectionSlider(
-            options=[1024, 2048, 4096, 8192, 16384, 32768, 131072],
-            value=seq_len,
-            description="s",
-            style=STYLE,
-        ),
+        "model": dropdown("model", model, presets(), "model"),
+        "dp": slider("dp", dp, [1, 2, 4, 6, 8, 16, 24, 32, 64, 128], "d"),
+        "tp": slider("tp", tp, [1, 2, 4, 8, 16], "t"),
+        "pp": slider("pp", pp, [1, 2, 4, 8, 16, 32, 64], "p"),
+        "cp": slider("cp", cp, [1, 2, 4, 8, 16], "cp"),
+        "zero": int_slider("zero", zero, 0, 3, "ZeRO"),
+        "sp": checkbox("sp", sp, "sequence parallel"),
+        "recompute": dropdown("recompute", recompute, ["none", "selective", "full"], "recompute"),
+        "seq_len": slider("seq_len", seq_len, [1024, 2048, 4096, 8192, 16384, 32768, 131072], "s"),
     }
 
     def render(model, dp, tp, pp, cp, zero, sp, recompute, seq_len):

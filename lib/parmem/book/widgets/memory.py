@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+from ..._check import MAX_BATCH, choice, integer
 from ...config import ParallelConfig, TrainingSetup
 from ...estimate import estimate
 from ...hardware import hardware_preset, hardware_presets
 from ...model import ModelSpec, presets
 from ...units import GIB
 from ..plots.memory import plot_breakdown
-from .base import STYLE, divisors, error_html, explorer, fit_seq_len
+from .base import (
+    checkbox,
+    divisors,
+    dropdown,
+    error_html,
+    explorer,
+    fit_seq_len,
+    gib,
+    int_slider,
+    slider,
+)
 
 __all__ = ["explore_estimate", "explore_remedies"]
 
@@ -33,38 +44,20 @@ def explore_estimate(
 
     Used in chapter 0 (where does GPU memory go?) and chapter 9 (Megatron's sequence and tensor
     parallelism)."""
-    import ipywidgets as w
-
-    spec0 = ModelSpec.preset(model)
+    integer("num_microbatches", num_microbatches, 1, MAX_BATCH)
+    gib("gpu_gib", gpu_gib)
+    spec0 = ModelSpec.preset(choice("model", model, presets()))
     controls = {
-        "model": w.Dropdown(options=presets(), value=model, description="model", style=STYLE),
-        "tp": w.SelectionSlider(
-            options=divisors(spec0.heads, 16), value=tp, description="t", style=STYLE
-        ),
-        "pp": w.SelectionSlider(
-            options=divisors(spec0.layers, 16), value=pp, description="p", style=STYLE
-        ),
-        "dp": w.SelectionSlider(
-            options=[1, 2, 4, 8, 16, 32, 64, 128], value=dp, description="d", style=STYLE
-        ),
-        "zero": w.IntSlider(value=zero, min=0, max=3, description="ZeRO", style=STYLE),
-        "seq_len": w.SelectionSlider(
-            options=[512, 1024, 2048, 4096, 8192, 16384, 32768],
-            value=seq_len,
-            description="s",
-            style=STYLE,
-        ),
-        "micro_batch": w.SelectionSlider(
-            options=[1, 2, 4, 8, 16], value=micro_batch, description="b", style=STYLE
-        ),
-        "recompute": w.Dropdown(
-            options=["none", "selective", "full"],
-            value=recompute,
-            description="recompute",
-            style=STYLE,
-        ),
-        "sp": w.Checkbox(value=sp, description="sequence parallel", style=STYLE),
-        "flash": w.Checkbox(value=flash, description="FlashAttention", style=STYLE),
+        "model": dropdown("model", model, presets(), "model"),
+        "tp": slider("tp", tp, divisors(spec0.heads, 16), "t"),
+        "pp": slider("pp", pp, divisors(spec0.layers, 16), "p"),
+        "dp": slider("dp", dp, [1, 2, 4, 8, 16, 32, 64, 128], "d"),
+        "zero": int_slider("zero", zero, 0, 3, "ZeRO"),
+        "seq_len": slider("seq_len", seq_len, [512, 1024, 2048, 4096, 8192, 16384, 32768], "s"),
+        "micro_batch": slider("micro_batch", micro_batch, [1, 2, 4, 8, 16], "b"),
+        "recompute": dropdown("recompute", recompute, ["none", "selective", "full"], "recompute"),
+        "sp": checkbox("sp", sp, "sequence parallel"),
+        "flash": checkbox("flash", flash, "FlashAttention"),
     }
 
     def render(model, tp, pp, dp, zero, seq_len, micro_batch, recompute, sp, flash):
@@ -109,34 +102,19 @@ def explore_remedies(
     fixed); FlashAttention on, no dropout. Draws every stage against the GPU's memory.
 
     Used in chapter 20 (why is memory still tight with TP and PP?)."""
-    import ipywidgets as w
-
+    integer("tokens_per_step", tokens_per_step, 1, MAX_BATCH)
     controls = {
-        "model": w.Dropdown(options=presets(), value=model, description="model", style=STYLE),
-        "gpu": w.Dropdown(options=hardware_presets(), value=gpu, description="GPU", style=STYLE),
-        "seq_len": w.SelectionSlider(
-            options=[4096, 8192, 16384, 32768, 65536, 131072],
-            value=seq_len,
-            description="s",
-            style=STYLE,
-        ),
-        "tp": w.SelectionSlider(options=[1, 2, 4, 8], value=tp, description="t", style=STYLE),
-        "pp": w.SelectionSlider(options=[1, 2, 4, 8, 16], value=pp, description="p", style=STYLE),
-        "dp": w.SelectionSlider(
-            options=[1, 2, 4, 8, 16, 32], value=dp, description="d", style=STYLE
-        ),
-        "micro_batch": w.SelectionSlider(
-            options=[1, 2, 4, 8], value=micro_batch, description="b", style=STYLE
-        ),
-        "zero": w.IntSlider(value=zero, min=0, max=3, description="ZeRO", style=STYLE),
-        "cp": w.SelectionSlider(options=[1, 2, 4, 8], value=cp, description="cp", style=STYLE),
-        "sp": w.Checkbox(value=sp, description="sequence parallel", style=STYLE),
-        "recompute": w.Dropdown(
-            options=["none", "selective", "full"],
-            value=recompute,
-            description="recompute",
-            style=STYLE,
-        ),
+        "model": dropdown("model", model, presets(), "model"),
+        "gpu": dropdown("gpu", gpu, hardware_presets(), "GPU"),
+        "seq_len": slider("seq_len", seq_len, [4096, 8192, 16384, 32768, 65536, 131072], "s"),
+        "tp": slider("tp", tp, [1, 2, 4, 8], "t"),
+        "pp": slider("pp", pp, [1, 2, 4, 8, 16], "p"),
+        "dp": slider("dp", dp, [1, 2, 4, 8, 16, 32], "d"),
+        "micro_batch": slider("micro_batch", micro_batch, [1, 2, 4, 8], "b"),
+        "zero": int_slider("zero", zero, 0, 3, "ZeRO"),
+        "cp": slider("cp", cp, [1, 2, 4, 8], "cp"),
+        "sp": checkbox("sp", sp, "sequence parallel"),
+        "recompute": dropdown("recompute", recompute, ["none", "selective", "full"], "recompute"),
     }
 
     def render(model, gpu, seq_len, tp, pp, dp, micro_batch, zero, cp, sp, recompute):

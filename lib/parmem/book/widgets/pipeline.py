@@ -3,6 +3,7 @@ stage balance, and the micro-batch size."""
 
 from __future__ import annotations
 
+from ..._check import choice
 from ...analyses import balance_layers, microbatch_sweep
 from ...config import ParallelConfig
 from ...estimate import estimate
@@ -11,7 +12,17 @@ from ...pipeline import simulate
 from ...units import GIB
 from ..plots.memory import plot_breakdowns, plot_compare
 from ..plots.pipeline import plot_microbatch_sweep, plot_schedules
-from .base import STYLE, error_html, explorer, model_setup
+from .base import (
+    checkbox,
+    dropdown,
+    error_html,
+    explorer,
+    gib,
+    int_slider,
+    model_setup,
+    slider,
+    text,
+)
 
 __all__ = [
     "explore_pp_memory",
@@ -40,30 +51,19 @@ def explore_pp_memory(
     activations do not (1F1B).
 
     Used in chapter 10 (what does pipeline parallelism split, and why does it save memory?)."""
-    import ipywidgets as w
+    gib("gpu_gib", gpu_gib)
     import matplotlib.pyplot as plt
 
     controls = {
-        "model": w.Dropdown(options=presets(), value=model, description="model", style=STYLE),
-        "seq_len": w.SelectionSlider(
-            options=[512, 1024, 2048, 4096, 8192, 16384],
-            value=seq_len,
-            description="s",
-            style=STYLE,
+        "model": dropdown("model", model, presets(), "model"),
+        "seq_len": slider("seq_len", seq_len, [512, 1024, 2048, 4096, 8192, 16384], "s"),
+        "micro_batch": slider("micro_batch", micro_batch, [1, 2, 4, 8], "b"),
+        "num_microbatches": slider(
+            "num_microbatches", num_microbatches, [1, 2, 4, 8, 16, 32, 64], "m"
         ),
-        "micro_batch": w.SelectionSlider(
-            options=[1, 2, 4, 8], value=micro_batch, description="b", style=STYLE
-        ),
-        "num_microbatches": w.SelectionSlider(
-            options=[1, 2, 4, 8, 16, 32, 64], value=num_microbatches, description="m", style=STYLE
-        ),
-        "schedule": w.Dropdown(
-            options=["gpipe", "1f1b"], value=schedule, description="schedule", style=STYLE
-        ),
-        "recompute": w.Dropdown(
-            options=_RECOMPUTE, value=recompute, description="recompute", style=STYLE
-        ),
-        "flash": w.Checkbox(value=flash, description="FlashAttention", style=STYLE),
+        "schedule": dropdown("schedule", schedule, ["gpipe", "1f1b"], "schedule"),
+        "recompute": dropdown("recompute", recompute, _RECOMPUTE, "recompute"),
+        "flash": checkbox("flash", flash, "FlashAttention"),
     }
 
     def render(model, seq_len, micro_batch, num_microbatches, schedule, recompute, flash):
@@ -90,17 +90,23 @@ def explore_pp_memory(
     return explorer(controls, render, static=static, columns=4)
 
 
+def _two_schedules(schedules: object) -> tuple[str, ...]:
+    """``schedules`` checked: a non-empty sequence of ``"gpipe"`` and ``"1f1b"``."""
+    if isinstance(schedules, str) or not isinstance(schedules, tuple | list) or not schedules:
+        raise ValueError(f"schedules={schedules!r:.60} must be a list of 'gpipe' and '1f1b'")
+    return tuple(choice(f"schedules[{i}]", s, ("gpipe", "1f1b")) for i, s in enumerate(schedules))
+
+
 def explore_schedules(p: int = 4, m: int = 8, schedules=("gpipe", "1f1b"), static: bool = True):
     """p and m → the timelines of ``schedules`` (:func:`parmem.pipeline.simulate`, t_b = 2 t_f)
     and the micro-batches each stage holds over time
     (:func:`parmem.book.plots.pipeline.plot_schedules`).
 
     Used in chapter 11 (1F1B versus GPipe: what is the memory difference?)."""
-    import ipywidgets as w
-
+    schedules = _two_schedules(schedules)
     controls = {
-        "p": w.IntSlider(value=p, min=1, max=8, description="stages p", style=STYLE),
-        "m": w.IntSlider(value=m, min=1, max=24, description="micro-batches m", style=STYLE),
+        "p": int_slider("p", p, 1, 8, "stages p"),
+        "m": int_slider("m", m, 1, 24, "micro-batches m"),
     }
 
     def render(p, m):
@@ -122,18 +128,11 @@ def explore_bubble(
     (activations) each stage holds over time; the title compares with plain 1F1B.
 
     Used in chapter 13 (do pipeline bubbles cost memory?)."""
-    import ipywidgets as w
-
     controls = {
-        "schedule": w.Dropdown(
-            options=["gpipe", "1f1b", "interleaved"],
-            value=schedule,
-            description="schedule",
-            style=STYLE,
-        ),
-        "p": w.IntSlider(value=p, min=1, max=8, description="stages p", style=STYLE),
-        "m": w.IntSlider(value=m, min=1, max=32, description="micro-batches m", style=STYLE),
-        "v": w.IntSlider(value=v, min=2, max=4, description="chunks v (interleaved)", style=STYLE),
+        "schedule": dropdown("schedule", schedule, ["gpipe", "1f1b", "interleaved"], "schedule"),
+        "p": int_slider("p", p, 1, 8, "stages p"),
+        "m": int_slider("m", m, 1, 32, "micro-batches m"),
+        "v": int_slider("v", v, 2, 4, "chunks v (interleaved)"),
     }
 
     def render(schedule, p, m, v):
@@ -187,35 +186,19 @@ def explore_stage_balance(
 
     Used in chapter 12 (is memory balanced across pipeline stages, and how do you rebalance
     it?)."""
-    import ipywidgets as w
-
+    gib("gpu_gib", gpu_gib)
     controls = {
-        "model": w.Dropdown(options=presets(), value=model, description="model", style=STYLE),
-        "pp": w.SelectionSlider(
-            options=[2, 3, 4, 6, 8, 12, 16], value=pp, description="p", style=STYLE
+        "model": dropdown("model", model, presets(), "model"),
+        "pp": slider("pp", pp, [2, 3, 4, 6, 8, 12, 16], "p"),
+        "seq_len": slider("seq_len", seq_len, [512, 1024, 2048, 4096, 8192, 16384], "s"),
+        "micro_batch": slider("micro_batch", micro_batch, [1, 2, 4, 8], "b"),
+        "num_microbatches": slider(
+            "num_microbatches", num_microbatches, [1, 2, 4, 8, 16, 32, 64], "m"
         ),
-        "seq_len": w.SelectionSlider(
-            options=[512, 1024, 2048, 4096, 8192, 16384],
-            value=seq_len,
-            description="s",
-            style=STYLE,
-        ),
-        "micro_batch": w.SelectionSlider(
-            options=[1, 2, 4, 8], value=micro_batch, description="b", style=STYLE
-        ),
-        "num_microbatches": w.SelectionSlider(
-            options=[1, 2, 4, 8, 16, 32, 64], value=num_microbatches, description="m", style=STYLE
-        ),
-        "recompute": w.Dropdown(
-            options=_RECOMPUTE, value=recompute, description="recompute", style=STYLE
-        ),
-        "flash": w.Checkbox(value=flash, description="FlashAttention", style=STYLE),
-        "split": w.Text(
-            value=split,
-            description="your split",
-            placeholder="e.g. 6,9,9,8",
-            style=STYLE,
-            continuous_update=False,
+        "recompute": dropdown("recompute", recompute, _RECOMPUTE, "recompute"),
+        "flash": checkbox("flash", flash, "FlashAttention"),
+        "split": text(
+            "split", split, "your split", placeholder="e.g. 6,9,9,8", continuous_update=False
         ),
     }
 
@@ -258,30 +241,17 @@ def explore_microbatch(
     (:func:`parmem.analyses.microbatch_sweep`), with the chosen b marked.
 
     Used in chapter 14 (how does the micro-batch size affect memory?)."""
-    import ipywidgets as w
-
     controls = {
-        "model": w.Dropdown(options=presets(), value=model, description="model", style=STYLE),
-        "pp": w.SelectionSlider(options=[1, 2, 4, 8], value=pp, description="p", style=STYLE),
-        "global_batch": w.SelectionSlider(
-            options=[4, 8, 16, 32, 64, 128],
-            value=global_batch,
-            description="B (sequences/step)",
-            style=STYLE,
+        "model": dropdown("model", model, presets(), "model"),
+        "pp": slider("pp", pp, [1, 2, 4, 8], "p"),
+        "global_batch": slider(
+            "global_batch", global_batch, [4, 8, 16, 32, 64, 128], "B (sequences/step)"
         ),
-        "micro_batch": w.SelectionSlider(
-            options=[1, 2, 4, 8, 16, 32, 64, 128], value=micro_batch, description="b", style=STYLE
-        ),
-        "seq_len": w.SelectionSlider(
-            options=[512, 1024, 2048, 4096, 8192], value=seq_len, description="s", style=STYLE
-        ),
-        "schedule": w.Dropdown(
-            options=["gpipe", "1f1b"], value=schedule, description="schedule", style=STYLE
-        ),
-        "recompute": w.Dropdown(
-            options=_RECOMPUTE, value=recompute, description="recompute", style=STYLE
-        ),
-        "flash": w.Checkbox(value=flash, description="FlashAttention", style=STYLE),
+        "micro_batch": slider("micro_batch", micro_batch, [1, 2, 4, 8, 16, 32, 64, 128], "b"),
+        "seq_len": slider("seq_len", seq_len, [512, 1024, 2048, 4096, 8192], "s"),
+        "schedule": dropdown("schedule", schedule, ["gpipe", "1f1b"], "schedule"),
+        "recompute": dropdown("recompute", recompute, _RECOMPUTE, "recompute"),
+        "flash": checkbox("flash", flash, "FlashAttention"),
     }
 
     def render(model, pp, global_batch, micro_batch, seq_len, schedule, recompute, flash):

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import functools
 
+from ..._check import MAX_GPUS, integer
 from ...hardware import hardware_preset, hardware_presets
 from ...model import ModelSpec, presets
 from ...planner import Cluster, plan
 from ..plots.base import stack_breakdowns
 from ..plots.planner import plot_pareto
-from .base import STYLE, error_html, explorer, fit_seq_len
+from .base import checkbox, dropdown, error_html, explorer, fit_seq_len, int_slider, slider
 
 __all__ = ["explore_plan"]
 
@@ -60,31 +61,23 @@ def explore_plan(
     moving ``rank`` only redraws.
 
     Used in chapter 18 (how do you choose the parallel degrees for a model and a cluster?)."""
-    import ipywidgets as w
-
+    integer("gpus_per_node", gpus_per_node, 1, MAX_GPUS)
+    integer("top", top, 1, 100)
     controls = {
-        "model": w.Dropdown(options=presets(), value=model, description="model", style=STYLE),
-        "gpu": w.Dropdown(options=hardware_presets(), value=gpu, description="GPU", style=STYLE),
-        "nodes": w.SelectionSlider(
-            options=[1, 2, 4, 8, 16, 32, 64, 128, 256, 512],
-            value=nodes,
-            description=f"nodes (x{gpus_per_node})",
-            style=STYLE,
+        "model": dropdown("model", model, presets(), "model"),
+        "gpu": dropdown("gpu", gpu, hardware_presets(), "GPU"),
+        "nodes": slider(
+            "nodes", nodes, [1, 2, 4, 8, 16, 32, 64, 128, 256, 512], f"nodes (x{gpus_per_node})"
         ),
-        "global_batch": w.SelectionSlider(
-            options=[16, 32, 64, 128, 256, 512, 1024, 2048, 4096],
-            value=global_batch,
-            description="global batch",
-            style=STYLE,
+        "global_batch": slider(
+            "global_batch",
+            global_batch,
+            [16, 32, 64, 128, 256, 512, 1024, 2048, 4096],
+            "global batch",
         ),
-        "seq_len": w.SelectionSlider(
-            options=[1024, 2048, 4096, 8192, 16384, 32768],
-            value=seq_len,
-            description="s",
-            style=STYLE,
-        ),
-        "flash": w.Checkbox(value=flash, description="FlashAttention", style=STYLE),
-        "rank": w.IntSlider(value=rank, min=1, max=top, description="show rank", style=STYLE),
+        "seq_len": slider("seq_len", seq_len, [1024, 2048, 4096, 8192, 16384, 32768], "s"),
+        "flash": checkbox("flash", flash, "FlashAttention"),
+        "rank": int_slider("rank", rank, 1, top, "show rank"),
     }
 
     @functools.lru_cache(maxsize=64)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..._check import number
 from ...hardware import hardware_preset, hardware_presets
 from ...inference import (
     KV_DTYPES,
@@ -12,7 +13,7 @@ from ...inference import (
 )
 from ...model import ModelSpec, presets
 from ..plots.memory import plot_stacked
-from .base import STYLE, explorer
+from .base import dropdown, explorer, slider
 
 __all__ = ["explore_serving"]
 
@@ -33,32 +34,18 @@ def explore_serving(
     fit (:func:`parmem.inference.max_concurrency`).
 
     Used in chapter 21 (how does inference memory differ from training memory?)."""
-    import ipywidgets as w
-
+    number("utilization", utilization, 0, 1, lo_open=True)
     controls = {
-        "model": w.Dropdown(options=presets(), value=model, description="model", style=STYLE),
-        "gpu": w.Dropdown(options=hardware_presets(), value=gpu, description="GPU", style=STYLE),
-        "weight_dtype": w.Dropdown(
-            options=[k for k in WEIGHT_DTYPES if k != "fp32"],
-            value=weight_dtype,
-            description="weights",
-            style=STYLE,
+        "model": dropdown("model", model, presets(), "model"),
+        "gpu": dropdown("gpu", gpu, hardware_presets(), "GPU"),
+        "weight_dtype": dropdown(
+            "weight_dtype", weight_dtype, [k for k in WEIGHT_DTYPES if k != "fp32"], "weights"
         ),
-        "kv_dtype": w.Dropdown(
-            options=list(KV_DTYPES), value=kv_dtype, description="KV cache", style=STYLE
+        "kv_dtype": dropdown("kv_dtype", kv_dtype, list(KV_DTYPES), "KV cache"),
+        "seq_len": slider(
+            "seq_len", seq_len, [1024, 2048, 4096, 8192, 16384, 32768, 131072], "context"
         ),
-        "seq_len": w.SelectionSlider(
-            options=[1024, 2048, 4096, 8192, 16384, 32768, 131072],
-            value=seq_len,
-            description="context",
-            style=STYLE,
-        ),
-        "batch": w.SelectionSlider(
-            options=[1, 4, 8, 16, 32, 64, 128, 256],
-            value=batch,
-            description="sequences",
-            style=STYLE,
-        ),
+        "batch": slider("batch", batch, [1, 4, 8, 16, 32, 64, 128, 256], "sequences"),
     }
 
     def render(model, gpu, weight_dtype, kv_dtype, seq_len, batch):

@@ -11,7 +11,7 @@ from ...sharding import tp_param_counts
 from ...units import GIB
 from ..plots.memory import plot_terms_compare
 from ..plots.tensor import plot_tp_components, plot_tp_shards, plot_tp_tradeoff
-from .base import STYLE, error_html, explorer, fit_seq_len
+from .base import checkbox, dropdown, error_html, explorer, fit_seq_len, gib, slider
 
 __all__ = [
     "explore_tp_shards",
@@ -28,13 +28,9 @@ def explore_tp_shards(model: str = "llama-3-70b", tp: int = 8, static: bool = Tr
     title.
 
     Used in chapter 5 (how does tensor parallelism shard the weights?)."""
-    import ipywidgets as w
-
     controls = {
-        "model": w.Dropdown(options=presets(), value=model, description="model", style=STYLE),
-        "tp": w.SelectionSlider(
-            options=[1, 2, 4, 8, 16, 32], value=tp, description="t", style=STYLE
-        ),
+        "model": dropdown("model", model, presets(), "model"),
+        "tp": slider("tp", tp, [1, 2, 4, 8, 16, 32], "t"),
     }
 
     def render(model, tp):
@@ -66,17 +62,12 @@ def explore_tp_weights(
     drawn by :func:`parmem.book.plots.tensor.plot_tp_components`).
 
     Used in chapter 6 (a 7B model at TP = 4: how much weight memory per GPU?)."""
-    import ipywidgets as w
-
+    gib("gpu_gib", gpu_gib)
     per_param = {"weights": 2, "gradients": 2, "optimizer states": 12, "model states": 16}
     controls = {
-        "model": w.Dropdown(options=presets(), value=model, description="model", style=STYLE),
-        "max_tp": w.SelectionSlider(
-            options=[2, 4, 8, 16, 32], value=max_tp, description="largest t", style=STYLE
-        ),
-        "what": w.Dropdown(
-            options=list(per_param), value=what, description="bf16-mixed AdamW", style=STYLE
-        ),
+        "model": dropdown("model", model, presets(), "model"),
+        "max_tp": slider("max_tp", max_tp, [2, 4, 8, 16, 32], "largest t"),
+        "what": dropdown("what", what, list(per_param), "bf16-mixed AdamW"),
     }
 
     def render(model, max_tp, what):
@@ -111,20 +102,12 @@ def explore_tp_tradeoff(
     :func:`parmem.book.plots.tensor.plot_tp_tradeoff`; no dropout, one micro-batch).
 
     Used in chapter 7 (TP communicates a lot; why is its memory saving immediate?)."""
-    import ipywidgets as w
-
+    gib("gpu_gib", gpu_gib)
     controls = {
-        "model": w.Dropdown(options=presets(), value=model, description="model", style=STYLE),
-        "seq_len": w.SelectionSlider(
-            options=[512, 1024, 2048, 4096, 8192, 16384, 32768],
-            value=seq_len,
-            description="s",
-            style=STYLE,
-        ),
-        "micro_batch": w.SelectionSlider(
-            options=[1, 2, 4, 8], value=micro_batch, description="b", style=STYLE
-        ),
-        "flash": w.Checkbox(value=flash, description="FlashAttention", style=STYLE),
+        "model": dropdown("model", model, presets(), "model"),
+        "seq_len": slider("seq_len", seq_len, [512, 1024, 2048, 4096, 8192, 16384, 32768], "s"),
+        "micro_batch": slider("micro_batch", micro_batch, [1, 2, 4, 8], "b"),
+        "flash": checkbox("flash", flash, "FlashAttention"),
     }
 
     def render(model, seq_len, micro_batch, flash):
@@ -159,25 +142,15 @@ def explore_layer_activations(
     ones, as each family was trained.
 
     Used in chapter 8 (which memory does sequence parallelism remove?)."""
-    import ipywidgets as w
-
     controls = {
-        "model": w.Dropdown(options=presets(), value=model, description="model", style=STYLE),
-        "seq_len": w.SelectionSlider(
-            options=[512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072],
-            value=seq_len,
-            description="s",
-            style=STYLE,
+        "model": dropdown("model", model, presets(), "model"),
+        "seq_len": slider(
+            "seq_len", seq_len, [512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072], "s"
         ),
-        "tp": w.SelectionSlider(options=[1, 2, 4, 8, 16], value=tp, description="t", style=STYLE),
-        "sp": w.Checkbox(value=sp, description="sequence parallel", style=STYLE),
-        "recompute": w.Dropdown(
-            options=["none", "selective", "full"],
-            value=recompute,
-            description="recompute",
-            style=STYLE,
-        ),
-        "flash": w.Checkbox(value=flash, description="FlashAttention", style=STYLE),
+        "tp": slider("tp", tp, [1, 2, 4, 8, 16], "t"),
+        "sp": checkbox("sp", sp, "sequence parallel"),
+        "recompute": dropdown("recompute", recompute, ["none", "selective", "full"], "recompute"),
+        "flash": checkbox("flash", flash, "FlashAttention"),
     }
 
     def render(model, seq_len, tp, sp, recompute, flash):

@@ -1,0 +1,357 @@
+"""Engine profiles: what Megatron-Core, DeepSpeed, FSDP2 (torchtitan) and Hugging Face keep on a
+GPU, as data read by the one estimator (:func:`parmem.estimate.estimate`).
+
+A profile (``data/engines.toml``, read with the standard library's ``tomllib``) holds
+
+* the model-state categories (weights, gradients, fp32 gradient partitions, master weights) with
+  their element size, the ZeRO stage from which each is sharded and how each offloads
+  (:class:`StateCategory`); the optimizer's own states come from an :class:`OptimizerPreset`;
+* the tensors a layer keeps for backward (:class:`SavedTensor`, evaluated by
+  :func:`parmem.activations.layer_terms`) and the first and last pipeline stages' own tensors;
+* the buffers the engine adds (:class:`Buffers`), its vocabulary padding, the ZeRO stages,
+  recomputation modes and offload modes it supports (:meth:`EngineProfile.check`).
+
+``paper`` is the default: the papers' accounting, to the byte what parmem computed before
+profiles existed. Each other profile names the engine version it describes and its TOML comments
+cite the engine source of every number; ``tests/test_engines.py`` checks them against DeepSpeed's
+estimators and Megatron-LM's ``theoretical_memory_usage.py``.
+
+This module imports only the validators and the data loader (it sits on the layer of
+:mod:`parmem.sharding`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from ._check import choice, integer
+from ._data import load_toml
+
+__all__ = [
+    "EngineProfile",
+    "OptimizerPreset",
+    "SavedTensor",
+    "StateCategory",
+    "Buffers",
+    "OFFLOADS",
+    "GRAD_DTYPES",
+    "engine",
+    "engines",
+    "optimizer_preset",
+    "optimizer_presets",
+    "itemsizes",
+    "offloads_to_host",
+]
+
+#: Where optimizer states (and parameters) may live: on the GPU, optimizer states and master
+#: weights on the host (ZeRO-Offload, Ren et al. 2021), or parameters too (ZeRO-Infinity).
+OFFLOADS: tuple[str, ...] = ("none", "optimizer", "optimizer+params")
+#: Gradient element sizes a setup may ask for (``TrainingSetup.grad_dtype``).
+GRAD_DTYPES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2}
+#: Model-state dtype symbols (see the header of ``data/engines.toml``).
+STATE_DTYPES: tuple[str, ...] = ("param", "grad", "master", "high", "state", "fp32", "none")
+#: Saved-tensor dtypes and their fixed sizes (``act`` and ``stat`` come from the caller).
+ACT_DTYPES: dict[str, int] = {"act": 0, "stat": 0, "fp32": 4, "mask": 1, "i64": 8}
+WIDTHS: tuple[str, ...] = ("h", "q", "kv", "f", "f2", "ef", "sf", "E", "scores", "heads", "one")
+REGIONS: tuple[str, ...] = ("norm", "tp")
+CONDITIONS: tuple[str, ...] = (
+    "dropout",
+    "flash",
+    "no_flash",
+    "gelu",
+    "swiglu",
+    "dense",
+    "moe",
+    "shared",
+    "layernorm",
+    "rmsnorm",
+    "act16",
+    "act32",
+)
+FIELDS: tuple[str, ...] = ("params", "grads", "optimizer")
+STATE_OFFLOAD: tuple[str, ...] = ("never", "optimizer", "params", "drop")
+NEVER = 4  # shard_from for a category no ZeRO stage shards
+RECOMPUTE_MODES: tuple[str, ...] = ("none", "selective", "full")
+ZERO3_PARAMS: tuple[str, ...] = ("layers", "largest-module", "none")
+
+
+@dataclass(frozen=True)
+class OptimizerPreset:
+    """An optimizer's states per parameter: ``states`` elements of the profile's state dtype (or
+    of ``state_bytes`` bytes, with one fp32 scale per ``block`` values per state for block-wise
+    quantisation), plus a factored second moment (rows + columns per matrix) if ``factored``."""
+
+    name: str
+    title: str
+    states: int
+    state_bytes: int = 0
+    block: int = 0
+    factored: bool = False
+
+
+@dataclass(frozen=True)
+class StateCategory:
+    """One kind of model state: element size ``dtype`` (a symbol of :func:`itemsizes`), the
+    :class:`~parmem.estimate.MemoryBreakdown` ``field`` it adds to, the ZeRO stage from which it
+    is sharded (``shard_from``; 4 = never), the stages at which the engine keeps it, the
+    precisions it applies to (empty = all) and how it offloads (``never``, ``optimizer``,
+    ``params`` or ``drop``)."""
+
+    name: str
+    dtype: str
+    field: str
+    shard_from: int
+    stages: tuple[int, ...] = (0, 1, 2, 3)
+    precisions: tuple[str, ...] = ()
+    offload: str = "never"
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class SavedTensor:
+    """One tensor a layer keeps for backward: ``times`` copies of ``width`` values per token (on
+    one rank) of ``dtype``, in ``region`` (``norm``: divided by t under sequence parallelism),
+    present when every condition of ``when`` holds, dropped by selective recomputation if
+    ``core``; ``scale="k"`` multiplies by top_k × capacity factor (tokens sent to experts)."""
+
+    name: str
+    width: str
+    dtype: str = "act"
+    times: int = 1
+    scale: str = ""
+    region: str = "tp"
+    when: frozenset[str] = frozenset()
+    core: bool = False
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Buffers:
+    """Buffers an engine adds: at ZeRO-3 the gathered parameters (``layers``: the current and
+    the prefetched layer; ``largest-module``: DeepSpeed's estimator's 4 × the largest module),
+    one layer's unsharded gradient of dtype ``zero3_grads`` (FSDP2's reduce-scatter input), and a
+    16-bit gradient-reduction bucket of ``reduce_bucket`` elements at ZeRO >= 1."""
+
+    zero3_params: str = "layers"
+    zero3_grads: str = "none"
+    reduce_bucket: int = 0
+
+
+@dataclass(frozen=True)
+class EngineProfile:
+    """An engine, as data (``data/engines.toml``): see the module docstring."""
+
+    name: str
+    title: str
+    version: str
+    zero_stages: tuple[int, ...]
+    pipeline_zero_max: int
+    pipeline: bool
+    recompute: tuple[str, ...]
+    selective: str
+    offload: tuple[str, ...]
+    vocab_multiple: int
+    activations: str
+    optimizer_dtype: str
+    grad_buckets: str
+    states: tuple[StateCategory, ...]
+    buffers: Buffers
+    layer: tuple[SavedTensor, ...]
+    first: tuple[SavedTensor, ...]
+    last: tuple[SavedTensor, ...]
+
+    def check(self, zero: int, pp: int, recompute: str, offload: str) -> None:
+        """Raise ``ValueError``, naming the profile, unless it can express ZeRO stage ``zero``
+        with ``pp`` pipeline stages, recomputation ``recompute`` and offload ``offload``."""
+        who = f"engine={self.name!r} ({self.version})"
+        if zero not in self.zero_stages:
+            stages = ", ".join(map(str, self.zero_stages))
+            raise ValueError(f"{who} cannot express zero={zero}: it supports ZeRO stage {stages}")
+        if pp > 1 and not self.pipeline:
+            raise ValueError(f"{who} has no pipeline parallelism: pp={pp} needs another engine")
+        if pp > 1 and zero > self.pipeline_zero_max:
+            raise ValueError(
+                f"{who} cannot combine pp={pp} with zero={zero}: its pipeline supports ZeRO "
+                f"stage <= {self.pipeline_zero_max}"
+            )
+        self.check_recompute(recompute)
+        if offload not in self.offload:
+            raise ValueError(
+                f"{who} cannot offload={offload!r}: it offers {', '.join(self.offload)}"
+            )
+        if offload == "optimizer" and zero < 1:
+            raise ValueError(f"offload={offload!r} needs zero >= 1 (ZeRO-Offload shards first)")
+        if offload == "optimizer+params" and zero < 3:
+            raise ValueError(f"offload={offload!r} needs zero=3 (parameters are offloaded shards)")
+
+    def check_recompute(self, recompute: str) -> None:
+        """Raise ``ValueError``, naming the profile, unless it offers ``recompute``."""
+        if recompute not in self.recompute:
+            raise ValueError(
+                f"engine={self.name!r} ({self.version}) has no recompute={recompute!r}: it "
+                f"offers {', '.join(self.recompute)}"
+            )
+
+    def categories(self, precision: str, zero: int) -> tuple[StateCategory, ...]:
+        """The model-state categories kept at ZeRO stage ``zero`` under ``precision``."""
+        return _categories(self.name, precision, zero)
+
+
+@lru_cache(maxsize=256)
+def _categories(name: str, precision: str, zero: int) -> tuple[StateCategory, ...]:
+    prof = _profiles()[name]
+    return tuple(
+        c
+        for c in prof.states
+        if zero in c.stages and (not c.precisions or precision in c.precisions)
+    )
+
+
+# ---------------------------------------------------------------------------- resolution
+def itemsizes(
+    prec: dict[str, int], grad_dtype: str | None, master_weights: bool | None
+) -> dict[str, int]:
+    """Bytes of each model-state dtype symbol for precision row ``prec`` (of
+    :data:`parmem.config.PRECISIONS`): ``grad_dtype`` (``"fp32"``, ``"bf16"``, ``"fp16"``)
+    replaces the gradient element, ``master_weights`` switches the fp32 master copy on or off."""
+    master_on = prec["master"] > 0 if master_weights is None else master_weights
+    grad = prec["grad"] if grad_dtype is None else GRAD_DTYPES[grad_dtype]
+    return {
+        "param": prec["param"],
+        "grad": grad,
+        "master": 4 if master_on else 0,
+        "high": 4 if master_on else prec["param"],
+        "state": prec["state"],
+        "fp32": 4,
+        "none": 0,
+    }
+
+
+def offloads_to_host(rule: str, offload: str) -> bool:
+    """Whether a sharded category with offload ``rule`` leaves the GPU under ``offload``."""
+    if rule in ("optimizer", "drop"):
+        return offload != "none"
+    return rule == "params" and offload == "optimizer+params"
+
+
+# ---------------------------------------------------------------------------- loading
+def _get(table: dict[str, Any], key: str, where: str) -> Any:
+    if key not in table:
+        raise ValueError(f"data/engines.toml: {where} lacks {key!r}")
+    return table[key]
+
+
+def _saved(row: dict[str, Any], where: str) -> SavedTensor:
+    name = str(_get(row, "name", where))
+    here = f"{where} {name!r}"
+    when = frozenset(str(c) for c in row.get("when", ()))
+    for c in when:
+        choice(f"{here} when", c, CONDITIONS)
+    return SavedTensor(
+        name=name,
+        width=choice(f"{here} width", _get(row, "width", here), WIDTHS),
+        dtype=choice(f"{here} dtype", row.get("dtype", "act"), ACT_DTYPES),
+        times=integer(f"{here} times", row.get("times", 1)),
+        scale=choice(f"{here} scale", row.get("scale", ""), ("", "k")),
+        region=choice(f"{here} region", row.get("region", "tp"), REGIONS),
+        when=when,
+        core=bool(row.get("core", False)),
+        note=str(row.get("note", "")),
+    )
+
+
+def _category(row: dict[str, Any], where: str) -> StateCategory:
+    here = f"{where} state {row.get('name')!r}"
+    return StateCategory(
+        name=str(_get(row, "name", where)),
+        dtype=choice(f"{here} dtype", _get(row, "dtype", here), STATE_DTYPES),
+        field=choice(f"{here} field", _get(row, "field", here), FIELDS),
+        shard_from=integer(f"{here} shard_from", _get(row, "shard_from", here), 1, NEVER),
+        stages=tuple(integer(f"{here} stages", z, 0, 3) for z in row.get("stages", (0, 1, 2, 3))),
+        precisions=tuple(str(p) for p in row.get("precisions", ())),
+        offload=choice(f"{here} offload", row.get("offload", "never"), STATE_OFFLOAD),
+        note=str(row.get("note", "")),
+    )
+
+
+def _profile(name: str, t: dict[str, Any], tables: dict[str, Any]) -> EngineProfile:
+    where = f"engines.{name}"
+    act_name = str(_get(t, "activations", where))
+    acts = tables.get(act_name)
+    if acts is None:
+        raise ValueError(f"data/engines.toml: {where} names unknown activations {act_name!r}")
+    b = _get(t, "buffers", where)
+    aw = f"activations.{act_name}"
+    return EngineProfile(
+        name=name,
+        title=str(_get(t, "title", where)),
+        version=str(_get(t, "version", where)),
+        zero_stages=tuple(integer(f"{where} zero_stages", z, 0, 3) for z in t["zero_stages"]),
+        pipeline_zero_max=integer(f"{where} pipeline_zero_max", t["pipeline_zero_max"], 0, 3),
+        pipeline=bool(t["pipeline"]),
+        recompute=tuple(choice(f"{where} recompute", r, RECOMPUTE_MODES) for r in t["recompute"]),
+        selective=str(t.get("selective", "")),
+        offload=tuple(choice(f"{where} offload", o, OFFLOADS) for o in t["offload"]),
+        vocab_multiple=integer(f"{where} vocab_multiple", t["vocab_multiple"]),
+        activations=act_name,
+        optimizer_dtype=choice(f"{where} optimizer_dtype", t["optimizer_dtype"], STATE_DTYPES),
+        grad_buckets=choice(f"{where} grad_buckets", t["grad_buckets"], ("view", "copy")),
+        states=tuple(_category(row, where) for row in _get(t, "states", where)),
+        buffers=Buffers(
+            zero3_params=choice(f"{where} zero3_params", b["zero3_params"], ZERO3_PARAMS),
+            zero3_grads=choice(f"{where} zero3_grads", b["zero3_grads"], STATE_DTYPES),
+            reduce_bucket=integer(f"{where} reduce_bucket", b["reduce_bucket"], 0),
+        ),
+        layer=tuple(_saved(r, aw) for r in _get(acts, "layer", aw)),
+        first=tuple(_saved(r, aw) for r in acts.get("first", ())),
+        last=tuple(_saved(r, aw) for r in acts.get("last", ())),
+    )
+
+
+@lru_cache(maxsize=1)
+def _profiles() -> dict[str, EngineProfile]:
+    data = load_toml("engines.toml")
+    tables = data.get("activations", {})
+    return {name: _profile(name, t, tables) for name, t in data["engines"].items()}
+
+
+@lru_cache(maxsize=1)
+def _optimizers() -> dict[str, OptimizerPreset]:
+    out = {}
+    for name, t in load_toml("engines.toml")["optimizers"].items():
+        where = f"optimizers.{name}"
+        out[name] = OptimizerPreset(
+            name=name,
+            title=str(_get(t, "title", where)),
+            states=integer(f"{where} states", _get(t, "states", where), 0),
+            state_bytes=integer(f"{where} state_bytes", t.get("state_bytes", 0), 0),
+            block=integer(f"{where} block", t.get("block", 0), 0),
+            factored=bool(t.get("factored", False)),
+        )
+    return out
+
+
+def engine(name: str) -> EngineProfile:
+    """The profile called ``name``; an unknown name raises ``ValueError`` listing the known
+    ones."""
+    profiles = _profiles()
+    return profiles[choice("engine", name, profiles)]
+
+
+def engines() -> dict[str, str]:
+    """The profile names, in file order, with their one-line titles."""
+    return {name: p.title for name, p in _profiles().items()}
+
+
+def optimizer_preset(name: str) -> OptimizerPreset:
+    """The optimizer preset called ``name``; an unknown name raises ``ValueError`` listing the
+    known ones."""
+    presets = _optimizers()
+    return presets[choice("optimizer", name, presets)]
+
+
+def optimizer_presets() -> dict[str, OptimizerPreset]:
+    """Every optimizer preset, in file order."""
+    return dict(_optimizers())

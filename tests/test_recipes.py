@@ -1,0 +1,292 @@
+"""Launch recipes checked by the engines' own code (issue 15): every recipe of the plans in
+recipe_plans.py is parsed and validated by Megatron-LM's recorded argument parser and
+validation rules plus Megatron-Core's ``TransformerConfig``, DeepSpeed's ``DeepSpeedConfig``
+(and Megatron-DeepSpeed's recorded parser), and torchtitan's ``ConfigManager`` and
+``ParallelDims``; and the micro-batch and accumulation steps each engine will run are the plan's
+``b`` and ``m``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import types
+
+import pytest
+from engines import (
+    deepspeed_config_class,
+    megatron_core,
+    parse_recorded,
+    recorded,
+    torchtitan,
+)
+from recipe_plans import CASES, case_plan
+
+from parmem.planner.emit import TARGETS
+from parmem.planner.emit.deepspeed import DEEPSPEED_VERSION, MEGATRON_DEEPSPEED_COMMIT
+from parmem.planner.emit.megatron import MEGATRON_LM_COMMIT, pipeline_layout
+from parmem.planner.emit.torchtitan import TORCHTITAN_VERSION
+
+NAMES = list(CASES)
+
+
+def test_the_plans_cover_every_axis():
+    best = [case_plan(n).best for n in NAMES]
+    pars = [c.parallel for c in best]
+    assert len(best) >= 8
+    assert any(p.pp > 1 and p.vpp == 1 for p in pars) and any(p.vpp > 1 for p in pars)
+    assert any(p.cp > 1 for p in pars) and any(p.ep > 1 for p in pars)
+    assert {1, 2, 3} <= {p.zero for p in pars}
+    assert any(len(set(c.layers_per_stage)) > 1 for c in best)
+    assert any(c.setup.recompute == "full" for c in best)
+
+
+def test_targets_name_the_pinned_versions():
+    from importlib.metadata import version
+
+    import deepspeed
+    import torchtitan as tt  # noqa: F401
+
+    assert deepspeed.__version__ == DEEPSPEED_VERSION
+    assert version("torchtitan") == TORCHTITAN_VERSION
+    assert recorded("megatron_lm_args")["commit"] == MEGATRON_LM_COMMIT
+    assert recorded("megatron_deepspeed_args")["commit"] == MEGATRON_DEEPSPEED_COMMIT
+    for engine, target in TARGETS.items():
+        text = case_plan(NAMES[0]).emit(engine)
+        assert f"# target: {target}" in text.splitlines()[1], engine
+
+
+# ---------------------------------------------------------------------------- Megatron-LM
+def _cp(a) -> int:
+    return a.context_parallel_size or 1
+
+
+def _fsdp(a) -> bool:
+    return bool(a.use_megatron_fsdp)
+
+
+def _layout_stages(a) -> int:
+    return len(a.pipeline_model_parallel_layout.split("|"))
+
+
+#: validate_args rules the recipes depend on: (a message of the recorded rule, the check).
+MEGATRON_RULES = [
+    ("is not divisible by total_model_size",
+     lambda a, env, world: world % (a.tensor_model_parallel_size
+                                    * a.pipeline_model_parallel_size * _cp(a)) == 0),
+    ("Megatron-FSDP requires the `fsdp_dtensor` checkpointing format",
+     lambda a, env, world: not _fsdp(a) or a.ckpt_format == "fsdp_dtensor"),
+    ("FSDP requires CUDA_DEVICE_MAX_CONNECTIONS > 1 or unset",
+     lambda a, env, world: not _fsdp(a) or env.get("CUDA_DEVICE_MAX_CONNECTIONS") != "1"),
+    ("CUDA_DEVICE_MAX_CONNECTIONS to 1",
+     lambda a, env, world: _fsdp(a) or (a.tensor_model_parallel_size == 1 and _cp(a) == 1)
+     or env.get("CUDA_DEVICE_MAX_CONNECTIONS") == "1"),
+    ("--overlap-param-gather only supported with distributed optimizer",
+     lambda a, env, world: not a.overlap_param_gather or a.use_distributed_optimizer
+     or _fsdp(a)),
+    ("Must use --overlap-param-gather with --overlap-grad-reduce",
+     lambda a, env, world: not a.overlap_param_gather or a.overlap_grad_reduce),
+    ("No more than one of the following arguments can be set at the same time",
+     lambda a, env, world: sum(x is not None for x in (
+         a.pipeline_model_parallel_layout, a.num_layers_per_virtual_pipeline_stage,
+         a.num_virtual_stages_per_pipeline_rank)) <= 1),
+    ("The length of pipeline_model_parallel_layout must be divisible",
+     lambda a, env, world: a.pipeline_model_parallel_layout is None
+     or _layout_stages(a) % a.pipeline_model_parallel_size == 0),
+    ("number of layers per pipeline stage must be divisible number of layers per virtual",
+     lambda a, env, world: a.num_layers_per_virtual_pipeline_stage is None
+     or (a.num_layers // a.pipeline_model_parallel_size)
+     % a.num_layers_per_virtual_pipeline_stage == 0),
+    ("Number of layers should be divisible by the pipeline-model-parallel size",
+     lambda a, env, world: a.pipeline_model_parallel_layout is not None
+     or a.num_layers % a.pipeline_model_parallel_size == 0),
+    ("Number of experts should be a multiple of expert model parallel_size",
+     lambda a, env, world: not a.expert_model_parallel_size
+     or a.num_experts % a.expert_model_parallel_size == 0),
+    ("recompute method is not yet supported for selective recomputing granularity",
+     lambda a, env, world: a.recompute_granularity != "selective" or a.recompute_method is None),
+]  # fmt: skip
+
+
+def test_megatron_rules_exist_at_the_recorded_commit():
+    messages = [r["message"] for r in recorded("megatron_lm_args")["rules"]]
+    for fragment, _ in MEGATRON_RULES:
+        assert any(fragment in m for m in messages), fragment
+
+
+def _transformer_config(a):
+    import torch
+
+    mc = megatron_core()
+    kw = dict(
+        num_layers=a.num_layers, hidden_size=a.hidden_size,
+        num_attention_heads=a.num_attention_heads, ffn_hidden_size=a.ffn_hidden_size,
+        num_query_groups=a.num_query_groups if a.group_query_attention else None,
+        kv_channels=a.kv_channels,
+        tensor_model_parallel_size=a.tensor_model_parallel_size,
+        pipeline_model_parallel_size=a.pipeline_model_parallel_size,
+        context_parallel_size=_cp(a),
+        expert_model_parallel_size=a.expert_model_parallel_size or 1,
+        sequence_parallel=bool(a.sequence_parallel),
+        pipeline_model_parallel_layout=a.pipeline_model_parallel_layout,
+        recompute_granularity=a.recompute_granularity, recompute_method=a.recompute_method,
+        recompute_num_layers=a.recompute_num_layers,
+        gated_linear_unit=bool(a.swiglu), normalization=a.normalization or "LayerNorm",
+        add_bias_linear=a.add_bias_linear,
+        num_moe_experts=a.num_experts, moe_router_topk=a.moe_router_topk or 2,
+        moe_ffn_hidden_size=a.moe_ffn_hidden_size,
+        moe_token_dispatcher_type=a.moe_token_dispatcher_type or "allgather",
+        bf16=bool(a.bf16), params_dtype=torch.bfloat16, pipeline_dtype=torch.bfloat16,
+    )  # fmt: skip
+    if a.num_layers_per_virtual_pipeline_stage:
+        kw["virtual_pipeline_model_parallel_size"] = a.num_layers // (
+            a.pipeline_model_parallel_size * a.num_layers_per_virtual_pipeline_stage
+        )
+    return mc.TransformerConfig(**kw)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_megatron_recipe_passes_megatron_checks(name):
+    pl = case_plan(name)
+    c, recipe = pl.best, pl.recipe("megatron")
+    par, st, world = c.parallel, c.setup, pl.cluster.world_size
+    a = parse_recorded("megatron_lm_args", list(recipe.args))
+    env = {k: v for k, v in recipe.env if v is not None}
+    for fragment, ok in MEGATRON_RULES:
+        assert ok(a, env, world), fragment
+    if par.zero >= 2:
+        assert ("CUDA_DEVICE_MAX_CONNECTIONS", None) in recipe.env  # must be unset
+    # Megatron-Core validates the model and parallel part
+    _transformer_config(a)
+    if a.pipeline_model_parallel_layout:
+        layout = megatron_core().Layout(a.pipeline_model_parallel_layout, par.pp)
+        layout.validate_layer_layout(num_layers=pl.spec.layers, mtp_num_layers=None)
+        per_rank = [sum(str(x).endswith("decoder") for chunk in row for x in chunk)
+                    for row in layout.layout]
+        assert tuple(per_rank) == c.layers_per_stage
+        assert layout.virtual_pipeline_model_parallel_size == par.vpp
+    elif par.vpp > 1:
+        assert a.num_layers // (par.pp * a.num_layers_per_virtual_pipeline_stage) == par.vpp
+    # what Megatron-LM will run: d = N / (t·p·cp), m = G / (b·d)
+    d = world // (a.tensor_model_parallel_size * a.pipeline_model_parallel_size * _cp(a))
+    assert d == par.dp and a.micro_batch_size == st.micro_batch
+    assert a.global_batch_size % (a.micro_batch_size * d) == 0
+    assert a.global_batch_size // (a.micro_batch_size * d) == st.num_microbatches
+    assert (a.recompute_granularity or "none") == st.recompute
+
+
+def test_megatron_parser_refuses_what_megatron_refuses():
+    with pytest.raises(AssertionError, match="does not know"):
+        parse_recorded("megatron_lm_args", ["--uneven-pp"])
+    with pytest.raises(argparse.ArgumentError, match="invalid choice: 'fsdp'"):
+        parse_recorded("megatron_lm_args", ["--ckpt-format", "fsdp"])
+
+
+@pytest.mark.parametrize("lps,v,text", [
+    ((11, 11, 10), 1, "Et*11|t*11|t*10,L"),
+    ((4, 4), 2, "Et*2|t*2|t*2|t*2,L"),
+    ((1, 1), 1, "Et|t,L"),
+])  # fmt: skip
+def test_pipeline_layout_strings(lps, v, text):
+    assert pipeline_layout(lps, v) == text
+    layout = megatron_core().Layout(text, len(lps))
+    layout.validate_layer_layout(num_layers=sum(lps), mtp_num_layers=None)
+
+
+# ---------------------------------------------------------------------------- DeepSpeed
+class _MPU:
+    def __init__(self, d: int):
+        self.d = d
+
+    def get_data_parallel_world_size(self) -> int:
+        return self.d
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_deepspeed_recipe_passes_deepspeed_checks(name, monkeypatch):
+    pl = case_plan(name)
+    c, recipe = pl.best, pl.recipe("deepspeed")
+    par, st, world = c.parallel, c.setup, pl.cluster.world_size
+    DeepSpeedConfig = deepspeed_config_class()
+    import deepspeed.comm as dist
+
+    monkeypatch.setattr(dist, "get_rank", lambda *a, **k: 0)
+    monkeypatch.setattr(dist, "get_world_size", lambda *a, **k: world)
+    data = json.loads(recipe.file("ds_config.json"))
+    plain = par.tp == 1 and par.pp == 1
+    cfg = DeepSpeedConfig(data, mpu=None if plain else _MPU(par.dp))
+    # the data-parallel size DeepSpeed derives, and what it will run
+    assert cfg.world_size == par.dp
+    assert cfg.train_micro_batch_size_per_gpu == st.micro_batch
+    assert cfg.gradient_accumulation_steps == st.num_microbatches
+    assert cfg.train_batch_size == pl.global_batch
+    assert cfg.zero_optimization_stage == par.zero
+    if plain and par.ep > 1:
+        from deepspeed.module_inject.auto_ep_config import validate_autoep_config
+
+        ep = cfg.expert_parallel_config
+        assert ep.enabled and ep.autoep_size == par.ep
+        validate_autoep_config(ep, world_size=world, pp_size=1, tp_size=1, sp_size=par.cp,
+                               zero_stage=par.zero)
+    if not plain:  # Megatron-DeepSpeed's flags, by its recorded parser
+        a = parse_recorded("megatron_deepspeed_args", list(recipe.args))
+        assert (a.tensor_model_parallel_size, a.pipeline_model_parallel_size) == (par.tp, par.pp)
+        assert a.micro_batch_size == st.micro_batch and a.global_batch_size == pl.global_batch
+        assert a.zero_stage == par.zero and a.deepspeed and a.deepspeed_config
+        assert (a.ds_sequence_parallel_size or 1) == par.cp
+        assert (a.moe_expert_parallel_size or 1) == par.ep
+        assert "Megatron-DeepSpeed" in " ".join(recipe.notes)
+
+
+def test_deepspeed_check_refuses_the_old_batch_arithmetic(monkeypatch):
+    """What the issue saw: with the world size as the data-parallel size, 1536 != 4·4·768."""
+    DeepSpeedConfig = deepspeed_config_class()
+    import deepspeed.comm as dist
+
+    monkeypatch.setattr(dist, "get_rank", lambda *a, **k: 0)
+    monkeypatch.setattr(dist, "get_world_size", lambda *a, **k: 768)
+    bad = {"train_batch_size": 1536, "train_micro_batch_size_per_gpu": 4,
+           "gradient_accumulation_steps": 4}
+    with pytest.raises(AssertionError, match="1536 != 4 \\* 4 \\* 768"):
+        DeepSpeedConfig(bad)
+
+
+# ---------------------------------------------------------------------------- torchtitan
+@pytest.mark.parametrize("name", NAMES)
+def test_torchtitan_recipe_passes_torchtitan_checks(name):
+    pl = case_plan(name)
+    c, recipe = pl.best, pl.recipe("torchtitan")
+    par, st, world = c.parallel, c.setup, pl.cluster.world_size
+    tt = torchtitan()
+    cfg = tt.ConfigManager().parse_args(list(recipe.args))
+    pd = tt.ParallelDims.from_config(cfg.parallelism, world)  # its parallel-dims check
+    assert (pd.tp, pd.pp, pd.cp, pd.ep) == (par.tp, par.pp, par.cp, par.ep)
+    batch_degree = pd.dp_replicate * pd.dp_shard
+    assert batch_degree == par.dp
+    if par.ep > 1:
+        assert (pd.dp_shard * pd.cp * pd.tp) % pd.ep == 0  # efsdp = dp_shard·cp·tp / ep
+    assert cfg.parallelism.enable_sequence_parallel == (par.sp or par.tp == 1)
+    divisor = (pd.tp if cfg.parallelism.enable_sequence_parallel else 1) * (
+        2 * pd.cp if pd.cp > 1 else 1)
+    assert cfg.training.seq_len % divisor == 0  # the trainer's sequence-length rule
+    # what torchtitan will run (Trainer.__init__): accumulation steps and pipeline micro-batches
+    local, G = cfg.training.local_batch_size, cfg.training.global_batch_size
+    assert G == pl.global_batch and G % (local * batch_degree) == 0
+    accumulation = G // (local * batch_degree)
+    if pd.pp > 1:
+        ppmb = cfg.parallelism.pipeline_parallel_microbatch_size
+        assert local % ppmb == 0
+        micro, per_schedule = ppmb, local // ppmb
+        model = types.SimpleNamespace(layers=[None] * pl.spec.layers)
+        stages, layers, first, last = tt.pipeline_metadata(pd, cfg.parallelism, model)
+        assert stages == par.pp * par.vpp
+        parts = tt.split(stages, layers, first, last)
+        per_rank = [sum(m.startswith("layers.") for s in parts[r::par.pp] for m in s)
+                    for r in range(par.pp)]
+        assert tuple(per_rank) == c.layers_per_stage
+    else:
+        micro, per_schedule = local, 1
+    assert micro == st.micro_batch
+    assert accumulation * per_schedule == st.num_microbatches
+    ac = type(cfg.activation_checkpoint).__qualname__ if cfg.activation_checkpoint else "none"
+    assert ac.split(".")[0].lower().replace("ac", "") in (
+        {"full": "full", "selective": "selective", "none": "none"}[st.recompute],)
