@@ -29,6 +29,7 @@ from parmem.comm import (
     reduce_scatter_bytes,
     send_recv_bytes,
     step_comm,
+    zero_redundancy_comm,
 )
 from parmem.config import ParallelConfig, TrainingSetup
 from parmem.hardware import Link, hardware_preset, link_preset
@@ -159,6 +160,21 @@ def test_zero_with_gradient_accumulation():
     assert comm(zero=1, **kw).dp == 2 * u
     assert comm(zero=2, **kw).dp == 5 * u
     assert comm(zero=3, **kw).dp == 12 * u
+
+
+def test_zero_redundancy_optimizer_by_hand():
+    # PyTorch DDP + ZeroRedundancyOptimizer, Psi = 1200, d = 4, bf16 (2 B):
+    # DDP all-reduce of 2400 B: 2 * 3/4 * 2400 = 3600 B; each rank owns 300 params = 600 B and the
+    # four chain broadcasts cost a rank 600 B in each of the three where it is not the tail: 1800 B.
+    b = zero_redundancy_comm(1200, 4)
+    assert b.dp == b.total == 3600 + 1800
+    assert Fraction(b.dp, comm(params=1200, dp=4, zero=1, **BASE).dp) == Fraction(3, 2)
+    assert [o.op for o in b.ops] == ["all_reduce", "broadcast"]
+    # fp32 (4 B), d = 2: all-reduce 2 * 1/2 * 4Psi, one broadcast of Psi/2 * 4: 1.5 x 4Psi
+    assert zero_redundancy_comm(10, 2, grad_bytes=4, param_bytes=4).dp == 40 + 20
+    assert zero_redundancy_comm(1200, 1).ops == ()  # one rank sends nothing
+    with pytest.raises(ValueError, match=r"dp=0 must be an integer >= 1"):
+        zero_redundancy_comm(1200, 0)
 
 
 def test_tp_by_hand():

@@ -23,6 +23,7 @@ def test_collectives_bytes_sent_equal_ring_formulas(pool):
     res = pool.run("parmem.dist.collectives:demo", numel=numel)
     for r, row in enumerate(res):
         assert all(row[c]["equal"] for c in row), row  # same result as gloo's own collective
+        assert row["rs_then_ag"]["equal"]  # gloo's reduce-scatter + all-gather = its all-reduce
         assert row["all_reduce"]["bytes_sent"] == 2 * (N - 1) * size // N
         assert row["reduce_scatter"]["bytes_sent"] == (N - 1) * size // N
         assert row["all_gather"]["bytes_sent"] == (N - 1) * size // N

@@ -32,6 +32,11 @@ def test_sp_equals_single_process_and_divides_every_activation_by_t(pool):
         # all-gathers (2 for the gradients, 2 re-gathering the saved s/t inputs)
         assert (row["fwd_all_gather"], row["fwd_reduce_scatter"]) == (2, 2)
         assert (row["bwd_all_gather"], row["bwd_reduce_scatter"]) == (4, 2)
+        # every collective works on one full bf16 [s, b, h] tensor: 2sbh bytes
+        assert row["collective_bytes"] == {"fwd_all_gather": [2 * sbh] * 2,
+                                           "fwd_reduce_scatter": [2 * sbh] * 2,
+                                           "bwd_all_gather": [2 * sbh] * 4,
+                                           "bwd_reduce_scatter": [2 * sbh] * 2}
 
 
 def test_every_case_of_table2_measured(pool):

@@ -67,3 +67,27 @@ def test_ddp_zero1_fsdp2_loss_curves_equal_single_process(pool):
             assert row[k] == pytest.approx(ref, abs=1e-6)
         assert row["max_diff"] < 1e-6
     assert all(row["ddp"] == res[0]["ddp"] for row in res)  # one curve, on every rank
+
+
+def test_zero_redundancy_optimizer_sends_half_again_what_ddp_sends(pool):
+    from parmem.comm import zero_redundancy_comm
+
+    L, h = 4, 64
+    res = pool.run("parmem.dist.zero:demo_comm", layers=L, hidden=h)
+    psi = L * (h * h + h)
+    size = 4 * psi  # fp32 gradients and parameters
+    for r, row in enumerate(res):
+        for v in (row["ddp"], row["zero1"]):
+            assert sum(v["all_reduce"]) == size  # DDP all-reduces every gradient once
+        assert row["ddp"]["broadcast"] == []
+        # ZeroRedundancyOptimizer broadcasts every parameter once, from the rank that owns it
+        assert sum(n for _, n in row["zero1"]["broadcast"]) == size
+        assert {src for src, _ in row["zero1"]["broadcast"]} == set(range(N))
+        # ring all-reduce 2(d-1)/d S; chain broadcasts: every one but the one this rank is tail of
+        assert row["ddp"]["bytes_sent"] == 2 * (N - 1) * size // N
+        tail = sum(n for src, n in row["zero1"]["broadcast"] if (src - 1) % N == r)
+        assert row["zero1"]["bytes_sent"] == 2 * (N - 1) * size // N + size - tail
+        if L % N == 0:  # whole tensors split evenly: 3(d-1)/d S, 1.5x DDP
+            assert 2 * row["zero1"]["bytes_sent"] == 3 * row["ddp"]["bytes_sent"]
+            assert row["zero1"]["bytes_sent"] == zero_redundancy_comm(
+                psi, N, grad_bytes=4, param_bytes=4).dp

@@ -47,7 +47,7 @@ __all__ = [
     "all_gather_bytes", "all_to_all_bytes", "broadcast_bytes", "send_recv_bytes",
     "collective_bytes", "collective_steps", "collective_time", "CommOp", "CommBreakdown",
     "StageShape", "stage_shape", "collectives", "step_comm", "placement",
-    "category_times",
+    "category_times", "zero_redundancy_comm",
 ]  # fmt: skip
 
 #: Collective names accepted by :func:`collective_bytes` and :func:`collective_time`.
@@ -518,6 +518,31 @@ def step_comm(
             best = out
     assert best is not None
     return best
+
+
+def zero_redundancy_comm(
+    params: int, dp: int, *, grad_bytes: int = 2, param_bytes: int = 2
+) -> CommBreakdown:
+    """One optimizer step of ZeRO-1 as PyTorch ships it: DDP + ``ZeroRedundancyOptimizer``.
+
+    DDP all-reduces the full gradients (``2(d-1)/d · Ψ`` values per rank); each rank then steps on
+    the parameters it owns and ``_sync_params`` broadcasts them from that rank (PyTorch,
+    ``torch/distributed/optim/zero_redundancy_optimizer.py``). On the chain broadcast
+    (:func:`broadcast_bytes`) a rank forwards every broadcast but the one whose tail it is: ``d-1``
+    shards of ``⌈Ψ/d⌉``, so ``3(d-1)/d · Ψ`` values in all, 1.5x data parallelism. ZeRO-1 built on
+    a reduce-scatter (Rajbhandari et al. 2020 §7; DeepSpeed, Megatron-LM's distributed optimizer;
+    :func:`collectives`) sends ``2(d-1)/d · Ψ``. Gradient accumulation (DDP ``no_sync``) changes
+    neither: both collectives run once per step.
+    """
+    integer("params", params, 0)
+    d = integer("dp", dp, 1)
+    grads = params * integer("grad_bytes", grad_bytes, 1)
+    shard = -(-params // d) * integer("param_bytes", param_bytes, 1)
+    ops = (
+        CommOp("dp", "gradient all-reduce (DDP)", "all_reduce", grads, d, 1),
+        CommOp("dp", "owned-parameter broadcasts", "broadcast", shard, d, d - 1),
+    )
+    return CommBreakdown(tuple(o for o in ops if o.n > 1 and o.size and o.count))
 
 
 # ---------------------------------------------------------------------------- whole layouts

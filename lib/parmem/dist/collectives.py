@@ -153,7 +153,9 @@ def demo(numel: int = 3840, dtype: str = "float32") -> dict:
     """Run every collective both ways (counted ring vs. the backend's own); per-rank bytes.
 
     Inputs are small integers, so float sums are exact in any order and ``equal`` is exact
-    equality, not a tolerance. Returns ``{collective: {"bytes_sent", "size_bytes", "equal"}}``.
+    equality, not a tolerance. Returns ``{collective: {"bytes_sent", "size_bytes", "equal"}}``,
+    and ``rs_then_ag``: ``{"size_bytes", "equal"}``, whether the backend's own reduce-scatter
+    followed by its own all-gather returns exactly its all-reduce (nothing is counted there).
     """
     import torch
     import torch.distributed as dist
@@ -188,6 +190,15 @@ def demo(numel: int = 3840, dtype: str = "float32") -> dict:
     ref = torch.empty(numel, dtype=dt, device=dev)
     all_gather_tensor(ref, part)
     record("all_gather", c, ring_all_gather(part, c), ref, numel * esz)
+
+    # the decomposition with the backend's own collectives: reduce-scatter, then all-gather
+    ar = x.clone()
+    dist.all_reduce(ar)
+    mine = torch.empty(numel // n, dtype=dt, device=dev)
+    reduce_scatter_tensor(mine, x)
+    both = torch.empty(numel, dtype=dt, device=dev)
+    all_gather_tensor(both, mine)
+    out["rs_then_ag"] = {"size_bytes": numel * esz, "equal": bool(torch.equal(both, ar))}
 
     c = _Counter()
     ref = torch.empty_like(x)

@@ -32,11 +32,23 @@ from parmem.dist.launcher import device, rank, world_size
 
 __all__ = ["AllGatherSeq", "ReduceScatterSeq", "AllGatherLinear", "all_gather_seq",
            "reduce_scatter_seq", "all_gather_linear", "allreduce_sequence_parallel_grads",
-           "COMM", "demo"]
+           "COMM", "COMM_BYTES", "demo"]
 
 #: collectives issued since the last reset
 COMM = {"fwd_all_gather": 0, "fwd_reduce_scatter": 0, "bwd_all_gather": 0,
         "bwd_reduce_scatter": 0}
+#: bytes of the full tensor of each of those collectives (the all-gather's output, the
+#: reduce-scatter's input), in the order they ran
+COMM_BYTES: dict[str, list[int]] = {k: [] for k in COMM}
+
+
+def _note(key: str, full_bytes: int) -> None:
+    COMM[key] += 1
+    COMM_BYTES[key].append(full_bytes)
+
+
+def _nbytes(x, times: int = 1) -> int:
+    return x.numel() * x.element_size() * times
 
 
 def _gather(x, group):
@@ -61,12 +73,12 @@ class AllGatherSeq(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group):
         ctx.group = group
-        COMM["fwd_all_gather"] += 1
+        _note("fwd_all_gather", _nbytes(x, dist.get_world_size(group)))
         return _gather(x, group)
 
     @staticmethod
     def backward(ctx, grad):
-        COMM["bwd_reduce_scatter"] += 1
+        _note("bwd_reduce_scatter", _nbytes(grad))
         return _scatter(grad, ctx.group), None
 
 
@@ -76,12 +88,12 @@ class ReduceScatterSeq(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group):
         ctx.group = group
-        COMM["fwd_reduce_scatter"] += 1
+        _note("fwd_reduce_scatter", _nbytes(x))
         return _scatter(x, group)
 
     @staticmethod
     def backward(ctx, grad):
-        COMM["bwd_all_gather"] += 1
+        _note("bwd_all_gather", _nbytes(grad, dist.get_world_size(ctx.group)))
         return _gather(grad, ctx.group), None
 
 
@@ -97,16 +109,17 @@ class AllGatherLinear(torch.autograd.Function):
     def forward(ctx, x, weight, bias, group):
         ctx.group, ctx.has_bias = group, bias is not None
         ctx.save_for_backward(x, weight)
-        COMM["fwd_all_gather"] += 1
+        _note("fwd_all_gather", _nbytes(x, dist.get_world_size(group)))
         return torch.nn.functional.linear(_gather(x, group), weight, bias)
 
     @staticmethod
     def backward(ctx, grad):
         x, weight = ctx.saved_tensors
-        COMM["bwd_all_gather"] += 1
-        COMM["bwd_reduce_scatter"] += 1
+        _note("bwd_all_gather", _nbytes(x, dist.get_world_size(ctx.group)))  # the re-gather
         full = _gather(x, ctx.group)
-        grad_x = _scatter(grad.matmul(weight), ctx.group)
+        grad_in = grad.matmul(weight)
+        _note("bwd_reduce_scatter", _nbytes(grad_in))
+        grad_x = _scatter(grad_in, ctx.group)
         g2 = grad.reshape(-1, grad.shape[-1])
         grad_w = g2.t().matmul(full.reshape(-1, full.shape[-1]))
         grad_b = g2.sum(0) if ctx.has_bias else None
@@ -149,7 +162,9 @@ def demo(hidden: int = 32, heads: int = 4, seq: int = 16, batch: int = 2,
     rank's s/t slice of the reference); ``saved_bytes_tp`` and ``saved_bytes_sp`` (one bf16 layer,
     dropout ``dropout_p``, TP alone and TP + SP) beside ``table2_tp``/``table2_sp``
     (:func:`~parmem.activations.per_layer_bytes`), ``norm_stat_bytes_sp`` and ``layer_terms_sp``;
-    collectives issued in forward and backward of the SP layer.
+    collectives issued in forward and backward of the SP layer (``fwd_all_gather`` ...
+    ``bwd_reduce_scatter``: counts; ``collective_bytes``: the full-tensor bytes of each call, by
+    the same keys).
     """
     from parmem.activations import layer_terms, per_layer_bytes
     from parmem.dist.tp import ParallelGPTLayer
@@ -188,6 +203,7 @@ def demo(hidden: int = 32, heads: int = 4, seq: int = 16, batch: int = 2,
                          requires_grad=True)
         for k in COMM:
             COMM[k] = 0
+            COMM_BYTES[k].clear()
         with SavedTensorsMeter(exclude=layer.parameters()) as meter:
             y = layer(xs)
         measured[sp] = meter.bytes
@@ -208,6 +224,7 @@ def demo(hidden: int = 32, heads: int = 4, seq: int = 16, batch: int = 2,
         "fwd_all_gather": fwd["fwd_all_gather"], "fwd_reduce_scatter": fwd["fwd_reduce_scatter"],
         "bwd_all_gather": COMM["bwd_all_gather"],
         "bwd_reduce_scatter": COMM["bwd_reduce_scatter"],
+        "collective_bytes": {k: list(v) for k, v in COMM_BYTES.items()},
     }
 
 

@@ -19,6 +19,10 @@ Differences from the estimate that are real and named, not hidden in a tolerance
 :func:`demo_ddp_buckets` shows DDP's hidden gradient copy: with the default
 ``gradient_as_bucket_view=False`` the all-reduce buckets are a second 4Ψ bytes beside ``.grad``;
 with ``True`` each ``.grad`` is a view into its bucket.
+
+:func:`demo_comm` records the collectives of one training step of DDP and of DDP +
+``ZeroRedundancyOptimizer``: DDP's gradient all-reduces through a communication hook, the
+optimizer's parameter broadcasts by wrapping ``torch.distributed.broadcast``.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from torch import nn
 
 from parmem.dist.launcher import device, rank, world_size
 
-__all__ = ["make_model", "demo", "demo_ddp_buckets", "demo_losses"]
+__all__ = ["make_model", "demo", "demo_ddp_buckets", "demo_losses", "demo_comm"]
 
 
 def make_model(layers: int = 4, hidden: int = 64) -> nn.Sequential:
@@ -243,3 +247,61 @@ def demo_losses(layers: int = 4, hidden: int = 64, steps: int = 5, batch: int = 
     diff = max(abs(a - b) for k in ("ddp", "zero1", "fsdp2")
                for a, b in zip(curves[k], curves["reference"], strict=True))
     return {**curves, "max_diff": diff}
+
+
+def demo_comm(layers: int = 4, hidden: int = 64, batch: int = 16, lr: float = 1e-2) -> dict:
+    """The collectives one training step issues under DDP and under DDP + ZeRO-1
+    (``ZeroRedundancyOptimizer``), recorded, not assumed.
+
+    DDP's all-reduces run in its C++ reducer, so a communication hook
+    (``register_comm_hook``) records each bucket's bytes before the default all-reduce; the
+    optimizer's ``_sync_params`` calls ``torch.distributed.broadcast``, which is wrapped to record
+    the source rank and the bytes of each call. Only the step is recorded (DDP's one-time
+    broadcast of the initial weights is not). Returns ``num_params`` and, for ``ddp`` and
+    ``zero1``: ``all_reduce`` (bucket sizes in bytes), ``broadcast`` (``[src, bytes]`` pairs) and
+    ``bytes_sent``: this rank's bytes under the ring and chain algorithms of
+    :mod:`parmem.comm` (a rank sends in every broadcast but the one whose tail it is, the rank just
+    before the source).
+    """
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from parmem.comm import all_reduce_bytes, broadcast_bytes
+
+    d, r, dev, ref, init = _start(layers, hidden, batch)
+    (x, y), = _batches(1, batch, hidden, dev)
+    out: dict = {"num_params": sum(p.numel() for p in ref.parameters())}
+    for name in ("ddp", "zero1"):
+        model = make_model(layers, hidden).to(dev)
+        model.load_state_dict(init)
+        ddp = DDP(model)
+        rec: dict = {"all_reduce": [], "broadcast": []}
+
+        def hook(state, bucket, rec=rec):
+            buf = bucket.buffer()
+            rec["all_reduce"].append(buf.numel() * buf.element_size())
+            return allreduce_hook(state, bucket)
+
+        ddp.register_comm_hook(None, hook)
+        if name == "ddp":
+            opt = torch.optim.Adam(ddp.parameters(), lr=lr)
+        else:
+            opt = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.Adam, lr=lr)
+        original = dist.broadcast
+
+        def counting(tensor, src, *args, rec=rec, **kwargs):
+            rec["broadcast"].append([src, tensor.numel() * tensor.element_size()])
+            return original(tensor, src, *args, **kwargs)
+
+        dist.broadcast = counting
+        try:
+            opt.zero_grad()
+            nn.functional.mse_loss(ddp(x.chunk(d)[r]), y.chunk(d)[r]).backward()
+            opt.step()
+        finally:
+            dist.broadcast = original
+        rec["bytes_sent"] = sum(all_reduce_bytes(n, d) for n in rec["all_reduce"]) + sum(
+            broadcast_bytes(n, d) for src, n in rec["broadcast"] if (src - 1) % d != r)
+        out[name] = rec
+    return out
