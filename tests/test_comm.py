@@ -444,3 +444,15 @@ def test_tp_across_nodes_is_slower_than_inside():
     inside = com.times("h100-sxm", **placement(par))["sp"]
     outside = com.times("h100-sxm", **{**placement(par), "tp_intra": False})["sp"]
     assert 7 < outside / inside < 9.5
+
+
+def test_megatron_reduces_fp32_gradients():
+    # Megatron-Core keeps fp32 main_grad buffers and reduce-scatters them (4 bytes a value),
+    # then all-gathers bf16 parameters (2 bytes): ZeRO-1 (its distributed optimizer) sends
+    # (4 + 2)/(2 + 2) = 1.5x the paper's 16-bit count over the same ring.
+    par, setup = ParallelConfig(dp=8, zero=1), TrainingSetup(seq_len=4096)
+    paper = step_comm(LLAMA7, par, setup).dp
+    megatron = step_comm(LLAMA7, par, TrainingSetup(seq_len=4096, engine="megatron-core")).dp
+    psi = LLAMA7.num_params()
+    assert paper == 7 * -(-2 * psi // 8) * 2
+    assert megatron == 7 * -(-4 * psi // 8) + 7 * -(-2 * psi // 8)

@@ -41,6 +41,7 @@ from .config import PRECISIONS, ParallelConfig, TrainingSetup, check_layout
 from .hardware import Hardware, Link, hardware_preset, link_preset
 from .model import ModelSpec
 from .sharding import stage_params
+from .states import reduced_grad_itemsize
 
 __all__ = [
     "COLLECTIVES", "CATEGORIES", "all_reduce_bytes", "reduce_scatter_bytes",
@@ -345,7 +346,9 @@ def stage_shape(
         num_microbatches=setup.num_microbatches,
         dp=parallel.dp,
         zero=parallel.zero,
-        grad_bytes=prec["grad"],
+        grad_bytes=reduced_grad_itemsize(
+            setup.engine, setup.precision, parallel.zero, setup.grad_dtype, setup.master_weights
+        ),
         param_bytes=prec["param"],
         tp=parallel.tp,
         sp=parallel.sp,

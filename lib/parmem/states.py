@@ -35,6 +35,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .model import ModelSpec
 
 __all__ = [
+    "reduced_grad_itemsize",
     "ModelStateBytes",
     "StateRule",
     "model_state_bytes",
@@ -197,3 +198,21 @@ def total_model_state_floor(
 ) -> int:
     """The bytes of one full copy of the model states: no layout can hold less in total."""
     return model_state_bytes(spec.num_params(), 1, 0, precision, optimizer).total
+
+
+def reduced_grad_itemsize(
+    engine_name: str,
+    precision: str,
+    zero: int,
+    grad_dtype: str | None = None,
+    master_weights: bool | None = None,
+) -> int:
+    """Bytes of one gradient element as the profile keeps and reduces it (what the data-parallel
+    reduction sends): Megatron-Core's fp32 ``main_grad`` (4 under bf16), FSDP2's fp32
+    ``reduce_dtype`` (4), DeepSpeed's and the paper's 16-bit gradients (2). A profile without a
+    gradient category at this stage reduces in the precision's gradient element."""
+    sizes = itemsizes(PRECISIONS[precision], grad_dtype, master_weights)
+    for c in _engine(engine_name).categories(precision, zero):
+        if c.name == "grads":
+            return GRAD_DTYPES[grad_dtype] if grad_dtype is not None else sizes[c.dtype] or 2
+    return sizes["grad"]

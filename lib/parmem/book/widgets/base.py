@@ -17,10 +17,13 @@ from typing import Any
 
 from ..._check import boolean, integer, number
 from ...config import TrainingSetup
+from ...hardware import hardware_preset
 from ...model import ModelSpec
+from ...units import GIB
 
 __all__ = [
     "STYLE",
+    "DEFAULT_GPU_GIB",
     "explorer",
     "dropdown",
     "slider",
@@ -38,6 +41,10 @@ __all__ = [
 
 #: The style of every control: the description is shown in full.
 STYLE = {"description_width": "initial"}
+
+#: The explorers' default GPU capacity: the H100 SXM preset's memory as nvidia-smi reports it
+#: (79.6 GiB for a GPU sold as "80 GB"), the book's one convention for "fits".
+DEFAULT_GPU_GIB = round(hardware_preset("h100-sxm").memory_bytes / GIB, 1)
 
 
 def show_static(fig) -> None:

@@ -10,7 +10,17 @@ from ...model import ModelSpec, presets
 from ...units import GIB
 from ..plots.data_parallel import plot_zero3_vs_tp, plot_zero_stages
 from ..plots.memory import plot_compare
-from .base import checkbox, dropdown, error_html, explorer, fit_seq_len, gib, int_slider, slider
+from .base import (
+    DEFAULT_GPU_GIB,
+    checkbox,
+    dropdown,
+    error_html,
+    explorer,
+    fit_seq_len,
+    gib,
+    int_slider,
+    slider,
+)
 
 __all__ = ["explore_data_parallel", "explore_zero", "explore_zero3_tp"]
 
@@ -22,7 +32,7 @@ def explore_data_parallel(
     grad_buckets: str = "copy",
     flash: bool = True,
     zero: int = 0,
-    gpu_gib: float = 80.0,
+    gpu_gib: float = DEFAULT_GPU_GIB,
     static: bool = True,
 ):
     """Fixed global batch B, data-parallel sizes d = 1, 2, 4, … ≤ B: per-GPU memory of each
@@ -101,7 +111,7 @@ def explore_zero3_tp(
     tp: int = 8,
     recompute: str = "none",
     flash: bool = True,
-    gpu_gib: float = 80.0,
+    gpu_gib: float = DEFAULT_GPU_GIB,
     static: bool = True,
 ):
     """Model, sequence length, t and recomputation → per-GPU model states and activations under

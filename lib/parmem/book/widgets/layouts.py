@@ -15,6 +15,7 @@ from ...units import GIB
 from ..plots.layouts import plot_axis_steps, plot_tradeoff
 from ..plots.memory import plot_breakdown, plot_compare
 from .base import (
+    DEFAULT_GPU_GIB,
     checkbox,
     dropdown,
     error_html,
@@ -38,7 +39,7 @@ def explore_experts(
     seq_len: int = 4096,
     num_microbatches: int = 16,
     imbalance: float = 1.0,
-    gpu_gib: float = 80.0,
+    gpu_gib: float = DEFAULT_GPU_GIB,
     static: bool = True,
 ):
     """Expert parallelism: the peak stage's memory for every e that divides both the experts and
@@ -201,7 +202,7 @@ def explore_axes(
     recompute: str = "selective",
     seq_len: int = 2048,
     num_microbatches: int = 96,
-    gpu_gib: float = 80.0,
+    gpu_gib: float = DEFAULT_GPU_GIB,
     static: bool = True,
 ):
     """Which axis removes which term: the peak stage after adding d, ZeRO, t, SP, p, cp and

@@ -10,6 +10,7 @@ from ...model import ModelSpec, presets
 from ...units import GIB
 from ..plots.memory import plot_breakdown
 from .base import (
+    DEFAULT_GPU_GIB,
     checkbox,
     divisors,
     dropdown,
@@ -36,7 +37,7 @@ def explore_estimate(
     recompute: str = "none",
     sp: bool = False,
     flash: bool = False,
-    gpu_gib: float = 80.0,
+    gpu_gib: float = DEFAULT_GPU_GIB,
     static: bool = True,
 ):
     """Model, layout and batch controls bound to :func:`parmem.estimate`; shows every stage's

@@ -13,6 +13,7 @@ from ...units import GIB
 from ..plots.memory import plot_breakdowns, plot_compare
 from ..plots.pipeline import plot_microbatch_sweep, plot_schedules
 from .base import (
+    DEFAULT_GPU_GIB,
     checkbox,
     dropdown,
     error_html,
@@ -43,7 +44,7 @@ def explore_pp_memory(
     schedule: str = "1f1b",
     recompute: str = "none",
     flash: bool = True,
-    gpu_gib: float = 80.0,
+    gpu_gib: float = DEFAULT_GPU_GIB,
     static: bool = True,
 ):
     """Pipeline size p → memory of the first and of the last stage (one GPU each, no other
@@ -177,7 +178,7 @@ def explore_stage_balance(
     recompute: str = "none",
     flash: bool = True,
     split: str = "",
-    gpu_gib: float = 80.0,
+    gpu_gib: float = DEFAULT_GPU_GIB,
     static: bool = True,
 ):
     """Model, p and batch → every stage's memory under the even split, the split of

@@ -11,7 +11,16 @@ from ...sharding import tp_param_counts
 from ...units import GIB
 from ..plots.memory import plot_terms_compare
 from ..plots.tensor import plot_tp_components, plot_tp_shards, plot_tp_tradeoff
-from .base import checkbox, dropdown, error_html, explorer, fit_seq_len, gib, slider
+from .base import (
+    DEFAULT_GPU_GIB,
+    checkbox,
+    dropdown,
+    error_html,
+    explorer,
+    fit_seq_len,
+    gib,
+    slider,
+)
 
 __all__ = [
     "explore_tp_shards",
@@ -54,7 +63,7 @@ def explore_tp_weights(
     model: str = "llama-2-7b",
     max_tp: int = 8,
     what: str = "weights",
-    gpu_gib: float = 80.0,
+    gpu_gib: float = DEFAULT_GPU_GIB,
     static: bool = True,
 ):
     """Model, largest t and which state → stacked bars of what one tensor-parallel rank holds,
@@ -94,7 +103,7 @@ def explore_tp_tradeoff(
     seq_len: int = 4096,
     micro_batch: int = 1,
     flash: bool = False,
-    gpu_gib: float = 80.0,
+    gpu_gib: float = DEFAULT_GPU_GIB,
     static: bool = True,
 ):
     """Model, s, b → per-GPU memory and tensor-parallel bytes sent per step for t = 1 … 8
