@@ -1,4 +1,4 @@
-"""The ``parmem`` command.
+"""The ``parmem`` command::
 
     parmem models
     parmem engines
