@@ -39,11 +39,17 @@ CHAPTERS = EXECUTOR.toc_notebooks()
 
 
 @pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.stem)
-def test_chapter_runs(path, record_property):
+def test_chapter_runs(path, record_property, monkeypatch):
+    # the kernel must use its own inline backend, as in the build (conftest.py sets Agg for
+    # the processes pytest starts), or the figures would not be among the outputs
+    monkeypatch.delenv("MPLBACKEND", raising=False)
     _, nb, seconds, error = EXECUTOR.execute(str(path), EXECUTOR.cell_timeout())
     record_property("notebook", str(path.relative_to(ROOT)))
     record_property("cells", sum(c.cell_type == "code" for c in nb.cells))
     assert error is None, f"{path.relative_to(ROOT)} failed after {seconds:.1f} s:\n{error}"
+    assert any(c.get("outputs") for c in nb.cells if c.cell_type == "code"), "no output at all"
+    images = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+              if "image/png" in o.get("data", {})]
+    assert images, "no figure among the outputs (every chapter draws at least one)"
     # what ran is what the site shows: store it for the book stage
     EXECUTOR.store(nb, path, seconds)
-    assert any(c.get("outputs") for c in nb.cells if c.cell_type == "code"), "no output at all"
