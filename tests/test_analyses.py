@@ -23,6 +23,7 @@ from parmem.analyses import (
     axis_by_axis,
     balance_layers,
     collective_curves,
+    gpipe_remat_activations,
     layout_sweep,
     microbatch_sweep,
     tp_component_bytes,
@@ -305,6 +306,22 @@ def test_microbatch_sweep_follows_table2_times_in_flight():
             assert r["bubble_fraction"] == pytest.approx((p - 1) / (m + p - 1))
         if schedule == "gpipe":  # GPipe holds the whole batch whatever b is
             assert len({r["activations"] for r in rows}) == 1
+
+
+def test_gpipe_remat_keeps_stage_inputs_plus_one_recomputed_micro_batch():
+    # Huang et al. 2019 §2.3: a stage stores its boundary input for each of the m
+    # micro-batches (2sbh bytes; 2sbh/t with SP) and recomputes its L/p layers for one
+    # micro-batch at a time, each keeping sbh(34 + 5as/h) (Korthikanti et al. 2022, Table 2)
+    spec = ModelSpec.preset("gpt3-175b")
+    s, h, a, m = 2048, spec.hidden, spec.heads, 8
+    setup = TrainingSetup(seq_len=s, num_microbatches=m)
+    got = gpipe_remat_activations(spec, ParallelConfig(pp=4), setup, stage=1)
+    assert got == m * 2 * s * h + 24 * per_layer_bytes(s, 1, h, a)
+    sp = ParallelConfig(pp=4, tp=8, sp=True)
+    got = gpipe_remat_activations(spec, sp, setup, stage=1)
+    assert got == m * 2 * s * h // 8 + 24 * per_layer_bytes(s, 1, h, a, tp=8, sp=True)
+    with pytest.raises(ValueError, match="stage"):
+        gpipe_remat_activations(spec, ParallelConfig(pp=4), setup, stage=4)
 
 
 def test_microbatch_sweep_interleaved_skips_m_not_multiple_of_p():

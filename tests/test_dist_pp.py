@@ -47,7 +47,8 @@ def test_pp_schedules_equal_unpipelined_and_stash_what_the_papers_say(pool, sche
         if schedule != "interleaved":
             ops = [(op[0], int(op[1:])) for op in row["order"].split()]
             assert ops == expected_order(schedule, N, m, i)
-        assert row["idle_s"] >= 0 and row["busy_s"] > 0  # wall-clock: reported, not asserted
+        assert row["busy_s"] > 0
+        assert len(row["events"]) == 2 * m * (v if schedule == "interleaved" else 1)
 
 
 @pytest.mark.dist
@@ -69,7 +70,9 @@ def test_pipelined_gpt_holds_what_estimate_says(pool, schedule):
     for i, r in enumerate(res):
         assert r["grad_err"] == 0.0  # same micro-batches, same bf16 accumulation, bit for bit
         assert all(row["unexplained"] == 0 for row in compare_gpt(r)), compare_gpt(r)
-        assert r["in_flight"] == (m if schedule == "gpipe" else N - i)
+        # measured: the micro-batches whose saved tensors are alive at the stage's byte peak
+        assert r["in_flight"] == r["peak_in_flight"] == (m if schedule == "gpipe" else N - i)
+        assert r["in_flight_model"] == r["in_flight"]  # the count parmem.estimate uses
         assert r["saved_after_step"] == 0  # everything released after the backward
         if i < N - 1:  # the activation sent downstream: one bf16 [s, b, h] tensor
             assert r["sent_bytes"] == 2 * seq * b * h
@@ -112,19 +115,20 @@ def test_pipelined_gpt_uneven_split(pool):
 def test_idle_time_with_emulated_compute_is_the_bubble(pool, schedule, k, v):
     from parmem.dist.pp import bubble_rows
 
-    m = k * N
-    t_f = 20.0 if N <= 2 else 40.0  # more ranks than cores: longer ops dilute gloo's latency
+    m, t_f = k * N, 60.0  # ms; 60 ms operations dilute gloo's ~1 ms per hand-off
     res = pool.run("parmem.dist.pp:demo", schedule=schedule, microbatches=m, v=v,
                    delay_ms=(t_f, 2 * t_f))
     # (p-1)/(v m + p-1) of the step (Narayanan et al. 2021 §2.2), t_b = 2 t_f as delayed
     expect = (N - 1) / (v * m + N - 1)
-    for row in bubble_rows(res):
+    rows = bubble_rows(res)
+    for row in rows:
         assert row["sim_idle_fraction"] == pytest.approx(expect)
         assert row["peak_stashed"] == row["sim_peak_stashed"]
-        # sleeping cannot be faster than the schedule allows; gloo adds a few ms per message
-        assert expect - 0.03 <= row["idle_fraction"] <= expect + 0.3, row  # wall clock, shared cores
-    step = bubble_rows(res)[0]["step_s"]
-    assert step >= (m + (N - 1) / v) * 3 * t_f / 1e3 * 0.98  # (m + (p-1)/v)(t_f + t_b)
+        # sleeping cannot beat the schedule; communication adds a little on the critical path
+        assert expect - 0.01 <= row["idle_fraction"] <= expect + 0.05, row
+    step = rows[0]["step_s"]
+    assert step >= (m + (N - 1) / v) * 3 * t_f / 1e3 * 0.99  # (m + (p-1)/v)(t_f + t_b)
+    assert -0.01 * step <= rows[0]["excess_s"] <= 0.05 * step
 
 
 def test_delay_rejects_negative_time():

@@ -3,6 +3,8 @@
 
 * :func:`balance_layers`: the pipeline split that minimises the peak stage (chapter 12);
 * :func:`microbatch_sweep`: memory and bubble against the micro-batch size (chapter 14);
+* :func:`gpipe_remat_activations`: a stage's activations under GPipe with re-materialisation
+  (chapter 11);
 * :func:`axis_by_axis`: which term each parallel axis removes (chapters 17 and 20);
 * :func:`layout_sweep`: every d·t·p layout of a cluster, memory against communication (chapter 16);
 * :func:`collective_curves`: alpha-beta time of one collective against message size (chapter 16);
@@ -32,7 +34,7 @@ from .comm import (
     placement,
     step_comm,
 )
-from .config import ParallelConfig, TrainingSetup
+from .config import PRECISIONS, ParallelConfig, TrainingSetup
 from .estimate import Estimate, estimate
 from .hardware import Hardware, hardware_preset, link_preset
 from .model import ModelSpec
@@ -43,6 +45,7 @@ from .states import model_state_bytes
 __all__ = [
     "balance_layers",
     "microbatch_sweep",
+    "gpipe_remat_activations",
     "axis_by_axis",
     "layout_sweep",
     "collective_curves",
@@ -190,6 +193,27 @@ def microbatch_sweep(
             }
         )
     return rows
+
+
+def gpipe_remat_activations(
+    spec: ModelSpec, parallel: ParallelConfig, setup: TrainingSetup, stage: int = 0
+) -> int:
+    """Activation bytes of one pipeline stage under GPipe *as published*, with re-materialisation.
+
+    Huang et al. 2019 §2.3: "each accelerator only stores output activations at the partition
+    boundaries"; in backward it recomputes its stage's forward for one micro-batch at a time, so
+    peak activation memory is O(N + L/K · N/M). Here: the stage's input (activation precision) of
+    every one of the m micro-batches (s·b·h values, s·b·h/t with sequence parallelism), plus the
+    activations of the stage's layers for the one micro-batch being recomputed, which is what
+    :func:`estimate` gives the stage for m = 1 (the first stage's input is token ids; it is
+    counted as s·b·h like the others, an upper bound). Without recomputation GPipe holds all m
+    micro-batches of its layers (``setup.schedule="gpipe"``).
+    """
+    integer("stage", stage, 0, parallel.pp - 1)
+    one = estimate(spec, parallel, replace(setup, num_microbatches=1, schedule="gpipe"))
+    tokens = setup.seq_len // parallel.cp * setup.micro_batch // (parallel.tp if parallel.sp else 1)
+    boundary = tokens * spec.hidden * PRECISIONS[setup.precision]["act"]
+    return setup.num_microbatches * boundary + one.stages[stage].activations
 
 
 def axis_by_axis(

@@ -13,12 +13,14 @@ its holders is alive. The peak number stashed per stage is compared with
 :func:`parmem.pipeline.simulate`: GPipe holds all m micro-batches on every stage (Huang et al.
 2019); 1F1B holds p − i on stage i (Narayanan et al. 2021 §2.2.1).
 
-Times are wall-clock on this machine: idle time per stage is the step time minus the time spent
-in this stage's forward and backward; ``sim_idle_s`` is the simulator's idle time with this
-stage's measured forward and backward times. The simulator assumes free communication; on CPU a
-tiny stage's compute takes microseconds and each gloo send/recv far longer, so measured idle time
-is mostly communication, and on an oversubscribed CPU (4 ranks on 2 cores) it is noisy. The
-operation *order* per stage is exact and is compared with the simulator's.
+Times come from the schedule's own events: every forward and backward of every stage is stamped
+with ``time.perf_counter`` (CLOCK_MONOTONIC on Linux, one clock for all processes of a machine),
+so :func:`bubble_rows` can put the ranks on one timeline. The pipeline's step runs from the first
+operation on any stage to the last; a stage's idle time is that step less its own operations,
+which is how :func:`parmem.pipeline.simulate` counts it. The simulator assumes free
+communication; on CPU a tiny stage's compute takes microseconds and each gloo send/recv far
+longer, so without emulated compute (``delay_ms``, :class:`Delay`) measured idle time is mostly
+communication. The operation *order* per stage is exact and is compared with the simulator's.
 """
 
 from __future__ import annotations
@@ -75,6 +77,7 @@ class StashMeter(nn.Module):
     def forward(self, x):
         key = (self.n_fwd, self.chunk)
         self.n_fwd += 1
+        self.shared["key"] = key  # what a Delay inside logs its sleeps under
         t0 = time.perf_counter()
         with torch.autograd.graph.saved_tensors_hooks(lambda t: _Holder(t, self, key),
                                                       lambda h: h.t):
@@ -99,10 +102,12 @@ def demo(schedule: str = "1f1b", microbatches: int | None = None, v: int = 2,
     Returns per rank (= stage): ``grad_err`` (vs. the unpipelined model; ``loss_err`` on the last
     stage), ``peak_stashed`` (micro-batches, in whole-stage units; ``peak_stashed_chunks`` counts
     chunk-micro-batches) and ``sim_peak_stashed``, the operation ``order`` and whether it equals
-    the simulator's, and times (``step_s``, ``busy_s``, ``idle_s``, ``t_fwd_s``, ``t_bwd_s``,
-    ``sim_idle_s``, ``sim_idle_fraction``). With ``hidden=1024, microbatch_size=128, layers=8``
-    (about 1 s per schedule at p = 2) compute outweighs gloo's latency and the measured idle
-    fraction comes within a few points of the simulator's.
+    the simulator's, ``events`` (kind, micro-batch, chunk, start, end; seconds on the machine's
+    monotonic clock; with ``delay_ms`` the emulated compute's own sleeps, otherwise each
+    forward, and each backward from its output's gradient to the release of its saved tensors),
+    this stage's ``busy_s`` and mean ``t_fwd_s``, ``t_bwd_s`` (whole stage),
+    and ``sim_idle_fraction`` (the simulator with t_b = 2 t_f). :func:`bubble_rows` puts the
+    events of all ranks on one timeline and returns the idle times.
 
     ``delay_ms=(t_fwd, t_bwd)`` adds that much time (milliseconds, split over the v chunks) to
     every micro-batch's forward and backward on every stage by sleeping (:class:`Delay`): the
@@ -146,7 +151,9 @@ def demo(schedule: str = "1f1b", microbatches: int | None = None, v: int = 2,
         part = make_model(per, hidden).to(dev)
         part.load_state_dict(nn.Sequential(*full[idx * per:(idx + 1) * per]).state_dict())
         if delay_ms is not None:
-            part = nn.Sequential(part, Delay(delay_ms[0] / v, delay_ms[1] / v))
+            part = nn.Sequential(part, Delay(delay_ms[0] / v, delay_ms[1] / v,
+                                             log=shared.setdefault("sleeps", []),
+                                             tag=lambda: shared["key"]))
         mod = StashMeter(part, c, shared)
         metered.append((idx, mod))
         shape = (microbatch_size, hidden)  # outputs (and non-first inputs) carry gradients
@@ -157,14 +164,12 @@ def demo(schedule: str = "1f1b", microbatches: int | None = None, v: int = 2,
                               loss_fn=nn.functional.mse_loss)
     losses: list = []
     dist.barrier()
-    t0 = time.perf_counter()
     if r == 0:
         sched.step(x)
     elif r == p - 1:
         sched.step(target=y, losses=losses)
     else:
         sched.step()
-    step_time = time.perf_counter() - t0
     dist.barrier()
 
     grad_err = 0.0
@@ -173,23 +178,23 @@ def demo(schedule: str = "1f1b", microbatches: int | None = None, v: int = 2,
         for a, b in zip(mod.inner.parameters(), ref.parameters(), strict=True):
             grad_err = max(grad_err, float((a.grad - b.grad).abs().max()))
     ev = sorted(shared["events"], key=lambda e: e[3] if e[3] is not None else e[4])
+    sim = simulate(schedule, p, m, v, t_fwd=1.0, t_bwd=2.0)
+    sim_order = [(e.kind, e.microbatch, e.chunk) for e in sim.stage_events(r)]
+    order = [(e[0], e[1], e[2]) for e in ev]
+    if "sleeps" in shared:  # emulated compute: the sleeps themselves are the operations
+        ev = sorted((k, *tag, t0, t1) for k, tag, t0, t1 in shared["sleeps"])
+        ev.sort(key=lambda e: e[3])
     busy = sum(e[4] - e[3] for e in ev if e[3] is not None)
     t_f = sum(e[4] - e[3] for e in ev if e[0] == "F") / (m * v)
     t_b = sum(e[4] - e[3] for e in ev if e[0] == "B" and e[3] is not None) / (m * v)
-    sim = simulate(schedule, p, m, v, t_fwd=1.0, t_bwd=2.0)
-    timed = simulate(schedule, p, m, v, t_fwd=max(t_f * v, 1e-9), t_bwd=max(t_b * v, 1e-9))
-    sim_order = [(e.kind, e.microbatch, e.chunk) for e in sim.stage_events(r)]
-    order = [(e[0], e[1], e[2]) for e in ev]
     out = {
         "stage": r, "microbatches": m, "grad_err": grad_err,
         "peak_stashed": shared["peak"] / v, "peak_stashed_chunks": shared["peak"],
         "sim_peak_stashed": sim.peak_in_flight[r],
         "order_matches_sim": order == sim_order,
         "order": " ".join(f"{k}{mb}" + (f".{c}" if v > 1 else "") for k, mb, c in order),
-        "step_s": step_time, "busy_s": busy, "idle_s": step_time - busy,
-        "t_fwd_s": t_f * v, "t_bwd_s": t_b * v,
-        "sim_idle_fraction": sim.idle[r] / sim.step_time,
-        "sim_idle_s": timed.idle[r],  # the simulator with this stage's measured t_fwd, t_bwd
+        "events": [tuple(e) for e in ev], "busy_s": busy, "t_fwd_s": t_f * v, "t_bwd_s": t_b * v,
+        "schedule": schedule, "v": v, "sim_idle_fraction": sim.idle[r] / sim.step_time,
     }
     if r == p - 1:
         out["loss_err"] = abs(torch.stack(losses).mean().item() - ref_loss.item())
@@ -198,41 +203,59 @@ def demo(schedule: str = "1f1b", microbatches: int | None = None, v: int = 2,
 
 # ---------------------------------------------------------------------------- emulated compute
 class _Sleep(torch.autograd.Function):
-    """Identity that sleeps ``t_fwd`` seconds in forward and ``t_bwd`` in backward."""
+    """Identity that sleeps ``t_fwd`` seconds in forward and ``t_bwd`` in backward, and appends
+    (kind, tag, start, end) of each sleep to ``log`` when one is given."""
 
     @staticmethod
-    def forward(ctx, x, t_fwd: float, t_bwd: float):
-        ctx.t_bwd = t_bwd
+    def forward(ctx, x, t_fwd: float, t_bwd: float, log, tag):
+        ctx.t_bwd, ctx.log, ctx.tag = t_bwd, log, tag
+        t0 = time.perf_counter()
         time.sleep(t_fwd)
+        if log is not None:
+            log.append(("F", tag, t0, time.perf_counter()))
         return x.clone()
 
     @staticmethod
     def backward(ctx, grad):
+        t0 = time.perf_counter()
         time.sleep(ctx.t_bwd)
-        return grad, None, None
+        if ctx.log is not None:
+            ctx.log.append(("B", ctx.tag, t0, time.perf_counter()))
+        return grad, None, None, None, None
 
 
 class Delay(nn.Module):
     """Emulated compute: an identity that takes ``fwd_ms`` in forward and ``bwd_ms`` in backward
-    (sleeping, so ranks that share CPU cores do not slow each other down)."""
+    (sleeping, so ranks that share CPU cores do not slow each other down).
 
-    def __init__(self, fwd_ms: float, bwd_ms: float):
+    With ``log`` (a list), every sleep appends ``(kind, tag, start, end)``, kind ``"F"`` or
+    ``"B"``, times from ``time.perf_counter``; ``tag()`` names the forward that is running (the
+    backward carries its forward's tag)."""
+
+    def __init__(self, fwd_ms: float, bwd_ms: float, log: list | None = None, tag=None):
         super().__init__()
         if not (fwd_ms >= 0 and bwd_ms >= 0):
             raise ValueError(f"delay_ms=({fwd_ms}, {bwd_ms}) must be >= 0")
         self.t_fwd, self.t_bwd = fwd_ms / 1e3, bwd_ms / 1e3
+        self.log, self.tag = log, tag
 
     def forward(self, x):
-        return _Sleep.apply(x, self.t_fwd, self.t_bwd)
+        tag = self.tag() if self.tag is not None else None
+        return _Sleep.apply(x, self.t_fwd, self.t_bwd, self.log, tag)
 
 
 # ---------------------------------------------------------------------------- a pipelined GPT
 class _LiveSaved:
-    """Live bytes of the tensors autograd saves on this rank (each storage once) and their peak.
+    """Live bytes of the tensors autograd saves on this rank (each storage once) and their peak,
+    and the micro-batches they belong to.
 
     Every saved tensor is wrapped in a :class:`_SavedRef` while its graph lives; a storage counts
     from its first save until its last reference is released (after its micro-batch's backward).
-    Parameters are excluded: they are model state.
+    Parameters are excluded: they are model state. Each reference is tagged with the micro-batch
+    whose forward saved it (:meth:`next_microbatch`, called before every forward of the stage); a
+    micro-batch is *in flight* while any of its references is alive. ``in_flight_at_peak`` is
+    how many were in flight when the live bytes reached ``peak``; ``peak_in_flight`` the most at
+    any time.
     """
 
     def __init__(self, exclude=()):
@@ -243,6 +266,13 @@ class _LiveSaved:
         self.refs: dict = {}
         self.sizes: dict = {}
         self.live = self.peak = 0
+        self.mb = -1
+        self.mb_refs: dict = {}
+        self.in_flight_at_peak = self.peak_in_flight = 0
+
+    def next_microbatch(self, *_args) -> None:
+        """A forward of the stage begins: what it saves belongs to the next micro-batch."""
+        self.mb += 1
 
     def _pack(self, t):
         key, n = self._key(t)
@@ -257,15 +287,19 @@ class _LiveSaved:
 
 
 class _SavedRef:
-    __slots__ = ("t", "meter", "key")
+    __slots__ = ("t", "meter", "key", "mb")
 
     def __init__(self, t, meter: _LiveSaved, key, n: int):
-        self.t, self.meter, self.key = t, meter, key
+        self.t, self.meter, self.key, self.mb = t, meter, key, meter.mb
+        meter.mb_refs[self.mb] = meter.mb_refs.get(self.mb, 0) + 1
+        meter.peak_in_flight = max(meter.peak_in_flight, len(meter.mb_refs))
         if key not in meter.refs:
             meter.refs[key] = 0
             meter.sizes[key] = n
             meter.live += n
-            meter.peak = max(meter.peak, meter.live)
+            if meter.live > meter.peak:
+                meter.peak = meter.live
+                meter.in_flight_at_peak = len(meter.mb_refs)
         meter.refs[key] += 1
 
     def __del__(self):
@@ -274,6 +308,9 @@ class _SavedRef:
         if not m.refs[self.key]:
             del m.refs[self.key]
             m.live -= m.sizes.pop(self.key)
+        m.mb_refs[self.mb] -= 1
+        if not m.mb_refs[self.mb]:
+            del m.mb_refs[self.mb]
 
 
 class GPTStage(nn.Module):
@@ -327,8 +364,12 @@ def demo_gpt(schedule: str = "1f1b", microbatches: int | None = None, layers_per
     (:func:`parmem.measure.state_bytes`), the peak of the live bytes autograd saves
     (activations and logits of every micro-batch in flight), the bytes sent per micro-batch. Beside
     them: :func:`parmem.estimate` for the same spec, ``pp = p`` and split, and
-    the stage's :func:`parmem.dist.anatomy.named_extras`. Returned: ``measured``, ``estimate``, ``extras`` (dicts of bytes),
-    ``in_flight`` (``in_flight_units``), ``layers``, ``sent_bytes``, ``grad_err`` (max abs
+    the stage's :func:`parmem.dist.anatomy.named_extras` for the micro-batches measured in flight.
+    Returned: ``measured``, ``estimate``, ``extras`` (dicts of bytes), ``in_flight`` (measured:
+    the micro-batches whose saved tensors were alive when the stage's saved bytes peaked),
+    ``peak_in_flight`` (measured: the most alive at any time), ``in_flight_model``
+    (:func:`parmem.pipeline.in_flight_units`, the count the estimate uses), ``layers``,
+    ``sent_bytes``, ``grad_err`` (max abs
     difference from one process running the same micro-batches with gradient accumulation: 0,
     bit for bit), ``loss_err`` on the last stage, and from that single process
     ``layer_saved_bytes`` (one layer, one micro-batch) and ``all_layers_saved_bytes`` (all L
@@ -392,6 +433,7 @@ def demo_gpt(schedule: str = "1f1b", microbatches: int | None = None, layers_per
     stage = PipelineStage(mod, r, p, dev, input_args=inp, output_args=out)
     sched = classes[schedule](stage, m, loss_fn=_gpt_loss)
     meter = _LiveSaved(exclude=mod.parameters())
+    mod.register_forward_pre_hook(meter.next_microbatch)
     losses: list = []
     dist.barrier()
     with meter.hooks():
@@ -408,9 +450,11 @@ def demo_gpt(schedule: str = "1f1b", microbatches: int | None = None, layers_per
     opt.step()
     st = state_bytes(mod, opt)
     e = est.stages[r]
-    units = in_flight_units(schedule, p, m, r)
+    units = meter.in_flight_at_peak  # measured: the micro-batches alive at this stage's peak
     res = {
         "stage": r, "layers": lps[r], "microbatches": m, "in_flight": units,
+        "peak_in_flight": meter.peak_in_flight,
+        "in_flight_model": in_flight_units(schedule, p, m, r),
         "measured": {"params": st.params, "grads": st.grads, "optimizer": st.optimizer,
                      "activations_and_logits": meter.peak, "buffers": st.buffers},
         "estimate": {"params": e.params, "grads": e.grads, "optimizer": e.optimizer,
@@ -437,17 +481,29 @@ def compare_gpt(result: dict) -> list[dict]:
 
 
 def bubble_rows(results: list[dict]) -> list[dict]:
-    """Per-stage idle time of one :func:`demo` run, on one clock for the whole pipeline.
+    """Per-stage idle time of one :func:`demo` run, from the schedule's own events on one clock.
 
-    Each rank times its own ``step_s`` from a common barrier to the end of its last operation, so
-    the last stage stops its clock before the first stage's final backward. The pipeline's step is
-    the longest of them; a stage's idle time is that step minus its busy time, which is how
-    :func:`parmem.pipeline.simulate` counts it (``sim_idle_fraction``: the simulator with
-    t_b = 2 t_f, the ratio ``delay_ms`` should keep)."""
-    step = max(r["step_s"] for r in results)
+    The pipeline's step runs from the first operation on any stage to the end of the last one
+    (the events of all ranks share the machine's monotonic clock); a stage's idle time is that step
+    minus the time spent in its own forwards and backwards, which is how
+    :func:`parmem.pipeline.simulate` counts it. Each row also carries ``sim_idle_fraction`` (the
+    simulator with t_b = 2 t_f, the ratio ``delay_ms`` should keep), ``timed_step_s`` (the
+    simulator's step with the forward and backward times measured on average over the stages) and
+    ``excess_s``, the measured step less that: the time communication and the schedule's own
+    bookkeeping add on the critical path, which the simulator takes as free."""
+    from parmem.pipeline import simulate
+
+    r0 = results[0]
+    p, m, v = len(results), r0["microbatches"], r0["v"]
+    starts = [e[3] if e[3] is not None else e[4] for r in results for e in r["events"]]
+    step = max(e[4] for r in results for e in r["events"]) - min(starts)
+    t_f = sum(r["t_fwd_s"] for r in results) / p
+    t_b = sum(r["t_bwd_s"] for r in results) / p
+    timed = simulate(r0["schedule"], p, m, v, t_fwd=max(t_f, 1e-9), t_bwd=max(t_b, 1e-9))
     return [{"stage": r["stage"], "step_s": step, "busy_s": r["busy_s"],
              "idle_s": step - r["busy_s"], "idle_fraction": (step - r["busy_s"]) / step,
-             "sim_idle_fraction": r["sim_idle_fraction"], "peak_stashed": r["peak_stashed"],
+             "sim_idle_fraction": r["sim_idle_fraction"], "timed_step_s": timed.step_time,
+             "excess_s": step - timed.step_time, "peak_stashed": r["peak_stashed"],
              "sim_peak_stashed": r["sim_peak_stashed"]} for r in results]
 
 
