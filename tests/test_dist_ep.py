@@ -37,3 +37,16 @@ def test_ep_unbalanced_router_overloads_the_rank_of_expert_0(pool):
     assert res[0]["out_err"] < 1e-6
     assert res[0]["tokens_per_expert"][0] == N * T  # every token picks expert 0
     assert res[0]["tokens_received"] > T * k >= max(r["tokens_received"] for r in res[1:])
+
+
+def test_ep_moves_activations_to_the_ranks_that_receive_the_tokens(pool):
+    # Expert parallelism shards expert weights, not activations: a rank keeps, for backward, the
+    # expert activations of the (token, choice) pairs it receives, T·k on average, as many as
+    # when it runs every expert on its own T tokens (e = 1)
+    res = pool.run("parmem.dist.ep:demo", hidden=64, ffn=256, tokens=128)
+    mean = sum(r["saved_bytes"] for r in res) / N
+    assert all(r["saved_bytes_local"] == res[0]["saved_bytes_local"] for r in res)  # same T
+    assert mean >= res[0]["saved_bytes_local"]
+    by_tokens = sorted(res, key=lambda r: r["tokens_received"])
+    for a, b in zip(by_tokens, by_tokens[1:]):
+        assert (a["tokens_received"] < b["tokens_received"]) <= (a["saved_bytes"] < b["saved_bytes"])

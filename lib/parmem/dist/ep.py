@@ -141,9 +141,13 @@ def demo(hidden: int = 16, ffn: int = 32, experts_per_rank: int = 2, top_k: int 
     (E/e · :func:`parmem.sharding.layer_params` · 4), ``expert_bytes_unsharded``,
     ``router_bytes``; ``tokens_per_expert`` (this rank's experts), ``tokens_received``,
     ``tokens_sent``, ``tokens_balanced`` (T·k, what every rank receives under perfect balance);
-    the dispatch send/receive buffer bytes.
+    the dispatch send/receive buffer bytes; ``saved_bytes``, the activations this rank keeps for
+    backward in the expert-parallel layer (:class:`parmem.measure.SavedTensorsMeter`, parameters
+    excluded), and ``saved_bytes_local``, the same rank's tokens through the whole layer in one
+    process (e = 1: every expert local).
     """
     from parmem import ModelSpec
+    from parmem.measure import SavedTensorsMeter
     from parmem.sharding import layer_params
 
     e, r, dev = world_size(), rank(), device()
@@ -159,8 +163,13 @@ def demo(hidden: int = 16, ffn: int = 32, experts_per_rank: int = 2, top_k: int 
     full.load_state_dict(init)
     moe = EPMoE(full)
     x = xs[r].clone().requires_grad_()
-    out = moe(x)
+    with SavedTensorsMeter(exclude=moe.parameters()) as saved_ep:
+        out = moe(x)
     out.square().sum().backward()
+    local = MoE(hidden, ffn, n_exp, top_k, imbalance).to(dev)  # e = 1: every expert, own tokens
+    local.load_state_dict(init)
+    with SavedTensorsMeter(exclude=local.parameters()) as saved_local:
+        local(xs[r].clone().requires_grad_())
     dist.all_reduce(moe.router.weight.grad)  # router is replicated: data-parallel gradient
     ref_out = ref(xs[r])
 
@@ -187,4 +196,6 @@ def demo(hidden: int = 16, ffn: int = 32, experts_per_rank: int = 2, top_k: int 
         "tokens_balanced": tokens * top_k,
         "dispatch_send_bytes": moe.stats["send_bytes"],
         "dispatch_recv_bytes": moe.stats["recv_bytes"],
+        "saved_bytes": saved_ep.bytes, "saved_bytes_local": saved_local.bytes,
+        "saved_by_dtype": saved_ep.by_dtype, "saved_by_dtype_local": saved_local.by_dtype,
     }
