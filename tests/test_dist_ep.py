@@ -5,6 +5,8 @@ default 2.
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import pytest
 
 pytest.importorskip("torch")
@@ -48,5 +50,5 @@ def test_ep_moves_activations_to_the_ranks_that_receive_the_tokens(pool):
     assert all(r["saved_bytes_local"] == res[0]["saved_bytes_local"] for r in res)  # same T
     assert mean >= res[0]["saved_bytes_local"]
     by_tokens = sorted(res, key=lambda r: r["tokens_received"])
-    for a, b in zip(by_tokens, by_tokens[1:]):
+    for a, b in pairwise(by_tokens):
         assert (a["tokens_received"] < b["tokens_received"]) <= (a["saved_bytes"] < b["saved_bytes"])
