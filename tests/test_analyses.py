@@ -354,6 +354,15 @@ def test_layout_sweep_enumerates_every_valid_grid():
         assert r["comm_bytes"] == sum(r[c] for c in ("dp", "tp", "sp", "pp", "ep", "cp"))
 
 
+def test_layout_sweep_headroom_keeps_part_of_the_gpu_free():
+    setup = TrainingSetup(seq_len=4096, flash_attention=True, dropout=False)
+    usable = int(hardware_preset("h100-sxm").memory_bytes * 0.9)  # 10% kept free
+    rows = layout_sweep(LLAMA7, 8, setup, global_batch=64, zero=1, headroom=0.1)
+    assert all(r["fits"] == (r["peak_bytes"] <= usable) for r in rows)
+    with pytest.raises(ValueError, match="headroom"):
+        layout_sweep(LLAMA7, 8, setup, global_batch=64, headroom=1.0)
+
+
 def test_layout_sweep_skips_uneven_batches_and_bad_tp():
     setup = TrainingSetup(seq_len=1024)
     rows = layout_sweep(LLAMA7, 64, setup, global_batch=8)

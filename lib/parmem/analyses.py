@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from ._check import integer
+from ._check import integer, number
 from .comm import (
     StageShape,
     collective_bytes,
@@ -270,6 +270,7 @@ def layout_sweep(
     gpus_per_node: int = 8,
     tps=None,
     pps=None,
+    headroom: float = 0.0,
 ) -> list[dict]:
     """Every d·t·p layout of ``world_size`` GPUs: peak memory and communication per GPU.
 
@@ -283,9 +284,11 @@ def layout_sweep(
     :func:`parmem.estimate`), bytes sent per category (``dp``, ``tp``, ``sp``, ``pp``, ``ep``,
     ``cp``) and ``comm_bytes`` (:func:`parmem.comm.step_comm`), ``comm_time_s`` (serial alpha-beta time on
     ``hardware`` with groups placed by :func:`parmem.comm.placement`), ``tp_in_node``, and ``fits`` (peak at
-    most the GPU's memory).
+    most ``(1 − headroom)`` of the GPU's memory; pass the planner's
+    ``parmem.planner.Assumptions().headroom`` to keep room for the CUDA context and the allocator).
     """
     integer("world_size", world_size, 1)
+    number("headroom", headroom, 0.0, 1.0, hi_open=True)
     integer("global_batch", global_batch, 1)
     hw = hardware_preset(hardware) if isinstance(hardware, str) else hardware
     divisors = [k for k in range(1, world_size + 1) if world_size % k == 0]
@@ -318,7 +321,7 @@ def layout_sweep(
                     "comm_bytes": com.total,
                     "comm_time_s": com.time(hw, **where),
                     "tp_in_node": where["tp_intra"],
-                    "fits": est.peak_bytes <= hw.memory_bytes,
+                    "fits": est.peak_bytes <= int(hw.memory_bytes * (1 - headroom)),
                 }
             )
     return rows
