@@ -14,6 +14,7 @@ from parmem import ModelSpec, ParallelConfig, TrainingSetup
 from parmem.allocator import (
     CachingAllocator,
     OutOfMemory,
+    min_capacity,
     pool_of,
     replay,
     round_size,
@@ -246,3 +247,21 @@ def test_expandable_segments_absorb_a_growing_sequence_length():
     assert expandable.peak_reserved - expandable.peak_requested < 22 * 2**20
     same = replay(training_step_events(spec, ParallelConfig(), setup, seq_lens=[4096, 4096]))
     assert same.peak_reserved < default.peak_reserved
+
+
+def test_min_capacity_counts_cache_as_reclaimable():
+    # A 30 MiB tensor gets its own 30 MiB segment (rule 4: >= 10 MiB, rounded to 2 MiB) and is
+    # freed; a 40 MiB tensor then needs a new 40 MiB segment. Unlimited, 70 MiB stay reserved;
+    # with 40 MiB of capacity the allocator releases the free 30 MiB segment and retries (rule 6),
+    # so 40 MiB, the largest live tensor, is enough, and 39 MiB is not.
+    events = [("alloc", "a", 30 * MiB), ("free", "a"), ("alloc", "b", 40 * MiB)]
+    assert replay(events).peak_reserved == 70 * MiB
+    assert min_capacity(events) == 40 * MiB
+    fits = replay(events, capacity=40 * MiB)
+    assert fits.oom_at is None and fits.stats["num_alloc_retries"] == 1
+    assert replay(events, capacity=39 * MiB).oom_at == 2
+    # a live neighbour keeps its segment: 30 MiB + 40 MiB must both be reserved
+    held = [("alloc", "a", 30 * MiB), ("alloc", "b", 40 * MiB)]
+    assert min_capacity(held) == 70 * MiB
+    with pytest.raises(ValueError, match="resolution"):
+        min_capacity(events, resolution=0)

@@ -86,6 +86,7 @@ __all__ = [
     "OutOfMemory",
     "ReplayResult",
     "replay",
+    "min_capacity",
 ]
 
 K_MIN_BLOCK_SIZE = 512  # all sizes are rounded to at least 512 bytes
@@ -530,3 +531,32 @@ def replay(
         oom_at,
         a.memory_stats(),
     )
+
+
+def min_capacity(
+    events: Sequence[tuple], expandable_segments: bool = False, resolution: int = MIB
+) -> int:
+    """The smallest capacity, a multiple of ``resolution`` bytes, at which :func:`replay` runs
+    ``events`` without :class:`OutOfMemory`.
+
+    Reserved memory beyond the tensors is mostly cache: when a new segment would exceed the
+    capacity, the allocator releases every entirely free segment and retries (rule 6,
+    ``release_cached_blocks``), so a run whose peak *reserved* is far above its peak *allocated*
+    may still fit a much smaller GPU, at the price of the ``cudaFree``/``cudaMalloc`` calls
+    (``num_alloc_retries``, ``num_device_alloc`` of the replay at that capacity). The answer lies
+    between the peak allocated bytes (no allocator can do with less) and the peak reserved bytes
+    of the unlimited replay; a binary search finds it (completion is monotone in the capacity for
+    the traces tested, not in general).
+    """
+    integer("resolution", resolution)
+    events = list(events)
+    free = replay(events, expandable_segments)
+    lo = _ceil(free.peak_allocated, resolution) // resolution - 1  # fails (or is below the need)
+    hi = _ceil(free.peak_reserved, resolution) // resolution  # works: the unlimited replay's peak
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if replay(events, expandable_segments, capacity=mid * resolution).oom_at is None:
+            hi = mid
+        else:
+            lo = mid
+    return hi * resolution
