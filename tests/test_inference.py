@@ -10,8 +10,11 @@ import pytest
 from parmem import ModelSpec, kv_cache_bytes, kv_cache_bytes_per_token, weight_bytes
 from parmem.inference import (
     Request,
+    decode_step_comm,
     max_concurrency,
+    prefill_workspace_bytes,
     random_requests,
+    serving_layout,
     serving_weight_bytes,
     simulate_kv_cache,
 )
@@ -196,3 +199,71 @@ def test_contiguous_reservation_holds_a_request_for_its_whole_life():
 def test_kv_cache_bytes_unchanged_reference():
     # the per-sequence bytes max_concurrency divides by (TOPICS row 20: 512 KiB per token)
     assert kv_cache_bytes(ModelSpec.preset("llama-2-7b"), 4096) == 2 * GiB
+
+
+# ---------------------------------------------------------------------------- parallel layouts
+# Llama-2-7B by hand: a layer is 4·4096² (attention) + 3·4096·11008 (SwiGLU MLP) + 2·4096 (norms)
+# = 202,383,360 parameters; embedding and untied LM head 32,000·4096 = 131,072,000 each; final
+# norm 4096; in all 6,738,415,616.
+L7_LAYER, L7_VOCAB, L7_ALL = 202_383_360, 131_072_000, 6_738_415_616
+
+
+def test_serving_layout_tp_pp_dp_by_hand():
+    spec = ModelSpec.preset("llama-2-7b")
+    budget = int(81_559 * 2**20 * 0.9)  # H100: 81,559 MiB, 90% usable
+    one = serving_layout(spec, "h100-sxm")
+    assert one["weights"] == 2 * L7_ALL and one["kv_per_token"] == 524_288
+    assert one["kv_tokens"] == (budget - 2 * L7_ALL) // 524_288
+    # p = 2: 16 layers + embedding, 16 layers + LM head + final norm; half the layers' cache
+    two = serving_layout(spec, "h100-sxm", pp=2)
+    first, last = 16 * L7_LAYER + L7_VOCAB, 16 * L7_LAYER + L7_VOCAB + 4096
+    assert two["weights"] == 2 * last and two["kv_per_token"] == 2 * 16 * 32 * 128 * 2
+    assert two["kv_tokens"] == (budget - 2 * last) // 262_144
+    assert 2 * first < 2 * last
+    # replicas divide nothing and multiply the cache
+    four = serving_layout(spec, "h100-sxm", dp=4)
+    assert four["weights"] == one["weights"] and four["kv_tokens"] == 4 * one["kv_tokens"]
+    assert four["gpus"] == 4
+
+
+def test_serving_layout_cp_and_ep():
+    spec = ModelSpec.preset("llama-2-7b")
+    one = serving_layout(spec, "h100-sxm")
+    assert serving_layout(spec, "h100-sxm", cp=4)["kv_tokens"] == 4 * one["kv_tokens"]
+    mix = ModelSpec.preset("mixtral-8x7b")  # 32 layers, 8 kv heads of 128: 128 KiB per token
+    ep = serving_layout(mix, "h100-sxm", ep=8)
+    assert ep["kv_per_token"] == 2 * 32 * 8 * 128 * 2  # every kv head: attention is not split
+    tp = serving_layout(mix, "h100-sxm", tp=8)
+    assert tp["kv_per_token"] == 2 * 32 * 1 * 128 * 2 and tp["weights"] < ep["weights"]
+    with pytest.raises(ValueError, match="ep=2 needs a mixture-of-experts"):
+        serving_layout(spec, ep=2)
+    with pytest.raises(ValueError, match="pp = ep = 1"):
+        serving_layout(spec, pp=2, weight_dtype="int4")
+    with pytest.raises(ValueError, match="pp=33"):
+        serving_layout(spec, pp=33)
+
+
+def test_decode_step_comm_by_hand():
+    spec = ModelSpec.preset("llama-2-7b")
+    # TP: 2 all-reduces per layer of 2 sequences x 4096 x 2 bytes = 16,384 bytes; a ring
+    # all-reduce over 4 ranks sends 2·3·16,384/4 = 24,576 bytes per rank
+    assert decode_step_comm(spec, 4, batch=2)["bytes"] == 64 * 24_576
+    assert decode_step_comm(spec, 4, batch=2, scheme="pp")["bytes"] == 16_384
+    # ZeRO-3 over 2 ranks: every 16-bit weight is gathered, each rank sends its half: Ψ bytes
+    assert decode_step_comm(spec, 2, scheme="zero3")["bytes"] == L7_ALL
+    assert decode_step_comm(spec, 1, scheme="zero3") == {"bytes": 0, "seconds": 0.0}
+    z3, tp = (decode_step_comm(spec, 8, 8, s) for s in ("zero3", "tp"))
+    assert z3["bytes"] > 1000 * tp["bytes"] and z3["seconds"] > tp["seconds"]
+    with pytest.raises(ValueError, match="scheme"):
+        decode_step_comm(spec, 8, scheme="fsdp")
+
+
+def test_prefill_workspace_by_hand():
+    spec = ModelSpec.preset("llama-2-7b")
+    # T = 1024: residual + normed copy 2·1024·4096; attention 1024·(2·4096 + 2·4096) = 16.8M is
+    # smaller than the SwiGLU MLP's gate, up and product, 3·1024·11008 = 33.8M; 2 bytes each;
+    # plus one sequence's fp32 logits, 4·32,000
+    assert prefill_workspace_bytes(spec, 1024) == 2 * (2 * 1024 * 4096 + 3 * 1024 * 11008) \
+        + 4 * 32_000
+    assert prefill_workspace_bytes(spec, 1024, tp=4, sequences=1) == 2 * (
+        2 * 1024 * 4096 + 3 * 1024 * 11008 // 4) + 4 * 32_000

@@ -5,6 +5,9 @@
   shapes; Shazeer 2019 for multi-query and Ainslie et al. 2023 for grouped-query attention, which
   shrink kv_heads). Under tensor parallelism each GPU keeps kv_heads/t heads (one head, duplicated,
   when t > kv_heads, as vLLM does).
+* Parallel serving layouts (:func:`serving_layout`, :func:`decode_step_comm`,
+  :func:`prefill_workspace_bytes`): what each axis divides when nothing is trained, what a decode
+  step sends, and the transient activations a server sets aside (vLLM's profiling pass).
 * Weights under int8/int4: every linear weight of the transformer layers is quantised; each group
   of ``group_size`` input values of a row carries one fp16 scale (and one fp16 zero point when
   ``zero_point=True``), as GPTQ (Frantar et al. 2023) and AWQ (Lin et al. 2024) store them.
@@ -13,13 +16,25 @@
 
 from __future__ import annotations
 
-from ._check import MAX_BATCH, MAX_SEQ_LEN, MAX_WIDTH, boolean, choice, instance, integer, number
+from ._check import (
+    MAX_BATCH,
+    MAX_GPUS,
+    MAX_SEQ_LEN,
+    MAX_WIDTH,
+    boolean,
+    choice,
+    instance,
+    integer,
+    number,
+)
+from .comm import collective_bytes, collective_time
 from .hardware import MAX_MEMORY_BYTES
 from .model import ModelSpec
 from .sharding import (
     check_heads,
     check_tp,
     kv_heads_local,
+    layer_params,
     layer_tensors,
     local_numel,
     model_tensors,
@@ -38,6 +53,9 @@ __all__ = [
     "random_requests",
     "KVCacheSim",
     "simulate_kv_cache",
+    "serving_layout",
+    "decode_step_comm",
+    "prefill_workspace_bytes",
 ]
 
 KV_DTYPES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
@@ -427,3 +445,137 @@ class _Server:
             if k >= r.output:
                 self.used -= self.need(r.prompt + k)
         self.running = [e for e in self.running if e[1] < e[0].output]
+
+
+# ---------------------------------------------------------------------------- parallel layouts
+def _even_layers(layers: int, pp: int) -> list[int]:
+    integer("pp", pp, 1, MAX_GPUS)
+    if pp > layers:
+        raise ValueError(f"pp={pp} must be at most layers={layers}")
+    base, extra = divmod(layers, pp)
+    return [base + (i < extra) for i in range(pp)]
+
+
+def serving_layout(
+    spec: ModelSpec,
+    gpu="h100-sxm",
+    *,
+    tp: int = 1,
+    pp: int = 1,
+    ep: int = 1,
+    cp: int = 1,
+    dp: int = 1,
+    weight_dtype: str = "fp16",
+    kv_dtype: str = "fp16",
+    utilization: float = 0.9,
+    reserved: int = 0,
+) -> dict:
+    """Per-GPU weights and KV cache of a serving layout of ``tp·pp·ep·cp·dp`` GPUs, and how many
+    tokens of KV cache all of them hold together.
+
+    What each axis does when nothing is trained (no gradients, optimizer states or activation
+    stash): ``tp`` splits every weight and the kv heads (Shoeybi et al. 2019 §3; one head,
+    duplicated, when t > kv_heads); ``pp`` gives each stage L/p layers (even split, the embedding
+    on the first stage and the LM head on the last) and the KV cache of those layers only;
+    ``ep`` shards the experts of a mixture-of-experts model over e ranks whose attention runs
+    data-parallel, each on its own sequences with every kv head (the dense part replicated);
+    ``cp`` splits every sequence's tokens over cp ranks (ring attention, Liu et al. 2023), so each
+    keeps 1/cp of the sequence's cache; ``dp`` adds replicas. The KV budget of a GPU is
+    ⌊memory · ``utilization``⌋ − ``reserved`` − its weights; a pipeline holds as many tokens as its
+    tightest stage allows.
+
+    Returns ``gpus``; ``weights`` (bytes on the busiest GPU); ``kv_per_token`` (bytes one GPU
+    keeps for each token it stores); ``kv_tokens`` (tokens of cache the whole layout holds, 0 if
+    the weights alone do not fit). Quantised weights (int8/int4) are supported for ``pp = ep =
+    1`` (:func:`weight_bytes`).
+    """
+    _spec(spec)
+    for name, v in (("dp", dp), ("cp", cp)):
+        integer(name, v, 1, MAX_GPUS)
+    choice("weight_dtype", weight_dtype, WEIGHT_DTYPES)
+    choice("kv_dtype", kv_dtype, KV_DTYPES)
+    number("utilization", utilization, 0, 1, lo_open=True)
+    integer("reserved", reserved, 0, MAX_MEMORY_BYTES)
+    check_tp(spec, tp, ep)
+    bits = WEIGHT_DTYPES[weight_dtype]
+    if bits < 16 and (pp > 1 or ep > 1):
+        raise ValueError(f"weight_dtype={weight_dtype!r} is supported with pp = ep = 1 only")
+    budget = int(_memory_bytes(gpu) * utilization) - reserved
+    split = _even_layers(spec.layers, pp)
+    stages = []
+    for i, n in enumerate(split):
+        if bits < 16:
+            w = weight_bytes(spec, weight_dtype, tp=tp)
+        else:
+            w = sum(stage_params(spec, tp, ep, n, i == 0, i == pp - 1)) * bits // 8
+        kv = 2 * n * kv_heads_local(spec, tp) * spec.head_dim * KV_DTYPES[kv_dtype]
+        stages.append((w, kv))
+    tokens = min(max(budget - w, 0) // kv for w, kv in stages)
+    return {
+        "gpus": tp * pp * ep * cp * dp,
+        "weights": max(w for w, _ in stages),
+        "kv_per_token": max(kv for _, kv in stages),
+        "kv_tokens": tokens * cp * ep * dp,
+    }
+
+
+def decode_step_comm(
+    spec: ModelSpec, gpus: int, batch: int = 1, scheme: str = "tp", link: str = "nvlink4"
+) -> dict:
+    """Bytes each GPU sends, and their alpha-beta time on ``link``, for one decode step of
+    ``batch`` sequences (one new token each) on ``gpus`` GPUs, 16-bit weights and activations.
+
+    * ``"tp"``: two all-reduces of the ``batch × h`` hidden states per layer (after attention and
+      after the MLP; Shoeybi et al. 2019 §3);
+    * ``"pp"``: one ``batch × h`` tensor to the next stage;
+    * ``"zero3"``: ZeRO-3/FSDP-style serving, each GPU holding 1/n of the weights and gathering
+      every layer (and the embedding and LM head) before using it: an all-gather of all the
+      weights per step (Rajbhandari et al. 2020 §5.3, as FSDP runs the forward pass).
+    """
+    _spec(spec)
+    integer("gpus", gpus, 1, MAX_GPUS)
+    integer("batch", batch, 1, MAX_BATCH)
+    choice("scheme", scheme, ("tp", "pp", "zero3"))
+    if gpus == 1:
+        return {"bytes": 0, "seconds": 0.0}
+    act = 2 * batch * spec.hidden
+    if scheme == "tp":
+        ops = [("all_reduce", act)] * (2 * spec.layers)
+    elif scheme == "pp":
+        ops = [("send_recv", act)]
+    else:
+        dense, expert = layer_params(spec)
+        rest = sum(local_numel(spec, x) for x in model_tensors(spec))
+        ops = [("all_gather", 2 * (dense + expert))] * spec.layers + [("all_gather", 2 * rest)]
+    return {
+        "bytes": sum(collective_bytes(op, size, gpus) for op, size in ops),
+        "seconds": sum(collective_time(op, size, gpus, link) for op, size in ops),
+    }
+
+
+def prefill_workspace_bytes(
+    spec: ModelSpec, tokens: int, tp: int = 1, sequences: int = 1, act_bytes: int = 2
+) -> int:
+    """Transient activation bytes of one forward pass over ``tokens`` tokens without autograd: what
+    a server must keep free beside the weights and the KV cache.
+
+    Inference frees each layer's intermediates when the next layer starts, so the peak is one
+    layer's: the residual stream and its normalised copy (2·T·h), plus the larger of the
+    attention block (Q, K, V and the attention output, T·(2·q_dim + 2·kv_dim)/t) and the MLP
+    (gate/up and their product, 3·T·f/t for a gated MLP, 2·T·f/t otherwise; f is top_k times the
+    expert width for a mixture of experts), at ``act_bytes`` each; plus the fp32 logits of the
+    last token of each of ``sequences`` sequences (4·V each). FlashAttention is assumed (no s×s
+    scores). vLLM measures this instead, with a profiling forward pass over
+    ``max_num_batched_tokens`` dummy tokens before sizing the cache
+    (``Worker.determine_available_memory``); this is an estimate of what that pass finds, kernel
+    workspaces not included.
+    """
+    _spec(spec)
+    integer("tokens", tokens, 1, MAX_SEQ_LEN)
+    integer("sequences", sequences, 1, MAX_BATCH)
+    integer("act_bytes", act_bytes, 1, 8)
+    check_tp(spec, tp)
+    attn = tokens * (2 * spec.q_dim + 2 * spec.kv_dim) // tp
+    f = spec.top_k * spec.expert_ffn_hidden if spec.num_experts else spec.ffn_hidden
+    mlp = tokens * (3 if spec.ffn_kind == "swiglu" else 2) * f // tp
+    return act_bytes * (2 * tokens * spec.hidden + max(attn, mlp)) + 4 * sequences * spec.vocab_size
