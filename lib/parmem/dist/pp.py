@@ -91,6 +91,16 @@ class StashMeter(nn.Module):
         self.bwd_start.setdefault(key, time.perf_counter())
 
 
+class Events(tuple):
+    """The (kind, micro-batch, chunk, start, end) events of one stage: a tuple whose repr is
+    short, so that tables of demo results (``python -m parmem.dist pp``) stay readable."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return f"<{len(self)} events>"
+
+
 def demo(schedule: str = "1f1b", microbatches: int | None = None, v: int = 2,
          layers: int | None = None, hidden: int = 32, microbatch_size: int = 4,
          delay_ms: tuple[float, float] | None = None) -> dict:
@@ -193,7 +203,7 @@ def demo(schedule: str = "1f1b", microbatches: int | None = None, v: int = 2,
         "sim_peak_stashed": sim.peak_in_flight[r],
         "order_matches_sim": order == sim_order,
         "order": " ".join(f"{k}{mb}" + (f".{c}" if v > 1 else "") for k, mb, c in order),
-        "events": [tuple(e) for e in ev], "busy_s": busy, "t_fwd_s": t_f * v, "t_bwd_s": t_b * v,
+        "events": Events(tuple(e) for e in ev), "busy_s": busy, "t_fwd_s": t_f * v, "t_bwd_s": t_b * v,
         "schedule": schedule, "v": v, "sim_idle_fraction": sim.idle[r] / sim.step_time,
     }
     if r == p - 1:
@@ -507,4 +517,4 @@ def bubble_rows(results: list[dict]) -> list[dict]:
              "sim_peak_stashed": r["sim_peak_stashed"]} for r in results]
 
 
-__all__ += ["Delay", "GPTStage", "bubble_rows", "compare_gpt", "demo_gpt"]
+__all__ += ["Delay", "Events", "GPTStage", "bubble_rows", "compare_gpt", "demo_gpt"]
