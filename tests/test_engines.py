@@ -617,3 +617,21 @@ def test_hf_layer_is_the_paper_plus_rmsnorms_fp32_copies():
     first = 8 * s  # int64 token ids
     last = s * (4 * h + 2 * h + 4 + 2 * h)  # final RMSNorm and the LM head's input
     assert est.stages[0].activations == 32 * per_layer + 2 * 2 * s * d + first + last
+
+
+def test_megatron_moe_layer_as_its_router_and_dispatcher_keep_it():
+    """Megatron-Core's MoE layer with its defaults (softmax after top-k, no aux loss, allgather
+    dispatcher, unfused permute), read from transformer/moe/router.py and moe_utils.py, per token
+    of Mixtral-8x7B (h = 4096, expert f = 14336, E = 8, k = 2): int64 top-k indices (8k), the
+    fp32 top-k softmax (4k), the bool routing map (E), int64 sorted indices (8k), the dispatched
+    inputs (2hk), the fused SwiGLU input and fc2 input (3 x 2fk), the expert outputs (2hk) and
+    the permuted probabilities (2k); the paper table's router term is 8E instead."""
+    from parmem.activations import layer_terms
+
+    spec = ModelSpec.preset("mixtral-8x7b")
+    h, f, E, k, s = 4096, 14336, 8, 2, 1024
+    moe = {"router top-k indices", "router top-k probabilities", "routing map (transposed)",
+           "sorted token indices", "expert inputs", "expert hidden", "expert outputs",
+           "permuted probabilities"}
+    got = sum(x.bytes for x in layer_terms(spec, s, 1, engine="megatron-core") if x.name in moe)
+    assert got == s * (8 * k + 4 * k + E + 8 * k + 2 * h * k + 3 * 2 * f * k + 2 * h * k + 2 * k)

@@ -97,3 +97,32 @@ def test_bad_arguments_name_the_field():
         hf_layer("llama", attn="flash")
     with pytest.raises(ValueError, match="dtype='fp16' must be one of"):
         hf_layer("llama", dtype="fp16")
+
+
+def test_hf_states_are_8_bytes_per_parameter():
+    """The Trainer's defaults on a 16-bit checkpoint: from_pretrained(dtype="auto") keeps the
+    checkpoint's bf16 (modeling_utils.py: a missing dtype becomes "auto"), TrainingArguments
+    picks optim="adamw_torch_fused" (training_args.py, torch >= 2.8), whose moments are
+    zeros_like(param), bf16 too. One step of that optimizer on a tiny Llama in bf16: 2 bytes of
+    weights, 2 of gradients and 4 of moments per parameter, plus the named step counters (one
+    0-d fp32 tensor per parameter tensor); the hf profile says 2 + 2 + 4."""
+    import torch
+    import transformers
+
+    from parmem.measure import state_bytes
+    from parmem.states import model_state_bytes
+
+    cfg = transformers.AutoConfig.for_model("llama", vocab_size=256, hidden_size=64,
+                                            intermediate_size=80, num_hidden_layers=1,
+                                            num_attention_heads=4, num_key_value_heads=2)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    opt = torch.optim.AdamW(model.parameters(), fused=True)
+    ids = torch.randint(0, 256, (2, 16))
+    model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+    opt.step()
+    n = sum(p.numel() for p in model.parameters())
+    tensors = len(list(model.parameters()))
+    got = state_bytes(model, opt)
+    assert (got.params, got.grads, got.optimizer) == (2 * n, 2 * n, 4 * n + 4 * tensors)
+    want = model_state_bytes(n, engine="hf")
+    assert (want.params, want.grads, want.optimizer) == (2 * n, 2 * n, 4 * n)
