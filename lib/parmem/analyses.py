@@ -588,7 +588,7 @@ def engine_table(
         par, run = engine_layout(name, parallel, setup)
         est = estimate(spec, par, run)
         st = est.peak
-        row = {"engine": name, "version": engine(name).version, "layout": str(par)}
+        row: dict = {"engine": name, "version": engine(name).version, "layout": str(par)}
         row["recompute"] = run.recompute
         row["changed"] = (par, run.recompute) != (parallel, setup.recompute)
         row.update({f: getattr(st, f) for f in ("params", "grads", "optimizer")})
