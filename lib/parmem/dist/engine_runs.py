@@ -57,6 +57,7 @@ __all__ = [
     "torchtitan_modules",
     "torchtitan_spec",
     "demo_torchtitan",
+    "torchtitan_step",
 ]
 
 #: Tiny configs of the Transformers families checked against the ``hf`` profile: every width
@@ -96,7 +97,7 @@ HF_TINY: dict[str, dict[str, Any]] = {
         num_local_experts=4,
         num_experts_per_tok=2,
     ),
-    "gpt2": dict(n_embd=64, n_head=4, n_positions=256),
+    "gpt2": dict(n_embd=64, n_head=4, n_positions=256, bos_token_id=0, eos_token_id=0),
 }
 HF_FAMILIES: tuple[str, ...] = tuple(HF_TINY)
 _DTYPES = ("bf16", "fp32")
@@ -381,10 +382,38 @@ def _record_comms(model) -> dict[str, list[tuple[int, str]]]:
     return seen
 
 
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Silence torchtitan's root-logger warnings about options this run does not use (an
+    initial checkpoint path) and DTensor's warning about random ops on a CPU mesh."""
+    import logging
+    import warnings
+
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        root.setLevel(level)
+
+
 def demo_torchtitan(seq_len: int = 64, micro_batch: int = 2) -> dict:
     """One AdamW step of torchtitan's FSDP2-sharded Llama 3 debugmodel on this rank; the bytes
-    it holds beside the ``fsdp2`` profile (:func:`parmem.estimate` with d = world size,
-    ZeRO-3). See the module doc for what a CPU run changes.
+    it holds beside the ``fsdp2`` profile: see :func:`torchtitan_step`. Warnings about options
+    the run does not use are silenced."""
+    integer("seq_len", seq_len, 2, 4096)
+    integer("micro_batch", micro_batch, 1, 64)
+    with _quiet():
+        return torchtitan_step(seq_len, micro_batch)
+
+
+def torchtitan_step(seq_len: int, micro_batch: int) -> dict:
+    """One AdamW step of torchtitan's FSDP2-sharded Llama 3 debugmodel on this rank (inside a
+    pool's worker), the bytes it holds beside the ``fsdp2`` profile (:func:`parmem.estimate`
+    with d = world size, ZeRO-3). See the module doc for what a CPU run changes.
 
     Returns ``num_params``; measured ``params``, ``grads``, ``optimizer`` (this rank's shards),
     ``param_tensors``, ``all_gather`` and ``reduce_scatter`` (the largest buffer of one block,
@@ -401,8 +430,6 @@ def demo_torchtitan(seq_len: int = 64, micro_batch: int = 2) -> dict:
     from parmem.measure import SavedTensorsMeter, state_bytes
     from parmem.sharding import stage_params
 
-    integer("seq_len", seq_len, 2, 4096)
-    integer("micro_batch", micro_batch, 1, 64)
     tt = torchtitan_modules()
     cfg, model = _torchtitan_model(tt, seq_len)
     comms = _record_comms(model)
