@@ -72,6 +72,7 @@ ORDER = [
     "parmem.book.widgets.planner",
     "parmem.book.widgets.allocator",
     "parmem.book.widgets.serving",
+    "parmem.book.widgets.engines",
     "parmem.cli",
     "parmem.dist",
     "parmem.dist.launcher",
@@ -87,6 +88,7 @@ ORDER = [
     "parmem.dist.serve",
     "parmem.dist.hybrid",
     "parmem.dist.checks",
+    "parmem.dist.engine_runs",
 ]
 
 HEAD = """# API reference

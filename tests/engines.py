@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import json
 import os
-import sys
 import types
 from functools import cache
 from pathlib import Path
@@ -71,58 +69,19 @@ def deepspeed_config_class():
     return DeepSpeedConfig
 
 
-class _Any:
-    def __init__(self, *args, **kwargs):
-        pass
-
-    def __call__(self, *args, **kwargs):
-        if len(args) == 1 and callable(args[0]) and not kwargs:
-            return args[0]
-        return _Any()
-
-    def __getattr__(self, name):
-        return _Any()
-
-
-class _Module(types.ModuleType):
-    def __getattr__(self, name):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return type(name, (_Any,), {})
-
-
 @cache
 def torchtitan():
-    """torchtitan 0.3.0's ``ConfigManager``, ``ParallelDims`` and pipeline-split functions.
+    """torchtitan 0.3.0's ``ConfigManager``, ``ParallelDims`` and pipeline-split functions,
+    imported under :func:`parmem.dist.engine_runs.triton_stub` (its model modules import
+    ``triton``, absent from the CPU build of PyTorch)."""
+    from parmem.dist.engine_runs import triton_stub
 
-    Its model modules import ``triton`` (GPU kernels, not used when parsing a config); where
-    triton is not installed (the CPU build of PyTorch), placeholders stand in for it during the
-    import only, after PyTorch's own optional triton imports have run."""
-    names = ("triton", "triton.language", "triton.runtime", "triton.runtime.jit")
-    stub = importlib.util.find_spec("triton") is None
-    if stub:
-        import torch._dynamo  # noqa: F401
-        import torch._inductor.compile_fx  # noqa: F401
-        import torch.distributed.pipelining  # noqa: F401
-        import torch.utils.flop_counter  # noqa: F401
-
-        for n in names:
-            mod = _Module(n)
-            mod.__path__ = []
-            sys.modules[n] = mod
-            parent, _, child = n.rpartition(".")
-            if parent:
-                setattr(sys.modules[parent], child, mod)
-    try:
+    with triton_stub():
         import torchtitan.experiments.transformers_modeling_backend.config_registry  # noqa: F401
         import torchtitan.models.llama3.config_registry  # noqa: F401
         from torchtitan.config import ConfigManager
         from torchtitan.distributed import pipeline_parallel
         from torchtitan.distributed.parallel_dims import ParallelDims
-    finally:
-        if stub:
-            for n in names:
-                sys.modules.pop(n, None)
     return types.SimpleNamespace(
         ConfigManager=ConfigManager,
         ParallelDims=ParallelDims,

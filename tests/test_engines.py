@@ -580,3 +580,58 @@ def test_load_toml_reads_with_the_standard_library(tmp_path, monkeypatch):
         data.load_toml.cache_clear()
         monkeypatch.undo()
     assert "paper" in data.load_toml("engines.toml")["engines"]
+
+
+# ---------------------------------------------------------------------------- torchtitan's SAC
+def test_torchtitan_selective_ac_keeps_every_second_matmul():
+    """torchtitan's SelectiveAC (distributed/activation_checkpoint.py) keeps the block's input,
+    the attention kernel's output and log-sum-exp and the outputs of the 1st, 3rd and 5th matmul
+    of a block (wqkv, w1, w2), and recomputes the rest; Llama-2-7B shapes on a GPU, per token:
+    2h + 2(q + 2kv) + 2q + 4a + 2f + 2h bytes, where a plain forward keeps the norms' inputs and
+    fp32 rstd, their outputs, Q, K, V, the log-sum-exp, the projection input, the gathered
+    complex64 RoPE cache (4·head_dim) and four f-wide MLP tensors."""
+    from parmem.activations import kept_terms, layer_terms
+
+    spec = ModelSpec.preset("llama-2-7b")
+    s, h, a, f = 4096, 4096, 32, 11008
+    kept = kept_terms(spec, s, 1, recompute="selective", engine="fsdp2", flash=True)
+    assert sum(x.bytes for x in kept) == s * (2 * h + 2 * 3 * h + 2 * h + 4 * a + 2 * f + 2 * h)
+    full = layer_terms(spec, s, 1, engine="fsdp2", flash=True)
+    rope = 4 * 128  # the complex64 cache gathered per token, head_dim/2 values
+    assert sum(x.bytes for x in full) == s * (2 * (2 * h + 4) + 2 * 2 * h + 6 * h + 4 * a
+                                              + 2 * h + rope + 8 * f)
+
+
+def test_hf_layer_is_the_paper_plus_rmsnorms_fp32_copies():
+    """Transformers' LlamaDecoderLayer with SDPA keeps the paper's tensors (Korthikanti et al.
+    2022 with SwiGLU and FlashAttention: 2 + 2 + 2 + 4 + 2 + 2 + 2 + 8f/h per sbh, plus the
+    log-sum-exp) and, per RMSNorm, an fp32 copy of its input (4sbh) and an fp32 rsqrt (4sb); the
+    rotary cos and sin once per model (2 x 2·s·head_dim). Llama-2-7B: 45.5·sbh + 8sb per layer,
+    where the paper's table gives 37.5·sbh."""
+    s, h, a, f, d = 4096, 4096, 32, 11008, 128
+    spec = ModelSpec.preset("llama-2-7b")
+    est = estimate(spec, setup=TrainingSetup(seq_len=s, engine="hf", flash_attention=True))
+    per_layer = s * (2 * (4 * h + 2 * h + 4) + 2 * (2 * h) + 2 * h + 4 * h + 4 * a + 2 * h
+                     + 8 * f)
+    assert per_layer == s * h * 45.5 + 8 * s + 4 * a * s
+    first = 8 * s  # int64 token ids
+    last = s * (4 * h + 2 * h + 4 + 2 * h)  # final RMSNorm and the LM head's input
+    assert est.stages[0].activations == 32 * per_layer + 2 * 2 * s * d + first + last
+
+
+def test_megatron_moe_layer_as_its_router_and_dispatcher_keep_it():
+    """Megatron-Core's MoE layer with its defaults (softmax after top-k, no aux loss, allgather
+    dispatcher, unfused permute), read from transformer/moe/router.py and moe_utils.py, per token
+    of Mixtral-8x7B (h = 4096, expert f = 14336, E = 8, k = 2): int64 top-k indices (8k), the
+    fp32 top-k softmax (4k), the bool routing map (E), int64 sorted indices (8k), the dispatched
+    inputs (2hk), the fused SwiGLU input and fc2 input (3 x 2fk), the expert outputs (2hk) and
+    the permuted probabilities (2k); the paper table's router term is 8E instead."""
+    from parmem.activations import layer_terms
+
+    spec = ModelSpec.preset("mixtral-8x7b")
+    h, f, E, k, s = 4096, 14336, 8, 2, 1024
+    moe = {"router top-k indices", "router top-k probabilities", "routing map (transposed)",
+           "sorted token indices", "expert inputs", "expert hidden", "expert outputs",
+           "permuted probabilities"}
+    got = sum(x.bytes for x in layer_terms(spec, s, 1, engine="megatron-core") if x.name in moe)
+    assert got == s * (8 * k + 4 * k + E + 8 * k + 2 * h * k + 3 * 2 * f * k + 2 * h * k + 2 * k)

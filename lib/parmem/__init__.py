@@ -6,13 +6,14 @@ Everything here except :mod:`parmem.measure`, :mod:`parmem.reference` and :mod:`
 is plain Python: importing ``parmem`` does not import torch.
 
 Layers (each module imports only from the layers below it; ``tests/test_layers.py`` checks it):
-``units``, ``_check``, ``_data`` → ``sharding``, ``hardware`` → ``model`` → ``config`` →
-``states``, ``pipeline``, ``activations`` → ``comm``, ``flops``, ``inference`` → ``estimate`` →
-``allocator``, ``analyses`` → ``planner`` → ``book`` → ``cli``.
+``units``, ``_check``, ``_data`` → ``sharding``, ``engines``, ``hardware`` → ``model`` →
+``config`` → ``states``, ``pipeline``, ``activations`` → ``comm``, ``flops``, ``inference`` →
+``estimate`` → ``allocator``, ``analyses`` → ``planner`` → ``book`` → ``cli``.
 """
 
 from . import activations, comm, pipeline
 from .config import ParallelConfig, TrainingSetup
+from .engines import engine, engines
 from .estimate import Estimate, MemoryBreakdown, estimate
 from .hardware import Hardware, Link, hardware_preset, hardware_presets, link_preset
 from .inference import kv_cache_bytes, kv_cache_bytes_per_token, weight_bytes
@@ -36,6 +37,8 @@ __all__ = [
     "TrainingSetup",
     "activations",
     "comm",
+    "engine",
+    "engines",
     "estimate",
     "hardware_preset",
     "hardware_presets",

@@ -34,7 +34,7 @@ from typing import Any, NamedTuple
 
 from ._check import boolean, choice, integer
 from .config import RECOMPUTE
-from .engines import ACT_DTYPES, SavedTensor, engine, engines
+from .engines import SavedTensor, activation_itemsizes, devices, engine, engines
 from .model import NORM_KINDS, ModelSpec
 
 __all__ = [
@@ -45,6 +45,10 @@ __all__ = [
     "norm_statistics",
     "Term",
 ]
+
+
+#: The saved-tensor tables of a profile (see :func:`saved_tensor_bytes`).
+PLACES: tuple[str, ...] = ("layer", "stage", "first", "last")
 
 
 def _check_pos(**kw: int) -> None:
@@ -107,17 +111,18 @@ class Term:
     bytes: int
     note: str = ""
     core: bool = False  # part of the attention core that selective recompute drops
+    only_selective: bool = False  # kept only under the profile's selective recompute
 
 
 class _Ctx(NamedTuple):
-    """What one evaluation of a saved-tensor table needs: tokens on this rank, the divisor of
-    the norm region, the per-token widths, the element sizes and the expert scale."""
+    """What one evaluation of a saved-tensor table needs: the counts a ``per`` multiplies
+    (tokens and positions on this rank, 1 per layer), the divisor of the norm region, the
+    per-token widths, the element size of each dtype symbol and the expert scale."""
 
-    tokens: int
+    counts: dict[str, int]
     rep: int
     widths: dict[str, int]
-    act: int
-    stat: int
+    sizes: dict[str, int]
     k: float
 
 
@@ -125,12 +130,14 @@ def _widths(spec: ModelSpec, tp: int, s_full: int) -> dict[str, int]:
     """Per-token widths on one rank (the ``width`` keys of ``data/engines.toml``)."""
     t = tp
     q_local = spec.heads // t
+    kv_local = max(spec.kv_heads // t, 1)  # replicated when t > kv_heads
     f = spec.ffn_hidden // t
     ef = spec.expert_ffn_hidden // t
     return {
         "h": spec.hidden,
         "q": q_local * spec.head_dim,
-        "kv": max(spec.kv_heads // t, 1) * spec.head_dim,  # replicated when t > kv_heads
+        "kv": kv_local * spec.head_dim,
+        "hd": spec.head_dim,
         "f": f,
         "f2": 2 * f,
         "ef": ef,
@@ -138,21 +145,29 @@ def _widths(spec: ModelSpec, tp: int, s_full: int) -> dict[str, int]:
         "E": spec.num_experts,
         "scores": q_local * s_full,  # (s/cp) queries x s keys per head
         "heads": q_local,
+        "kvheads": kv_local,
         "one": 1,
     }
 
 
 @lru_cache(maxsize=256)
 def _conditions(
-    ffn_kind: str, moe: bool, shared: bool, norm: str, flash: bool, dropout: bool, act: int
+    spec_kinds: tuple[str, ...], flash: bool, dropout: bool, act: int
 ) -> frozenset[str]:
-    out = {ffn_kind, norm, "moe" if moe else "dense", "flash" if flash else "no_flash"}
-    out.add("act32" if act == 4 else "act16")
-    if shared:
-        out.add("shared")
+    out = {*spec_kinds, "flash" if flash else "no_flash", "act32" if act == 4 else "act16"}
     if dropout:
         out.add("dropout")
     return frozenset(out)
+
+
+def _spec_kinds(spec: ModelSpec) -> tuple[str, ...]:
+    """The conditions of ``data/engines.toml`` that the model's shape decides."""
+    out = [spec.ffn_kind, spec.norm, spec.position, "moe" if spec.is_moe else "dense"]
+    if spec.shared_experts > 0:
+        out.append("shared")
+    if spec.qk_norm:
+        out.append("qk_norm")
+    return tuple(out)
 
 
 @lru_cache(maxsize=512)
@@ -164,10 +179,10 @@ def _active(engine_name: str, place: str, conds: frozenset[str]) -> tuple[SavedT
 
 
 def _entry_bytes(x: SavedTensor, c: _Ctx) -> int:
-    """Bytes of one saved tensor: itemsize × copies × tokens × width (× top_k·capacity for
-    tokens sent to experts), the norm region divided by t under sequence parallelism."""
-    size = c.act if x.dtype == "act" else c.stat if x.dtype == "stat" else ACT_DTYPES[x.dtype]
-    n = size * x.times * c.tokens * c.widths[x.width]
+    """Bytes of one saved tensor: itemsize × copies × tokens (or positions, or 1) × width
+    (× top_k·capacity for tokens sent to experts), the norm region divided by t under sequence
+    parallelism."""
+    n = c.sizes[x.dtype] * x.times * c.counts[x.per] * c.widths[x.width]
     if x.scale:
         n = int(n * c.k)
     return n // c.rep if x.region == "norm" else n
@@ -183,14 +198,14 @@ def _context(
     act_bytes: int,
     norm_stat_bytes: int,
     capacity_factor: float,
+    device: str,
 ) -> _Ctx:
     s = seq_len // cp
     return _Ctx(
-        tokens=s * micro_batch,
+        counts={"token": s * micro_batch, "position": s, "layer": 1},
         rep=tp if sp else 1,
         widths=_widths(spec, tp, s * cp),
-        act=act_bytes,
-        stat=norm_stat_bytes,
+        sizes=activation_itemsizes(device, act_bytes, norm_stat_bytes),
         k=spec.top_k * capacity_factor,
     )
 
@@ -210,23 +225,25 @@ def saved_tensor_bytes(
     norm_stat_bytes: int = 0,
     capacity_factor: float = 1.0,
     engine: str = "paper",
+    device: str = "cuda",
 ) -> list[list[tuple[SavedTensor, int]]]:
-    """For each of ``places`` (``"layer"``, ``"first"``, ``"last"``: a layer, the first and the
-    last pipeline stage's own tensors), (entry, bytes) of every saved tensor of the profile's
-    table that applies to ``spec``, for one micro-batch on one rank. The layout is taken as
-    checked: this is the estimator's fast path; :func:`layer_terms` is the checked, named
-    view."""
-    conds = _conditions(
-        spec.ffn_kind,
-        spec.is_moe,
-        spec.shared_experts > 0,
-        spec.norm,
-        flash,
-        dropout,
-        act_bytes,
-    )
+    """For each of ``places`` (``"layer"``; ``"stage"``: the tensors every pipeline stage keeps
+    once, shared by its layers; ``"first"``, ``"last"``: the first and the last pipeline stage's
+    own tensors), (entry, bytes) of every saved tensor of the profile's table that applies to
+    ``spec``, for one micro-batch on one rank. The layout is taken as checked: this is the
+    estimator's fast path; :func:`layer_terms` is the checked, named view."""
+    conds = _conditions(_spec_kinds(spec), flash, dropout, act_bytes)
     c = _context(
-        spec, seq_len, micro_batch, tp, sp, cp, act_bytes, norm_stat_bytes, capacity_factor
+        spec,
+        seq_len,
+        micro_batch,
+        tp,
+        sp,
+        cp,
+        act_bytes,
+        norm_stat_bytes,
+        capacity_factor,
+        device,
     )
     return [
         [
@@ -236,6 +253,59 @@ def saved_tensor_bytes(
         ]
         for place in places
     ]
+
+
+def _all_terms(
+    spec: ModelSpec,
+    seq_len: int,
+    micro_batch: int,
+    tp: int = 1,
+    sp: bool = False,
+    cp: int = 1,
+    flash: bool = False,
+    dropout: bool | None = None,
+    act_bytes: int = 2,
+    norm_stat_bytes: int = 0,
+    capacity_factor: float = 1.0,
+    engine: str = "paper",
+    device: str = "cuda",
+    place: str = "layer",
+) -> list[Term]:
+    """:func:`layer_terms` with the profile's ``only_selective`` terms: checks the arguments,
+    evaluates one table."""
+    if not isinstance(spec, ModelSpec):
+        raise ValueError(f"spec must be a ModelSpec, got {type(spec).__name__}")
+    _check_pos(seq_len=seq_len, micro_batch=micro_batch, tp=tp, cp=cp, act_bytes=act_bytes)
+    integer("norm_stat_bytes", norm_stat_bytes, 0)
+    choice("engine", engine, engines())
+    choice("device", device, devices())
+    choice("place", place, PLACES)
+    if seq_len % cp:
+        raise ValueError(f"cp={cp} must divide seq_len={seq_len}")
+    if spec.heads % tp:
+        raise ValueError(f"tp={tp} must divide heads={spec.heads}")
+    if sp and tp == 1:
+        raise ValueError("sp=True needs tp >= 2 (sequence parallelism splits over the TP group)")
+    if dropout is None:
+        dropout = spec.has_dropout
+    boolean("dropout", dropout)
+    (pairs,) = saved_tensor_bytes(
+        spec,
+        seq_len,
+        micro_batch,
+        places=(place,),
+        tp=tp,
+        sp=sp,
+        cp=cp,
+        flash=flash,
+        dropout=dropout,
+        act_bytes=act_bytes,
+        norm_stat_bytes=norm_stat_bytes,
+        capacity_factor=capacity_factor,
+        engine=engine,
+        device=device,
+    )
+    return [Term(x.name, n, x.note, x.core, x.only_selective) for x, n in pairs]
 
 
 def layer_terms(
@@ -251,6 +321,8 @@ def layer_terms(
     norm_stat_bytes: int = 0,
     capacity_factor: float = 1.0,
     engine: str = "paper",
+    device: str = "cuda",
+    place: str = "layer",
 ) -> list[Term]:
     """Per-layer, per-micro-batch activation terms for any :class:`~parmem.model.ModelSpec`.
 
@@ -270,42 +342,41 @@ def layer_terms(
       paper does.
 
     Other profiles list their own tensors (Megatron-Core's fused SwiGLU keeps only its 2f-wide
-    input and its f-wide output, 6sbf; Transformers' RMSNorm keeps an fp32 copy of its input …).
+    input and its f-wide output, 6sbf; Transformers' RMSNorm keeps an fp32 copy of its input …),
+    each measured or read from the engine's source (see the table's comments).
 
     Sharding: ``tp`` divides every term inside the column/row-parallel region; ``sp`` also divides
     the norm/dropout region; ``cp`` divides the sequence (queries); the score matrix is (s/cp)×s.
-    ``act_bytes`` is the activation element size (2 for 16-bit, 4 for fp32); masks are 1 byte.
+    ``act_bytes`` is the activation element size (2 for 16-bit, 4 for fp32).
     ``dropout=None`` follows the model (:attr:`~parmem.model.ModelSpec.has_dropout`).
+
+    ``device`` (``"cuda"``, the default, where the profiles' numbers hold; ``"cpu"``) sets the
+    element sizes that depend on the kernels (``[devices.*]`` in ``data/engines.toml``): dropout
+    masks are 1-byte booleans on CUDA but the activation dtype on CPU; LayerNorm statistics fp32
+    on CUDA, the input dtype on CPU; ``nn.RMSNorm`` keeps its input on CUDA, an fp32 copy and an
+    fp32 normalised tensor on CPU. ``place`` picks the table: ``"layer"`` (one layer),
+    ``"stage"`` (what a pipeline stage keeps once for all its layers, e.g. Transformers' rotary
+    cos and sin), ``"first"`` or ``"last"`` (the first and the last stage's own tensors).
+
+    These are the tensors kept without recomputation; :func:`kept_terms` applies one.
     """
-    if not isinstance(spec, ModelSpec):
-        raise ValueError(f"spec must be a ModelSpec, got {type(spec).__name__}")
-    _check_pos(seq_len=seq_len, micro_batch=micro_batch, tp=tp, cp=cp, act_bytes=act_bytes)
-    integer("norm_stat_bytes", norm_stat_bytes, 0)
-    choice("engine", engine, engines())
-    if seq_len % cp:
-        raise ValueError(f"cp={cp} must divide seq_len={seq_len}")
-    if spec.heads % tp:
-        raise ValueError(f"tp={tp} must divide heads={spec.heads}")
-    if sp and tp == 1:
-        raise ValueError("sp=True needs tp >= 2 (sequence parallelism splits over the TP group)")
-    if dropout is None:
-        dropout = spec.has_dropout
-    boolean("dropout", dropout)
-    (pairs,) = saved_tensor_bytes(
+    terms = _all_terms(
         spec,
         seq_len,
         micro_batch,
-        tp=tp,
-        sp=sp,
-        cp=cp,
-        flash=flash,
-        dropout=dropout,
-        act_bytes=act_bytes,
-        norm_stat_bytes=norm_stat_bytes,
-        capacity_factor=capacity_factor,
-        engine=engine,
+        tp,
+        sp,
+        cp,
+        flash,
+        dropout,
+        act_bytes,
+        norm_stat_bytes,
+        capacity_factor,
+        engine,
+        device,
+        place,
     )
-    return [Term(x.name, n, x.note, x.core) for x, n in pairs]
+    return [x for x in terms if not x.only_selective]
 
 
 def kept_terms(
@@ -321,7 +392,8 @@ def kept_terms(
 
     ``"none"`` keeps every term; ``"selective"`` drops the attention core (the ``core`` terms:
     the s×s softmax output and attention dropout, recomputed from Q, K and V in backward,
-    Korthikanti et al. 2022 §5; other profiles say what their selective mode drops);
+    Korthikanti et al. 2022 §5; other profiles say what their selective mode drops, and may keep
+    tensors a plain forward does not: torchtitan's op-level SAC keeps the MLP's output);
     ``"full"`` keeps only the layer's 16-bit input, 2sbh bytes (2sbh/t with sequence
     parallelism, Table 2), and recomputes the whole layer. Other keyword arguments go to
     :func:`layer_terms`. For a GPT-shaped layer the sum equals :func:`per_layer_bytes` in all six
@@ -329,11 +401,11 @@ def kept_terms(
     """
     choice("recompute", recompute, RECOMPUTE)
     engine(kw.get("engine", "paper")).check_recompute(recompute)
-    terms = layer_terms(spec, seq_len, micro_batch, tp=tp, sp=sp, **kw)
-    if recompute == "none":
-        return terms
     if recompute == "selective":
+        terms = _all_terms(spec, seq_len, micro_batch, tp=tp, sp=sp, **kw)
         return [x for x in terms if not x.core]
+    if recompute == "none":
+        return layer_terms(spec, seq_len, micro_batch, tp=tp, sp=sp, **kw)
     e = kw.get("act_bytes", 2)
     s = seq_len // kw.get("cp", 1)
     n = e * s * micro_batch * spec.hidden // (tp if sp else 1)

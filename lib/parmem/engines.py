@@ -7,14 +7,19 @@ A profile (``data/engines.toml``, read with the standard library's ``tomllib``) 
   their element size, the ZeRO stage from which each is sharded and how each offloads
   (:class:`StateCategory`); the optimizer's own states come from an :class:`OptimizerPreset`;
 * the tensors a layer keeps for backward (:class:`SavedTensor`, evaluated by
-  :func:`parmem.activations.layer_terms`) and the first and last pipeline stages' own tensors;
+  :func:`parmem.activations.layer_terms`), those every stage keeps once for all its layers
+  (Transformers' rotary cos and sin) and the first and last pipeline stages' own tensors; the
+  element sizes that depend on the device's kernels come from the ``[devices.*]`` tables
+  (:func:`devices`, :func:`activation_itemsizes`);
 * the buffers the engine adds (:class:`Buffers`), its vocabulary padding, the ZeRO stages,
   recomputation modes and offload modes it supports (:meth:`EngineProfile.check`).
 
 ``paper`` is the default: the papers' accounting, to the byte what parmem computed before
 profiles existed. Each other profile names the engine version it describes and its TOML comments
 cite the engine source of every number; ``tests/test_engines.py`` checks them against DeepSpeed's
-estimators and Megatron-LM's ``theoretical_memory_usage.py``.
+estimators and Megatron-LM's ``theoretical_memory_usage.py``, ``tests/test_hf_layers.py`` against
+Transformers' decoder layers and ``tests/test_torchtitan_fsdp2.py`` against torchtitan's FSDP2
+(:mod:`parmem.dist.engine_runs` runs both measurements).
 
 This module imports only the validators and the data loader (it sits on the layer of
 :mod:`parmem.sharding`).
@@ -42,6 +47,8 @@ __all__ = [
     "optimizer_preset",
     "optimizer_presets",
     "itemsizes",
+    "activation_itemsizes",
+    "devices",
     "offloads_to_host",
 ]
 
@@ -52,9 +59,39 @@ OFFLOADS: tuple[str, ...] = ("none", "optimizer", "optimizer+params")
 GRAD_DTYPES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2}
 #: Model-state dtype symbols (see the header of ``data/engines.toml``).
 STATE_DTYPES: tuple[str, ...] = ("param", "grad", "master", "high", "state", "fp32", "none")
-#: Saved-tensor dtypes and their fixed sizes (``act`` and ``stat`` come from the caller).
-ACT_DTYPES: dict[str, int] = {"act": 0, "stat": 0, "fp32": 4, "mask": 1, "i64": 8}
-WIDTHS: tuple[str, ...] = ("h", "q", "kv", "f", "f2", "ef", "sf", "E", "scores", "heads", "one")
+#: Saved-tensor dtypes and their fixed sizes (0: ``act`` and ``stat`` come from the caller,
+#: ``mask`` and ``lnstat`` from the device table of ``data/engines.toml``).
+ACT_DTYPES: dict[str, int] = {
+    "act": 0,
+    "stat": 0,
+    "mask": 0,
+    "lnstat": 0,
+    "rmsin": 0,
+    "rmsmid": 0,
+    "fp32": 4,
+    "i32": 4,
+    "i64": 8,
+}
+#: The element sizes a ``[devices.*]`` table sets: a byte count or ``"act"``.
+DEVICE_DTYPES: tuple[str, ...] = ("mask", "lnstat", "rmsin", "rmsmid")
+WIDTHS: tuple[str, ...] = (
+    "h",
+    "q",
+    "kv",
+    "hd",
+    "f",
+    "f2",
+    "ef",
+    "sf",
+    "E",
+    "scores",
+    "heads",
+    "kvheads",
+    "one",
+)
+#: What a saved tensor's count multiplies: the tokens of the micro-batch on this rank, its
+#: positions (one sequence's, shared by the b sequences), or nothing (a fixed size per layer).
+PER: tuple[str, ...] = ("token", "position", "layer")
 REGIONS: tuple[str, ...] = ("norm", "tp")
 CONDITIONS: tuple[str, ...] = (
     "dropout",
@@ -69,6 +106,9 @@ CONDITIONS: tuple[str, ...] = (
     "rmsnorm",
     "act16",
     "act32",
+    "rotary",
+    "learned",
+    "qk_norm",
 )
 FIELDS: tuple[str, ...] = ("params", "grads", "optimizer")
 STATE_OFFLOAD: tuple[str, ...] = ("never", "optimizer", "params", "drop")
@@ -114,17 +154,22 @@ class SavedTensor:
     """One tensor a layer keeps for backward: ``times`` copies of ``width`` values per token (on
     one rank) of ``dtype``, in ``region`` (``norm``: divided by t under sequence parallelism),
     present when every condition of ``when`` holds, dropped by selective recomputation if
-    ``core``; ``scale="k"`` multiplies by top_k × capacity factor (tokens sent to experts)."""
+    ``core``; ``scale="k"`` multiplies by top_k × capacity factor (tokens sent to experts);
+    ``per="position"`` counts one sequence's positions instead of the micro-batch's tokens,
+    ``per="layer"`` a fixed size; ``only_selective``: kept only under the profile's selective
+    recomputation (torchtitan's SAC keeps some matmul outputs a plain forward does not)."""
 
     name: str
     width: str
     dtype: str = "act"
     times: int = 1
     scale: str = ""
+    per: str = "token"
     region: str = "tp"
     when: frozenset[str] = frozenset()
     core: bool = False
     note: str = ""
+    only_selective: bool = False
 
 
 @dataclass(frozen=True)
@@ -159,6 +204,7 @@ class EngineProfile:
     states: tuple[StateCategory, ...]
     buffers: Buffers
     layer: tuple[SavedTensor, ...]
+    stage: tuple[SavedTensor, ...]
     first: tuple[SavedTensor, ...]
     last: tuple[SavedTensor, ...]
 
@@ -229,6 +275,25 @@ def itemsizes(
     }
 
 
+@lru_cache(maxsize=64)
+def activation_itemsizes(device: str, act: int, stat: int) -> dict[str, int]:
+    """Bytes of each saved-tensor dtype symbol on ``device`` (a name of :func:`devices`) for
+    activations of ``act`` bytes and norm statistics of ``stat`` bytes (``stat``: the size the
+    caller passes as ``norm_stat_bytes``; 0 leaves the ``stat`` entries out). Cached: do not
+    modify the result."""
+    out = dict(ACT_DTYPES)
+    out["act"], out["stat"] = act, stat
+    for key, size in _devices()[device].items():
+        out[key] = size if isinstance(size, int) else act
+    return out
+
+
+def devices() -> tuple[str, ...]:
+    """The device names the ``[devices.*]`` tables of ``data/engines.toml`` describe (``cuda``,
+    where the profiles' numbers hold, and ``cpu``, where the tests measure)."""
+    return tuple(_devices())
+
+
 def offloads_to_host(rule: str, offload: str) -> bool:
     """Whether a sharded category with offload ``rule`` leaves the GPU under ``offload``."""
     if rule in ("optimizer", "drop"):
@@ -255,10 +320,12 @@ def _saved(row: dict[str, Any], where: str) -> SavedTensor:
         dtype=choice(f"{here} dtype", row.get("dtype", "act"), ACT_DTYPES),
         times=integer(f"{here} times", row.get("times", 1)),
         scale=choice(f"{here} scale", row.get("scale", ""), ("", "k")),
+        per=choice(f"{here} per", row.get("per", "token"), PER),
         region=choice(f"{here} region", row.get("region", "tp"), REGIONS),
         when=when,
         core=bool(row.get("core", False)),
         note=str(row.get("note", "")),
+        only_selective=bool(row.get("only_selective", False)),
     )
 
 
@@ -305,6 +372,7 @@ def _profile(name: str, t: dict[str, Any], tables: dict[str, Any]) -> EngineProf
             reduce_bucket=integer(f"{where} reduce_bucket", b["reduce_bucket"], 0),
         ),
         layer=tuple(_saved(r, aw) for r in _get(acts, "layer", aw)),
+        stage=tuple(_saved(r, aw) for r in acts.get("stage", ())),
         first=tuple(_saved(r, aw) for r in acts.get("first", ())),
         last=tuple(_saved(r, aw) for r in acts.get("last", ())),
     )
@@ -315,6 +383,19 @@ def _profiles() -> dict[str, EngineProfile]:
     data = load_toml("engines.toml")
     tables = data.get("activations", {})
     return {name: _profile(name, t, tables) for name, t in data["engines"].items()}
+
+
+@lru_cache(maxsize=1)
+def _devices() -> dict[str, dict[str, int | str]]:
+    out: dict[str, dict[str, int | str]] = {}
+    for name, t in load_toml("engines.toml")["devices"].items():
+        where = f"devices.{name}"
+        row: dict[str, int | str] = {}
+        for key in DEVICE_DTYPES:
+            size = _get(t, key, where)
+            row[key] = "act" if size == "act" else integer(f"{where} {key}", size, 0, 8)
+        out[name] = row
+    return out
 
 
 @lru_cache(maxsize=1)

@@ -213,7 +213,8 @@ def estimate(
       layer, times the layers a micro-batch occupies on the stage, times the micro-batches in
       flight (:func:`~parmem.pipeline.in_flight_units`). Selective recompute keeps the non-core
       terms, full recompute only each layer's 16-bit input; both add the working set of the one
-      layer being recomputed. The first stage adds its own tensors (the paper: the
+      layer being recomputed. Every stage adds the tensors its layers share (the profile's
+      ``stage`` table: Transformers' rotary cos and sin). The first stage adds its own tensors (the paper: the
       embedding-dropout mask), the last its final-norm and LM-head inputs (Korthikanti et al.
       2022 §4.3);
     * ``logits``: the fp32 logits the cross-entropy keeps, 4·s·b·V/t bytes per micro-batch in
@@ -242,7 +243,7 @@ def estimate(
     )
     prof = engine(setup.engine)
     dropout = setup.dropout_for(spec)
-    full, kept, first_b, last_b = _activation_bytes(spec, par, setup, dropout)
+    full, kept, stage_b, first_b, last_b = _activation_bytes(spec, par, setup, dropout)
     buffers = _buffers(spec, par, setup)
     zero3, bucket = _engine_buffers(spec, par, setup, prof)
     ddp_copy = par.dp * par.cp > 1 and par.zero == 0 and setup.buckets == "copy"
@@ -267,6 +268,8 @@ def estimate(
             else f"{units} chunk-micro-batches in flight (v={par.vpp})"
         ]
         mb_units = cdiv(units, par.vpp)
+        if n_layers:
+            act += stage_b * mb_units
         if first:
             act += first_b * mb_units
         logits = 0
@@ -313,16 +316,17 @@ def _boundary(spec: ModelSpec, par: ParallelConfig, setup: TrainingSetup) -> int
 
 def _activation_bytes(
     spec: ModelSpec, par: ParallelConfig, setup: TrainingSetup, dropout: bool
-) -> tuple[int, int, int, int]:
-    """(all, kept) activation bytes of one layer and one micro-batch, and the first and the last
-    stage's own tensors per micro-batch, from the profile's saved-tensor tables
+) -> tuple[int, int, int, int, int]:
+    """(all, kept) activation bytes of one layer and one micro-batch, and per micro-batch the
+    tensors every stage keeps once (shared by its layers) and the first and the last stage's
+    own tensors, from the profile's saved-tensor tables
     (:func:`~parmem.activations.layer_terms`). Kept: all under no recompute; all but the core
     under selective; the layer's input under full (Korthikanti et al. 2022 Table 2)."""
-    layer, first, last = saved_tensor_bytes(
+    layer, stage, first, last = saved_tensor_bytes(
         spec,
         setup.seq_len,
         setup.micro_batch,
-        places=("layer", "first", "last"),
+        places=("layer", "stage", "first", "last"),
         tp=par.tp,
         sp=par.sp,
         cp=par.cp,
@@ -332,14 +336,15 @@ def _activation_bytes(
         capacity_factor=setup.capacity_factor,
         engine=setup.engine,
     )
-    full = sum(n for _, n in layer)
+    full = sum(n for x, n in layer if not x.only_selective)
     if setup.recompute == "none":
         kept = full
     elif setup.recompute == "selective":
         kept = sum(n for x, n in layer if not x.core)
     else:
         kept = _boundary(spec, par, setup)
-    return full, kept, sum(n for _, n in first), sum(n for _, n in last)
+    stage_b, first_b, last_b = (sum(n for _, n in place) for place in (stage, first, last))
+    return full, kept, stage_b, first_b, last_b
 
 
 def _buffers(spec: ModelSpec, par: ParallelConfig, setup: TrainingSetup) -> int:

@@ -40,7 +40,9 @@ class ModelSpec:
     three-matrix MLP of Llama (gate, up, down). ``bias`` puts biases on every linear layer (GPT-2);
     ``qkv_bias`` on the Q/K/V projections only (Qwen2). ``num_experts > 0`` makes every layer's MLP a
     mixture of experts of size ``expert_ffn_hidden`` with ``top_k`` routing, a bias-free router, and
-    ``shared_experts`` always-active experts.
+    ``shared_experts`` always-active experts. ``qk_norm`` puts an RMSNorm on each query and key
+    head before the rotary embedding (Qwen3); it changes what a layer keeps for backward (the
+    engine profiles' ``qk_norm`` entries), not the parameter count here.
 
     ``kv_heads``, ``head_dim``, ``ffn_hidden`` and ``expert_ffn_hidden`` may be left at 0 (or
     ``None``) to take their usual values: ``heads``, h/a, 4h and ``ffn_hidden``.
@@ -70,6 +72,7 @@ class ModelSpec:
     top_k: int = 0
     expert_ffn_hidden: int = 0
     shared_experts: int = 0
+    qk_norm: bool = False
     dropout: float | None = None
     source: str = ""
 
@@ -86,7 +89,7 @@ class ModelSpec:
         choice("ffn_kind", self.ffn_kind, FFN_KINDS)
         choice("norm", self.norm, NORM_KINDS)
         choice("position", self.position, POSITION_KINDS)
-        for f in ("bias", "qkv_bias", "tied_embeddings"):
+        for f in ("bias", "qkv_bias", "tied_embeddings", "qk_norm"):
             boolean(f, getattr(self, f))
         if self.dropout is not None:
             number("dropout", self.dropout, 0.0, 1.0, hi_open=True)
@@ -349,6 +352,7 @@ def _from_hf(cfg: dict[str, Any]) -> dict[str, Any]:
         bias=_flag(cfg, "mlp_bias", False) and attention_bias,
         qkv_bias=mtype.startswith("qwen2") or attention_bias,
         norm="rmsnorm",
+        qk_norm=mtype.startswith("qwen3"),  # Qwen3Attention's q_norm and k_norm (RMSNorm per head)
         tied_embeddings=_flag(cfg, "tie_word_embeddings", False),
         position="rotary",
         max_positions=_opt(cfg, "max_position_embeddings") or 2048,

@@ -14,6 +14,7 @@ from .allocator import explore_allocator
 from .base import explorer
 from .comm import explore_collectives
 from .data_parallel import explore_data_parallel, explore_zero, explore_zero3_tp
+from .engines import explore_engines
 from .layouts import explore_3d, explore_axes, explore_experts
 from .memory import explore_estimate, explore_remedies
 from .pipeline import (
@@ -38,5 +39,5 @@ __all__ = [
     "explore_tp_shards", "explore_tp_weights", "explore_tp_tradeoff", "explore_layer_activations",
     "explore_pp_memory", "explore_schedules", "explore_stage_balance", "explore_bubble",
     "explore_microbatch", "explore_experts", "explore_3d", "explore_axes", "explore_plan",
-    "explore_allocator", "explore_serving",
+    "explore_allocator", "explore_serving", "explore_engines",
 ]  # fmt: skip
