@@ -9,8 +9,8 @@ same layer may not import each other either, so that a formula cannot drift into
     model                                 ModelSpec
     config, papers                        ParallelConfig, TrainingSetup, vocabularies; published tables
     states, pipeline, activations         model states; schedules; saved activations
-    comm, flops, inference                communication; FLOPs; serving memory
-    estimate                              the estimator
+    comm, flops                           communication; FLOPs
+    estimate, inference                   the estimator; serving memory (and its traffic)
     allocator, traces, analyses,          the allocator simulator and its traces; studies;
     measure, reference                    the torch side
     planner                               search and cost model
@@ -35,8 +35,8 @@ LAYERS: list[set[str]] = [
     {"model"},
     {"config", "papers"},
     {"states", "pipeline", "activations"},
-    {"comm", "flops", "inference"},
-    {"estimate"},
+    {"comm", "flops"},
+    {"estimate", "inference"},
     {"allocator", "traces", "analyses", "measure", "reference"},
     {"planner"},
     {"book", "dist", "plots", "widgets", "tables"},

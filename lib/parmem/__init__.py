@@ -7,8 +7,9 @@ is plain Python: importing ``parmem`` does not import torch.
 
 Layers (each module imports only from the layers below it; ``tests/test_layers.py`` checks it):
 ``units``, ``_check``, ``_data`` → ``sharding``, ``engines``, ``hardware`` → ``model`` →
-``config`` → ``states``, ``pipeline``, ``activations`` → ``comm``, ``flops``, ``inference`` →
-``estimate`` → ``allocator``, ``analyses`` → ``planner`` → ``book`` → ``cli``.
+``config``, ``papers`` → ``states``, ``pipeline``, ``activations`` → ``comm``, ``flops`` →
+``estimate``, ``inference`` → ``allocator``, ``traces``, ``analyses``, ``measure``,
+``reference`` → ``planner`` → ``book``, ``dist`` → ``cli``.
 """
 
 from . import activations, comm, pipeline
