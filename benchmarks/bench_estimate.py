@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import replace
 
 from parmem import ModelSpec, ParallelConfig, TrainingSetup, estimate
-from parmem.engines import engine, engines
+from parmem.analyses import engine_layout
+from parmem.engines import engines
 
 
 def median_us(fn, repeat: int = 7, number: int = 500) -> float:
@@ -48,22 +48,6 @@ def meta_count(name: str):
     return n, (time.perf_counter() - t0) * 1e6
 
 
-def for_engine(name: str, par: ParallelConfig, setup: TrainingSetup):
-    """The row's layout for profile ``name``, or the nearest one it can express (and whether it
-    had to change)."""
-    prof = engine(name)
-    zero = max((z for z in prof.zero_stages if z <= par.zero), default=min(prof.zero_stages))
-    pp, vpp = (par.pp, par.vpp) if prof.pipeline else (1, 1)
-    if pp > 1:
-        zero = min(zero, prof.pipeline_zero_max)
-    rec = setup.recompute if setup.recompute in prof.recompute else "full"
-    new_par = replace(par, zero=zero, pp=pp, vpp=vpp, dp=par.dp * par.pp // pp)
-    sched = setup.schedule if vpp > 1 else ("1f1b" if setup.schedule == "interleaved"
-                                            else setup.schedule)
-    new_setup = replace(setup, engine=name, recompute=rec, schedule=sched)
-    return new_par, new_setup, (new_par, rec) != (par, setup.recompute)
-
-
 def main() -> None:
     rows = []
     names = list(engines())
@@ -80,7 +64,8 @@ def main() -> None:
         spec = ModelSpec.preset(name)
         cols = []
         for eng in names:
-            p, st, changed = for_engine(eng, par, setup)
+            p, st = engine_layout(eng, par, setup)
+            changed = (p, st.recompute) != (par, setup.recompute)
             us = median_us(lambda spec=spec, p=p, st=st: estimate(spec, p, st))
             cols.append(f"{us:.1f}{'*' if changed else ''}")
         np_us = median_us(lambda spec=spec: spec.num_params())

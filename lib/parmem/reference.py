@@ -38,6 +38,7 @@ from torch import nn
 
 from parmem._check import choice
 from parmem.activations import norm_statistics
+from parmem.engines import activation_itemsizes
 
 if TYPE_CHECKING:  # pragma: no cover
     from parmem.model import ModelSpec
@@ -108,9 +109,9 @@ def norm_stat_itemsize(device="cpu", dtype: torch.dtype = torch.bfloat16) -> int
     This is the per-token size :func:`parmem.activations.layer_terms` takes as
     ``norm_stat_bytes``.
     """
-    if torch.device(device).type == "cuda":
-        return 4
-    return torch.empty((), dtype=dtype).element_size()
+    kind = "cuda" if torch.device(device).type == "cuda" else "cpu"
+    act = torch.empty((), dtype=dtype).element_size()
+    return activation_itemsizes(kind, act, 0)["lnstat"]  # the one home: data/engines.toml
 
 
 def norm_stat_bytes(
