@@ -191,7 +191,7 @@ def test_tp_tradeoff_traffic_and_buffer():
 # ---------------------------------------------------------------------------- collective_curves
 def test_collective_curves_alpha_beta_and_crossover():
     # ring all-reduce on n ranks: 2(n-1)·α + 2(n-1)/n·S/β; latency = bandwidth term at S = n·α·β.
-    # NVLink 4: 450 GB/s, 3 µs; InfiniBand NDR: 50 GB/s, 8 µs (data/hardware.yaml).
+    # NVLink 4: 450 GB/s, 3 µs; InfiniBand NDR: 50 GB/s, 8 µs (data/hardware.toml).
     n, size = 8, 2**26
     nv, ib = collective_curves("all_reduce", n, ("nvlink4", "ib-ndr"), mark=size)
     assert (nv["link"], nv["bandwidth"], nv["latency"]) == ("nvlink4", 450e9, 3e-6)

@@ -1,5 +1,5 @@
 """parmem.config: ParallelConfig, TrainingSetup and the layout checks name the field and the rule
-of every invalid input (shapes: the Llama-2-7B and GPT-2 configs, data/models.yaml)."""
+of every invalid input (shapes: the Llama-2-7B and GPT-2 configs, data/models.toml)."""
 
 import pytest
 

@@ -43,5 +43,5 @@ def test_load_yaml_lookup_order(tmp_path, monkeypatch):
 def test_data_path_rejects_paths():
     with pytest.raises(ValueError, match="must be a plain file name"):
         data.data_path("../pyproject.toml")
-    assert data.data_path("hardware.yaml").name == "hardware.yaml"
-    assert data.load_yaml("hardware.yaml") is data.load_yaml("hardware.yaml")
+    assert data.data_path("hardware.toml").name == "hardware.toml"
+    assert data.load_toml("hardware.toml") is data.load_toml("hardware.toml")

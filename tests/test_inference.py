@@ -1,8 +1,8 @@
 """Serving memory: KV cache from the config, quantised weights, serving capacity and the
 PagedAttention simulator, against numbers worked out by hand.
 
-Shapes: Hugging Face config.json of each model (data/models.yaml); GPU memory as nvidia-smi reports
-it (data/hardware.yaml). PagedAttention: Kwon et al. 2023, §3-§4.
+Shapes: Hugging Face config.json of each model (data/models.toml); GPU memory as nvidia-smi reports
+it (data/hardware.toml). PagedAttention: Kwon et al. 2023, §3-§4.
 """
 
 import pytest

@@ -8,7 +8,7 @@ from parmem import ModelSpec, presets
 
 # Published totals. GPT-2: the Hugging Face model cards / safetensors metadata of
 # openai-community/gpt2{,-medium,-large,-xl}. Llama/Mistral/Mixtral: the safetensors metadata
-# ("total" parameters) of the Hugging Face checkpoints named in data/models.yaml.
+# ("total" parameters) of the Hugging Face checkpoints named in data/models.toml.
 PUBLISHED = {
     "gpt2": 124_439_808,
     "gpt2-medium": 354_823_168,

@@ -2,7 +2,7 @@
 
 Expected values are derived here by hand from the sources, never copied from a run:
 Shoeybi et al. 2019 §3 (what a Megatron rank holds), Touvron et al. 2023 / the Llama-2-7B and
-Llama-3-70B configs (shapes, data/models.yaml), Lepikhin et al. 2021 (experts).
+Llama-3-70B configs (shapes, data/models.toml), Lepikhin et al. 2021 (experts).
 """
 
 from __future__ import annotations

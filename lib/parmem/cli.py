@@ -378,7 +378,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("plan", help="search parallel layouts for a model on a cluster")
     p.add_argument("--model", required=True, help="preset name or path to a config.json")
-    p.add_argument("--gpu", default="h100-sxm", help="hardware preset (see data/hardware.yaml)")
+    p.add_argument("--gpu", default="h100-sxm", help="hardware preset (see data/hardware.toml)")
     p.add_argument("--gpus-per-node", type=_int(), default=8)
     p.add_argument("--nodes", type=_int(), required=True)
     p.add_argument(

@@ -1,7 +1,7 @@
 """GPU and interconnect presets: memory, peak compute, and alpha-beta links.
 
-The numbers live in ``data/hardware.yaml`` (shipped in the wheel as
-``parmem/data/hardware.yaml``); each entry cites its datasheet there and in
+The numbers live in ``data/hardware.toml`` (shipped in the wheel as
+``parmem/data/hardware.toml``); each entry cites its datasheet there and in
 :attr:`Hardware.source`.
 
 Conventions:
@@ -28,11 +28,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from parmem._check import integer, number
-from parmem._data import load_yaml
+from parmem._data import load_toml
 
 __all__ = ["Link", "Hardware", "hardware_preset", "hardware_presets", "link_preset", "link_presets"]
 
-_FILE = "hardware.yaml"
+_FILE = "hardware.toml"
 
 
 #: the most memory a GPU may have, in bytes (1 PiB)
@@ -134,7 +134,7 @@ class Hardware:
 
 
 def _table(section: str) -> dict[str, dict[str, Any]]:
-    data = load_yaml(_FILE)
+    data = load_toml(_FILE)
     if not isinstance(data, dict) or not isinstance(data.get(section), dict):
         raise ValueError(f"{_FILE}: top-level key {section!r} must be a mapping")
     return data[section]
@@ -185,7 +185,7 @@ def hardware_preset(name: str) -> Hardware:
     """The :class:`Hardware` preset ``name`` (one of :func:`hardware_presets`).
 
     ``memory_bytes`` is ``memory_mib * 2**20`` from the YAML. Sources are in
-    ``data/hardware.yaml`` and in the returned ``source`` field.
+    ``data/hardware.toml`` and in the returned ``source`` field.
 
     Raises:
         ValueError: unknown name; the message lists the known ones.

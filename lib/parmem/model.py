@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ._check import MAX_LAYERS, MAX_WIDTH, boolean, choice, integer, number
-from ._data import load_yaml
+from ._data import load_toml
 from .sharding import layer_tensors, param_counts
 
 __all__ = ["ModelSpec", "presets"]
@@ -132,8 +132,8 @@ class ModelSpec:
     # ------------------------------------------------------------------ constructors
     @classmethod
     def preset(cls, name: str) -> ModelSpec:
-        """A named preset from ``data/models.yaml`` (see :func:`presets`)."""
-        table = load_yaml("models.yaml")
+        """A named preset from ``data/models.toml`` (see :func:`presets`)."""
+        table = load_toml("models.toml")
         if not isinstance(name, str):
             raise ValueError(f"name={name!r:.60} must be a preset name (a string); see presets()")
         key = name.lower()
@@ -231,7 +231,7 @@ class ModelSpec:
 
 def presets() -> list[str]:
     """Names accepted by :meth:`ModelSpec.preset`."""
-    return sorted(load_yaml("models.yaml"))
+    return sorted(load_toml("models.toml"))
 
 
 _SPEC_FIELDS = {f.name for f in fields(ModelSpec)}
