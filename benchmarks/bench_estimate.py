@@ -15,7 +15,7 @@ import statistics
 import time
 
 from parmem import ModelSpec, ParallelConfig, TrainingSetup, estimate
-from parmem.analyses import engine_layout
+from parmem.engine_analyses import engine_layout
 from parmem.engines import engines
 
 

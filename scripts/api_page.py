@@ -29,6 +29,7 @@ ORDER = [
     "parmem.flops",
     "parmem.inference",
     "parmem.analyses",
+    "parmem.engine_analyses",
     "parmem.allocator",
     "parmem.traces",
     "parmem.planner",

@@ -1,4 +1,4 @@
-"""parmem.analyses.engine_layout and engine_table (chapter 22: same model, four engines), and the
+"""parmem.engine_analyses.engine_layout and engine_table (chapter 22: same model, four engines), and the
 chapter's explorer.
 
 Expected values: the engines' rules as their profiles cite them (FSDP2 shards everything or
@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from parmem import GIB, ModelSpec, ParallelConfig, TrainingSetup, estimate
-from parmem.analyses import engine_layout, engine_table
+from parmem.engine_analyses import engine_layout, engine_table
 
 PAR = ParallelConfig(dp=2, tp=8, pp=4, sp=True, zero=1)
 SETUP = TrainingSetup(seq_len=4096, num_microbatches=16, flash_attention=True,

@@ -12,6 +12,7 @@ same layer may not import each other either, so that a formula cannot drift into
     comm, flops                           communication; FLOPs
     estimate, inference                   the estimator; serving memory (and its traffic)
     allocator, traces, analyses,          the allocator simulator and its traces; studies;
+    engine_analyses,                      one job under each engine profile;
     measure, reference                    the torch side
     planner                               search and cost model
     book, dist                            glue, tables, plots, widgets; the demos
@@ -37,7 +38,7 @@ LAYERS: list[set[str]] = [
     {"states", "pipeline", "activations"},
     {"comm", "flops"},
     {"estimate", "inference"},
-    {"allocator", "traces", "analyses", "measure", "reference"},
+    {"allocator", "traces", "analyses", "engine_analyses", "measure", "reference"},
     {"planner"},
     {"book", "dist", "plots", "widgets", "tables"},
     {"cli"},

@@ -8,8 +8,8 @@ is plain Python: importing ``parmem`` does not import torch.
 Layers (each module imports only from the layers below it; ``tests/test_layers.py`` checks it):
 ``units``, ``_check``, ``_data`` → ``sharding``, ``engines``, ``hardware`` → ``model`` →
 ``config``, ``papers`` → ``states``, ``pipeline``, ``activations`` → ``comm``, ``flops`` →
-``estimate``, ``inference`` → ``allocator``, ``traces``, ``analyses``, ``measure``,
-``reference`` → ``planner`` → ``book``, ``dist`` → ``cli``.
+``estimate``, ``inference`` → ``allocator``, ``traces``, ``analyses``, ``engine_analyses``,
+``measure``, ``reference`` → ``planner`` → ``book``, ``dist`` → ``cli``.
 """
 
 from . import activations, comm, pipeline

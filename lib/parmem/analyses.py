@@ -13,8 +13,9 @@
   (chapter 4);
 * :func:`tp_shard_layout`: which rank holds which slice of every weight matrix (chapter 5);
 * :func:`tp_component_bytes`: one tensor-parallel rank's bytes by model component (chapter 6);
-* :func:`tp_tradeoff`: one GPU's memory and TP traffic for each t (chapter 7);
-* :func:`engine_layout`, :func:`engine_table`: one job under each engine profile (chapter 22).
+* :func:`tp_tradeoff`: one GPU's memory and TP traffic for each t (chapter 7).
+
+The engine comparisons of chapter 22 are in :mod:`parmem.engine_analyses`.
 
 Each returns plain data (rows of dicts, estimates) that a figure of :mod:`parmem.book.plots`
 draws; the figures themselves compute nothing.
@@ -36,7 +37,6 @@ from .comm import (
     step_comm,
 )
 from .config import PRECISIONS, ParallelConfig, TrainingSetup
-from .engines import engine, engines
 from .estimate import Estimate, estimate
 from .hardware import Hardware, hardware_preset, link_preset
 from .model import ModelSpec
@@ -56,8 +56,6 @@ __all__ = [
     "tp_shard_layout",
     "tp_component_bytes",
     "tp_tradeoff",
-    "engine_layout",
-    "engine_table",
 ]
 
 
@@ -577,49 +575,4 @@ def tp_tradeoff(spec: ModelSpec, setup: TrainingSetup, tps=(1, 2, 4, 8)) -> list
                 "comm_buffer": est.stages[0].comm_buffers,
             }
         )
-    return rows
-
-
-def engine_layout(
-    name: str, parallel: ParallelConfig, setup: TrainingSetup
-) -> tuple[ParallelConfig, TrainingSetup]:
-    """``parallel`` and ``setup`` as the engine profile ``name`` can run them: the least ZeRO
-    sharding at or above the asked stage (FSDP2: ZeRO-1 becomes 3), else its largest, within its
-    pipeline's limit when p > 1 (DeepSpeed: ZeRO-1); p stages folded into d where it has no
-    pipeline (hf); full recomputation, no offload where it lacks the asked one. Same GPUs."""
-    prof = engine(name)
-    pp, vpp = (parallel.pp, parallel.vpp) if prof.pipeline else (1, 1)
-    stages = [z for z in prof.zero_stages if pp == 1 or z <= prof.pipeline_zero_max]
-    zero = min((z for z in stages if z >= parallel.zero), default=max(stages))
-    par = replace(parallel, zero=zero, pp=pp, vpp=vpp, dp=parallel.dp * parallel.pp // pp)
-    rec = setup.recompute if setup.recompute in prof.recompute else "full"
-    offload = setup.offload if setup.offload in prof.offload else "none"
-    schedule = setup.schedule if vpp > 1 or setup.schedule != "interleaved" else "1f1b"
-    return par, replace(setup, engine=name, recompute=rec, offload=offload, schedule=schedule)
-
-
-def engine_table(
-    spec: ModelSpec,
-    parallel: ParallelConfig,
-    setup: TrainingSetup,
-    names: list[str] | None = None,
-) -> list[dict]:
-    """One job under each engine profile (``names``, default all): the layout
-    :func:`engine_layout` gives it and the peak stage of :func:`parmem.estimate`, one row per
-    engine with ``engine``, ``version``, ``layout``, ``recompute``, ``changed`` (whether the
-    profile had to change the layout or the recomputation), the byte fields ``params``,
-    ``grads``, ``optimizer``, ``activations`` (logits included), ``buffers`` and ``total``,
-    ``host`` (offloaded bytes per node) and the ``estimate`` itself. Used in chapter 22."""
-    rows = []
-    for name in names if names is not None else list(engines()):
-        par, run = engine_layout(name, parallel, setup)
-        est = estimate(spec, par, run)
-        st = est.peak
-        row: dict = {"engine": name, "version": engine(name).version, "layout": str(par)}
-        row["recompute"] = run.recompute
-        row["changed"] = (par, run.recompute) != (parallel, setup.recompute)
-        row.update({f: getattr(st, f) for f in ("params", "grads", "optimizer")})
-        row["activations"] = st.activations + st.logits
-        row.update(buffers=st.comm_buffers, total=st.total, host=est.host_bytes_per_node)
-        rows.append({**row, "estimate": est})
     return rows

@@ -3,8 +3,8 @@ the Transformers Trainer and the papers' accounting."""
 
 from __future__ import annotations
 
-from ...analyses import engine_layout
 from ...config import ParallelConfig, TrainingSetup
+from ...engine_analyses import engine_layout
 from ...engines import engine, engines
 from ...estimate import estimate
 from ...model import ModelSpec
@@ -29,7 +29,7 @@ def explore_engines(
     """Engine × ZeRO stage × d: the peak stage per GPU of ``model`` trained data-parallel over d
     GPUs (b = 1, no recomputation, no pipeline) under the engine profile ``engine_name``, one bar
     per ZeRO stage 0–3 (:func:`parmem.estimate` with ``engine=``; a stage the profile cannot run
-    is drawn as the stage :func:`parmem.analyses.engine_layout` gives it, marked ``→``).
+    is drawn as the stage :func:`parmem.engine_analyses.engine_layout` gives it, marked ``→``).
 
     Used in chapter 22 (same model, four engines)."""
     gpu = gib("gpu_gib", gpu_gib)
