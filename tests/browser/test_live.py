@@ -26,7 +26,6 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
 from test_site import CHROMIUM, CHROMIUM_ARGS, SHOTS, _unavailable
 
 pytestmark = pytest.mark.browser

@@ -74,7 +74,7 @@ def figure_bundle(result: object) -> dict[str, str]:
 
         buf = io.BytesIO()
         result.savefig(buf, format="png", bbox_inches="tight")
-        plt.close(result)  # type: ignore[arg-type]
+        plt.close(result)
         return {"image/png": base64.b64encode(buf.getvalue()).decode("ascii"),
                 "text/plain": "<Figure>"}  # fmt: skip
     from IPython import get_ipython
