@@ -51,5 +51,15 @@ def test_chapter_runs(path, record_property, monkeypatch):
     images = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
               if "image/png" in o.get("data", {})]
     assert images, "no figure among the outputs (every chapter draws at least one)"
+    # every prose cell got its numbers: no value is still pending (a glue call missing or
+    # misnamed would leave the text short of a number live and on the site)
+    from parmem.book.prose import PENDING, names
+
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type == "code" and cell.source.startswith('prose(r"""') and names(cell.source):
+            shown = "".join(o.get("data", {}).get("text/markdown", "") for o in cell.outputs)
+            assert shown and shown.count(PENDING) == cell.source.count(PENDING), (
+                f"cell {i}: a quoted number was never glued: {shown[:300]!r}"
+            )
     # what ran is what the site shows: store it for the book stage
     EXECUTOR.store(nb, path, seconds)

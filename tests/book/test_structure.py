@@ -43,15 +43,28 @@ def rel(path: Path) -> str:
     return path.relative_to(ROOT).as_posix()
 
 
+PROSE = re.compile(r'^prose\(r"""\n(.*)\n"""\)$', re.S)
+
+
+def markdown_sources(nb) -> list[str]:
+    """The Markdown of every Markdown cell and of every prose cell (``prose(r\"\"\"...\"\"\")``,
+    prose that quotes computed numbers, see ``scripts/live_notebooks.py``), in order."""
+    found = []
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            found.append(cell.source)
+        elif cell.cell_type == "code" and (match := PROSE.match(cell.source)):
+            found.append(match.group(1))
+    return found
+
+
 def headings(nb) -> list[tuple[int, str]]:
     """(level, text) of every Markdown heading outside code fences and directives, in order;
     an admonition's title counts as a heading of level 0."""
     found = []
-    for cell in nb.cells:
-        if cell.cell_type != "markdown":
-            continue
+    for source in markdown_sources(nb):
         fenced = False
-        for line in cell.source.splitlines():
+        for line in source.splitlines():
             admonition = None if fenced else ADMONITION.match(line)
             if admonition:
                 found.append((0, admonition.group(1)))

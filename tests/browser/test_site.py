@@ -11,8 +11,10 @@ chapter in ``_toc.yml`` it checks that
 * every image in the article has loaded (non-zero natural width), and the chapter has one;
 * the chapter's "Explore" section is not empty: the saved widget state renders, or at least the
   plain figure the Explore cell leaves is there;
-* every request stays on the local origin, nothing answers with an error status, and no script
-  throws.
+* every request stays on the local origin, nothing answers with an error status (the favicon
+  included), no script throws and the console shows no error or warning;
+* the chapter's Explore controls are marked inactive, with a note that links to running it live,
+  and there is no "Live Code" (Thebe) button (it would load Thebe from a CDN).
 
 Screenshots go to ``_build/screenshots/``. Run with ``pytest tests/browser -m browser`` after
 ``make book`` (``make test`` does both).
@@ -45,6 +47,10 @@ CHROMIUM_ARGS = [
     "--disable-quic",
 ]
 TIMEOUT_MS = 30_000
+#: The one console warning allowed: the vendored @jupyter-widgets/html-manager compiles the widget
+#: state's JSON schema with ajv, whose strict mode warns about the schema's own union type. It
+#: comes from that package, not from the book, and changes nothing on the page.
+KNOWN_WARNING = "strict mode: use allowUnionTypes to allow union type keyword"
 
 
 def _unavailable(reason: str):
@@ -101,18 +107,35 @@ class PageVisit:
         self.requests: list[str] = []
         self.bad_responses: list[str] = []
         self.errors: list[str] = []
+        self.console: list[str] = []
         self.context = browser.new_context(viewport={"width": 1280, "height": 900})
         self.page = self.context.new_page()
         self.page.on("request", lambda r: self.requests.append(r.url))
         self.page.on("response", self._response)
         self.page.on("requestfailed", lambda r: self.bad_responses.append(f"failed {r.url}"))
         self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+        self.page.on("console", self._console)
         self.response = self.page.goto(f"{origin}/{path}", wait_until="load", timeout=TIMEOUT_MS)
         self.page.wait_for_load_state("networkidle", timeout=TIMEOUT_MS)
 
     def _response(self, response) -> None:
-        if response.status >= 400 and not response.url.endswith("/favicon.ico"):
+        if response.status >= 400:
             self.bad_responses.append(f"{response.status} {response.url}")
+
+    def _console(self, message) -> None:
+        if message.type == "error" or (
+            message.type == "warning" and not message.text.startswith(KNOWN_WARNING)
+        ):
+            self.console.append(f"{message.type}: {message.text[:300]}")
+
+    def favicon_status(self) -> int:
+        """HTTP status of the page's icon, or of /favicon.ico when it names none (what a
+        browser then asks for)."""
+        href = self.page.evaluate(
+            "() => { const l = document.querySelector('link[rel~=\"icon\"]');"
+            " return l ? l.href : null; }"
+        ) or f"{self.origin}/favicon.ico"
+        return self.page.request.get(href).status
 
     def external(self) -> list[str]:
         local = (self.origin + "/", "data:", "blob:", "about:")
@@ -179,10 +202,25 @@ def check_common(visit: PageVisit, name: str) -> None:
     )
     assert not visit.bad_responses, f"{name}: failed requests: {visit.bad_responses}"
     assert not visit.errors, f"{name}: script errors: {visit.errors}"
+    assert not visit.console, f"{name}: console errors or warnings: {visit.console}"
+    assert visit.favicon_status() == 200, f"{name}: no favicon"
+
+
+def test_index_redirect(browser, origin):
+    """index.html only redirects to the landing page; it too must log nothing and have its
+    favicon (a browser asks for /favicon.ico)."""
+    visit = PageVisit(browser, origin, "index.html")
+    try:
+        visit.page.wait_for_load_state("networkidle", timeout=TIMEOUT_MS)
+        assert not visit.bad_responses, f"index: failed requests: {visit.bad_responses}"
+        assert not visit.console, f"index: console errors or warnings: {visit.console}"
+        assert visit.page.request.get(f"{origin}/favicon.ico").status == 200
+    finally:
+        visit.close()
 
 
 def test_landing_page(browser, origin):
-    visit = PageVisit(browser, origin, "index.html")
+    visit = PageVisit(browser, origin, "intro.html")
     try:
         check_common(visit, "index")
         toc_links = visit.page.locator("nav.bd-docs-nav a.reference.internal").count()
@@ -204,8 +242,8 @@ def test_first_chapter(browser, origin):
         hrefs = visit.page.eval_on_selector_all("a[href]", "els => els.map(e => e.href)")
         for service in ("mybinder.org", "colab.research.google.com", "/hub/user-redirect/"):
             assert any(service in h for h in hrefs), f"{name}: no launch link to {service}"
-        assert visit.page.locator("button.btn-launch-thebe, .thebe-launch-button").count() >= 1, (
-            f"{name}: no Live Code (Thebe) button"
+        assert visit.page.locator("button.btn-launch-thebe, .thebe-launch-button").count() == 0, (
+            f"{name}: a Live Code (Thebe) button (it loads Thebe from a CDN; issue 16 removed it)"
         )
 
         explore = visit.page.locator("section#explore")
@@ -227,6 +265,18 @@ def test_first_chapter(browser, origin):
         assert rendered or explore_images, (
             f"{name}: the Explore section shows neither a widget nor a figure"
         )
+        assert len(explore_images) == 1, (
+            f"{name}: the Explore section shows {len(explore_images)} figures, not one"
+        )
+        if has_widget_state:
+            controls = visit.page.locator("section#explore .parmem-explorer")
+            assert controls.count() >= 1, f"{name}: the Explore controls are not marked"
+            assert controls.first.evaluate("e => getComputedStyle(e).pointerEvents") == "none"
+            note = visit.page.locator("section#explore .parmem-static-note")
+            note.first.wait_for(timeout=TIMEOUT_MS)
+            assert "mybinder.org" in (note.first.inner_html() or ""), (
+                f"{name}: the inactive controls do not link to Binder"
+            )
         visit.screenshot(name)  # again, now that the widgets have rendered
     finally:
         visit.close()

@@ -4,8 +4,8 @@ redraws), the controls themselves (:func:`dropdown`, :func:`slider`, :func:`int_
 argument outside a control's range is a ``ValueError`` naming that argument, not a traitlets
 error), the one error message a render returns for an invalid combination, and small helpers.
 
-Executed headless (CI, the static site) an explorer also leaves the figure for its default
-values as a plain image, so a reader without a kernel still sees it. ipywidgets and matplotlib
+Executed headless (CI, the static site) an explorer leaves one figure, for its default values,
+as a plain image that a live kernel then redraws in place, so every reader sees one figure. ipywidgets and matplotlib
 are imported lazily.
 """
 
@@ -25,6 +25,8 @@ __all__ = [
     "STYLE",
     "DEFAULT_GPU_GIB",
     "explorer",
+    "EXPLORER_CLASS",
+    "figure_bundle",
     "dropdown",
     "slider",
     "int_slider",
@@ -56,47 +58,101 @@ def show_static(fig) -> None:
     plt.close(fig)
 
 
+#: The CSS class of every explorer's controls: the site greys them out and says how to run them
+#: live (``_static/explore.css``, ``_static/explore.js``); a live kernel ignores it.
+EXPLORER_CLASS = "parmem-explorer"
+
+
+def figure_bundle(result: object) -> dict[str, str]:
+    """The MIME bundle that shows ``result``: a matplotlib Figure as a PNG (then closed), any other
+    object as IPython formats it (``error_html``'s HTML, a table)."""
+    import base64
+    import io
+
+    if hasattr(result, "savefig"):
+        import matplotlib.pyplot as plt
+
+        buf = io.BytesIO()
+        result.savefig(buf, format="png", bbox_inches="tight")
+        plt.close(result)
+        return {"image/png": base64.b64encode(buf.getvalue()).decode("ascii"),
+                "text/plain": "<Figure>"}  # fmt: skip
+    from IPython import get_ipython
+    from IPython.core.formatters import DisplayFormatter
+
+    shell = get_ipython()
+    formatter = shell.display_formatter if shell is not None else DisplayFormatter()
+    data, _ = formatter.format(result)
+    return dict(data)
+
+
 def explorer(
     controls: Mapping[str, Any],
     render: Callable[..., object],
     static: bool = True,
     columns: int = 3,
 ):
-    """A dashboard: ``controls`` (name → ipywidget) laid out in a grid above an output area that
-    shows ``render(**values)`` (a matplotlib Figure, or anything displayable) and redraws on
-    change. With ``static=True`` the figure for the initial values is also displayed as a plain
-    image below the widget. Returns the widget (display it as the cell's last expression).
-    Every explorer of the book is built with it."""
+    """A dashboard: ``controls`` (name → ipywidget) laid out in a grid, and below them one figure,
+    ``render(**values)`` (a matplotlib Figure, or anything displayable), redrawn in place when a
+    control moves. Returns the controls (an ``ipywidgets.VBox``); display it as the cell's last
+    expression. Every explorer of the book is built with it.
+
+    The figure is a plain display output with a display id, not an ``Output`` widget: executed
+    headless (CI, the site) the cell leaves exactly one figure, for the default values, and a live
+    kernel updates that same output (``update_display``), so no reader sees the figure twice.
+    ``static`` is kept for callers of the earlier API: ``False`` shows the controls only."""
     import ipywidgets as w
-    import matplotlib.pyplot as plt
-    from IPython.display import display
 
     boolean("static", static)
-    out = w.Output()
-
-    def redraw(**values):
-        with out:
-            out.clear_output(wait=True)
-            result = render(**values)
-            if hasattr(result, "savefig"):
-                display(result)
-                plt.close(result)
-            elif result is not None:
-                display(result)
-
     items = list(controls.values())
     rows = [w.HBox(items[i : i + columns]) for i in range(0, len(items), columns)]
+    box = _Explorer(rows, render=render, controls=dict(controls), show_figure=static)
+    box.add_class(EXPLORER_CLASS)
     for c in items:
-        c.observe(
-            lambda _change: redraw(**{k: v.value for k, v in controls.items()}), names="value"
-        )
-    redraw(**{k: v.value for k, v in controls.items()})
-    box = w.VBox([*rows, out])
-    if static:
-        fig = render(**{k: v.value for k, v in controls.items()})
-        if hasattr(fig, "savefig"):
-            show_static(fig)
+        c.observe(lambda _change: box.redraw(), names="value")
     return box
+
+
+def _explorer_class():
+    import ipywidgets as w
+    from IPython.display import display, update_display
+
+    class Explorer(w.VBox):
+        """The controls of an explorer; displaying it also displays its figure below."""
+
+        def __init__(self, rows, *, render, controls, show_figure):
+            super().__init__(rows)
+            self._render, self._controls, self._show = render, controls, show_figure
+            self._display_id: str | None = None
+            self.figure = figure_bundle(self._draw())  # drawn now: a bad default fails here
+
+        def _draw(self) -> object:
+            return self._render(**{k: v.value for k, v in self._controls.items()})
+
+        def redraw(self) -> None:
+            self.figure = figure_bundle(self._draw())
+            if self._display_id is not None:
+                update_display(self.figure, raw=True, display_id=self._display_id)
+
+        def _ipython_display_(self) -> None:
+            display(self._repr_mimebundle_(), raw=True)
+            if self._show:
+                import uuid
+
+                self._display_id = uuid.uuid4().hex
+                display(self.figure, raw=True, display_id=self._display_id)
+
+    return Explorer
+
+
+def _Explorer(rows, **kw):  # noqa: N802 (a class, built on first use: ipywidgets is lazy)
+    global _EXPLORER
+    if _EXPLORER is None:
+        _EXPLORER = _explorer_class()
+    return _EXPLORER(rows, **kw)
+
+
+_EXPLORER: Any = None
 
 
 def _one_of(name: str, value: Any, options: Sequence[Any]) -> None:
