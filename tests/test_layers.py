@@ -5,6 +5,7 @@ The layers, bottom to top (DESIGN.md, "one home per formula, layers one way"); m
 same layer may not import each other either, so that a formula cannot drift into a sibling:
 
     units, _check, _data                  units, validation, packaged data
+    table, hfconfig                       the parameter table's rows; reading config.json
     sharding, hardware, engines           the parameter table; GPUs and links; engine profiles
     model                                 ModelSpec
     config, papers                        ParallelConfig, TrainingSetup, vocabularies; published tables
@@ -31,6 +32,7 @@ LIB = Path(__file__).resolve().parent.parent / "lib" / "parmem"
 
 LAYERS: list[set[str]] = [
     {"units", "_check", "_data"},
+    {"table", "hfconfig"},
     {"sharding", "hardware", "engines"},
     {"model"},
     {"config", "papers"},
