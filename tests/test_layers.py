@@ -9,7 +9,8 @@ same layer may not import each other either, so that a formula cannot drift into
     sharding, hardware, engines           the parameter table; GPUs and links; engine profiles
     model                                 ModelSpec
     config, papers                        ParallelConfig, TrainingSetup, vocabularies; published tables
-    states, pipeline, activations         model states; schedules; saved activations
+    states, pipeline, activations,        model states; schedules; saved activations;
+    kvcache                               the KV cache per token and layer
     comm, flops                           communication; FLOPs
     estimate, inference                   the estimator; serving memory (and its traffic)
     allocator, traces, analyses,          the allocator simulator and its traces; studies;
@@ -36,7 +37,7 @@ LAYERS: list[set[str]] = [
     {"sharding", "hardware", "engines"},
     {"model"},
     {"config", "papers"},
-    {"states", "pipeline", "activations"},
+    {"states", "pipeline", "activations", "kvcache"},
     {"comm", "flops"},
     {"estimate", "inference"},
     {"allocator", "traces", "analyses", "measure", "reference"},
