@@ -333,3 +333,20 @@ def test_mla_saved_activations():
     assert got["MLA query latent"] == tok * 2 * 1536
     assert got["MLA key/value latent"] == tok * (512 + 64)
     assert got["MLA key/value latent (normalised)"] == tok * 512
+
+
+def test_kv_cache_by_layer_kind_and_its_explorer():
+    from parmem.kvcache import kv_cache_by_layer_kind
+
+    gemma = ModelSpec.preset("gemma-3-27b")
+    split = kv_cache_by_layer_kind(gemma, 131072, 2, "bf16")
+    assert split == {"full-attention layers": 2 * 8192 * 10 * 131072,
+                     "sliding-window layers": 2 * 8192 * 52 * 1024}
+    ds = kv_cache_by_layer_kind(ModelSpec.preset("deepseek-v3"), 4096, 1, "bf16")
+    assert ds == {"full-attention layers": 4096 * 70_272, "sliding-window layers": 0}
+    pytest.importorskip("ipywidgets")
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    from parmem.book.widgets import explore_kv_cache
+
+    assert explore_kv_cache(static=False).children

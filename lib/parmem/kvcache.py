@@ -28,6 +28,7 @@ __all__ = [
     "kv_layer_tokens",
     "kv_cache_bytes_per_token",
     "kv_cache_bytes",
+    "kv_cache_by_layer_kind",
 ]
 
 KV_DTYPES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
@@ -83,3 +84,15 @@ def kv_cache_bytes(
     choice("dtype", dtype, KV_DTYPES)
     per = layer_kv_values(spec, tp) * KV_DTYPES[dtype]
     return batch * kv_layer_tokens(spec, seq_len) * per
+
+
+def kv_cache_by_layer_kind(
+    spec: ModelSpec, seq_len: int, batch: int = 1, dtype: str = "fp16", tp: int = 1
+) -> dict[str, int]:
+    """:func:`kv_cache_bytes` split into the full-attention layers' share and the local
+    (sliding-window or chunked) layers' share, each min(seq_len, window) tokens deep; the two
+    add up to :func:`kv_cache_bytes`."""
+    total = kv_cache_bytes(spec, seq_len, batch, dtype, tp)
+    per = batch * layer_kv_values(spec, tp) * KV_DTYPES[dtype]
+    local = per * spec.num_local_layers * min(seq_len, spec.sliding_window)
+    return {"full-attention layers": total - local, "sliding-window layers": local}
