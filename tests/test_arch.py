@@ -350,3 +350,18 @@ def test_kv_cache_by_layer_kind_and_its_explorer():
     from parmem.book.widgets import explore_kv_cache
 
     assert explore_kv_cache(static=False).children
+
+
+@pytest.mark.parametrize("outer,inner", [(T.Gemma3Config, T.Gemma3TextConfig),
+                                         (T.Llama4Config, T.Llama4TextConfig)])
+def test_multimodal_configs_read_their_text_config(outer, inner):
+    """gemma3 and llama4 configs nest the language model under text_config; parmem counts that
+    model (the vision tower is left out, and the source says so)."""
+    spec = ModelSpec.from_hf_config(outer().to_dict())
+    assert spec.num_params() == _counts(inner())[0]
+    assert "vision tower is not counted" in spec.source
+
+
+def test_mla_keys_outside_deepseek_raise():
+    with pytest.raises(ValueError, match="kv_lora_rank"):
+        ModelSpec.from_hf_config({**T.LlamaConfig().to_dict(), "kv_lora_rank": 512})

@@ -110,6 +110,11 @@ def spec_fields(cfg: dict[str, Any]) -> dict[str, Any]:
     if mtype == "gpt2" or "n_embd" in cfg:
         return _gpt2(cfg, mtype)
     out = _llama_names(cfg, mtype)
+    if cfg.get("kv_lora_rank") and not mtype.startswith("deepseek"):
+        raise ValueError(
+            f"{_key('kv_lora_rank')} (latent attention) with model_type={mtype!r:.40}: parmem "
+            "reads MLA from deepseek_v2 / deepseek_v3 configs only"
+        )
     if mtype.startswith("deepseek"):
         out.update(_deepseek(cfg, out))
     elif mtype.startswith("gemma"):
