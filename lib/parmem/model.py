@@ -4,11 +4,16 @@
 layers ``L``, attention heads ``a`` (and key/value heads for GQA/MQA), the feed-forward size and
 kind, biases, norms, embeddings and the mixture-of-experts fields. Parameter counts are computed
 from the shapes, component by component, so they are exact (checked against published totals in
-``tests/test_model.py``).
+``tests/test_model.py``, and against Transformers' own models in ``tests/test_table.py`` and
+``tests/test_hfconfig.py``).
 
 Sources: Vaswani et al. 2017 (Transformer), Radford et al. 2019 (GPT-2: learned positions,
 LayerNorm with bias, tied embeddings), Touvron et al. 2023 (Llama 2: RMSNorm, SwiGLU, rotary, GQA
-for 70B), Jiang et al. 2024 (Mixtral: 8 experts, top-2, router without bias).
+for 70B), Jiang et al. 2024 (Mixtral: 8 experts, top-2, router without bias), DeepSeek-AI 2024
+(DeepSeek-V2 §2.1: multi-head latent attention; DeepSeek-V3 §2: fine-grained and shared experts,
+dense first layers, multi-token prediction), Gemma Team 2025 (Gemma 3: local and global layers,
+q/k norms), OpenAI 2025 (gpt-oss: attention sinks, alternating windows), Meta 2025 (Llama 4:
+interleaved MoE layers, chunked attention). Reading ``config.json``: :mod:`parmem.hfconfig`.
 """
 
 from __future__ import annotations
@@ -42,8 +47,8 @@ class ModelSpec:
     ``qkv_bias`` on the Q/K/V projections only (Qwen2). ``num_experts > 0`` makes every layer's MLP a
     mixture of experts of size ``expert_ffn_hidden`` with ``top_k`` routing, a bias-free router, and
     ``shared_experts`` always-active experts. ``qk_norm`` puts an RMSNorm on each query and key
-    head before the rotary embedding (Qwen3); it changes what a layer keeps for backward (the
-    engine profiles' ``qk_norm`` entries), not the parameter count here.
+    head before the rotary embedding (Qwen3, Gemma 3): two weights of head_dim per layer, shared
+    by the heads, and what a layer keeps for backward (the engine profiles' ``qk_norm`` entries).
 
     ``kv_heads``, ``head_dim``, ``ffn_hidden`` and ``expert_ffn_hidden`` may be left at 0 (or
     ``None``) to take their usual values: ``heads``, h/a, 4h and ``ffn_hidden``.
@@ -218,8 +223,10 @@ class ModelSpec:
     def from_hf_config(cls, config: str | PathLike | dict, name: str | None = None) -> ModelSpec:
         """Read a Hugging Face ``config.json`` (a path, a directory holding one, or a dict).
 
-        Understands the Llama, Mistral, Mixtral, Qwen2, Qwen2-MoE and GPT-2 families (and any
-        config using the Llama key names). No network access: only the file is read.
+        Understands the Llama, Mistral, Mixtral, Qwen2, Qwen2-MoE, Qwen3, Qwen3-MoE, DeepSeek-V2/V3,
+        Gemma 2/3, gpt-oss, Llama 4 and GPT-2 families (and any config using the Llama key names;
+        :func:`parmem.hfconfig.spec_fields`). A feature parmem does not model raises
+        ``ValueError`` naming the key. No network access: only the file is read.
         """
         if name is not None and not isinstance(name, str):
             raise ValueError(f"name={name!r:.60} must be a string or None")
