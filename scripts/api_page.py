@@ -18,7 +18,9 @@ LIB = ROOT / "lib"
 # the order of the sections; a module inside a package is a subsection of it
 ORDER = [
     "parmem.model",
+    "parmem.hfconfig",
     "parmem.sharding",
+    "parmem.table",
     "parmem.config",
     "parmem.estimate",
     "parmem.engines",
@@ -28,6 +30,7 @@ ORDER = [
     "parmem.comm",
     "parmem.flops",
     "parmem.inference",
+    "parmem.kvcache",
     "parmem.analyses",
     "parmem.engine_analyses",
     "parmem.allocator",

@@ -163,3 +163,26 @@ def test_router_logits_are_sequence_parallel():
     terms = {x.name: x.bytes for x in layer_terms(ModelSpec.preset("mixtral-8x7b"), s, 1, tp=t,
                                                   sp=True, dropout=False)}
     assert terms["router logits and probabilities"] == 8 * (s // t) * E
+
+
+def test_mla_saved_activations():
+    """What one MLA layer keeps for backward in the paper profile (16-bit, s·b tokens): Q of
+    a·(nope+rope), K and V of a·(nope+rope) and a·v, the output projection's input a·v, and the
+    latents DeepSeek-V2 §2.1 adds: c_q (q_lora_rank, saved by its norm and by W_qb), [c_kv;
+    k_rope] (kv_lora_rank + rope) and norm(c_kv) (kv_lora_rank)."""
+    from parmem import ModelSpec
+    from parmem.activations import saved_tensor_bytes
+
+    spec = ModelSpec.preset("deepseek-v3")
+    s, b = 4096, 1
+    (layer,) = saved_tensor_bytes(spec, s, b, flash=True, dropout=False)
+    got = {}
+    for x, n in layer:
+        got[x.name] = got.get(x.name, 0) + n
+    tok = 2 * s * b
+    assert got["q"] == tok * 128 * 192
+    assert got["k, v"] == tok * 128 * (192 + 128)
+    assert got["projection input"] == tok * 128 * 128
+    assert got["MLA query latent"] == tok * 2 * 1536
+    assert got["MLA key/value latent"] == tok * (512 + 64)
+    assert got["MLA key/value latent (normalised)"] == tok * 512

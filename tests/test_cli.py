@@ -219,3 +219,25 @@ def test_the_console_script():
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--seq" in r.stderr
     r = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stdout.startswith("parmem ")
+
+
+# ---------------------------------------------------------------------------- issue 20 presets
+def test_cli_estimate_new_preset(capsys):
+    assert main(["estimate", "--model", "deepseek-v3", "--tp", "8", "--pp", "8", "--ep", "8",
+                 "--dp", "8", "--zero", "1", "--seq", "4096", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    ref = estimate(ModelSpec.preset("deepseek-v3"), ParallelConfig(tp=8, pp=8, ep=8, dp=8, zero=1),
+                   TrainingSetup(seq_len=4096))
+    assert [s["num_params"] for s in got["stages"]] == [s.num_params for s in ref.stages]
+    n = [s["num_params"] for s in got["stages"]]  # layers 8, 8, 8, 8, 8, 7, 7, 7
+    assert n[0] != n[1] and n[7] > n[6]  # 3 dense layers + embedding; LM head + MTP module
+
+
+def test_cli_plan_new_preset_and_config(tmp_path, capsys):
+    path = tmp_path / "config.json"
+    path.write_text(pytest.importorskip("transformers").GptOssConfig().to_json_string())
+    for model in ("qwen3-235b-a22b", str(path)):
+        code = main(["plan", "--model", model, "--gpu", "h100-sxm", "--nodes", "4",
+                     "--global-batch", "64", "--seq", "4096", "--top", "2", "--json"])
+        assert code in (0, 1)
+        capsys.readouterr()

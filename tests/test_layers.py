@@ -5,10 +5,12 @@ The layers, bottom to top (DESIGN.md, "one home per formula, layers one way"); m
 same layer may not import each other either, so that a formula cannot drift into a sibling:
 
     units, _check, _data                  units, validation, packaged data
+    table, hfconfig                       the parameter table's rows; reading config.json
     sharding, hardware, engines           the parameter table; GPUs and links; engine profiles
     model                                 ModelSpec
     config, papers                        ParallelConfig, TrainingSetup, vocabularies; published tables
-    states, pipeline, activations         model states; schedules; saved activations
+    states, pipeline, activations,        model states; schedules; saved activations;
+    kvcache                               the KV cache per token and layer
     comm, flops                           communication; FLOPs
     estimate, inference                   the estimator; serving memory (and its traffic)
     allocator, traces, analyses,          the allocator simulator and its traces; studies;
@@ -32,10 +34,11 @@ LIB = Path(__file__).resolve().parent.parent / "lib" / "parmem"
 
 LAYERS: list[set[str]] = [
     {"units", "_check", "_data"},
+    {"table", "hfconfig"},
     {"sharding", "hardware", "engines"},
     {"model"},
     {"config", "papers"},
-    {"states", "pipeline", "activations"},
+    {"states", "pipeline", "activations", "kvcache"},
     {"comm", "flops"},
     {"estimate", "inference"},
     {"allocator", "traces", "analyses", "engine_analyses", "measure", "reference"},

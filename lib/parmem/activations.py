@@ -133,10 +133,20 @@ def _widths(spec: ModelSpec, tp: int, s_full: int) -> dict[str, int]:
     kv_local = max(spec.kv_heads // t, 1)  # replicated when t > kv_heads
     f = spec.ffn_hidden // t
     ef = spec.expert_ffn_hidden // t
+    # MLA (DeepSeek-V2 §2.1): K is a·head_dim and V a·v_head_dim wide, so the "k, v" pair is
+    # 2 · a·(head_dim + v_head_dim)/2; the latents (q_lora_rank, kv_lora_rank + rope) are
+    # computed whole on every TP rank (replicated down-projections)
+    kv = kv_local * spec.head_dim
+    if spec.attention == "mla":
+        kv = q_local * (spec.head_dim + spec.v_head_dim) // 2
     return {
         "h": spec.hidden,
         "q": q_local * spec.head_dim,
-        "kv": kv_local * spec.head_dim,
+        "kv": kv,
+        "o": spec.o_dim // t,
+        "qa": spec.q_lora_rank,
+        "kva": spec.kv_lora_rank + spec.qk_rope_head_dim,
+        "kvl": spec.kv_lora_rank,
         "hd": spec.head_dim,
         "f": f,
         "f2": 2 * f,
@@ -167,6 +177,8 @@ def _spec_kinds(spec: ModelSpec) -> tuple[str, ...]:
         out.append("shared")
     if spec.qk_norm:
         out.append("qk_norm")
+    if spec.attention == "mla":
+        out.append("mla")
     return tuple(out)
 
 

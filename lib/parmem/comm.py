@@ -40,7 +40,7 @@ from ._check import boolean, integer
 from .config import PRECISIONS, ParallelConfig, TrainingSetup, check_layout
 from .hardware import Hardware, Link, hardware_preset, link_preset
 from .model import ModelSpec
-from .sharding import stage_params
+from .sharding import moe_layer_count, stage_params
 from .states import reduced_grad_itemsize
 
 __all__ = [
@@ -328,14 +328,19 @@ def stage_shape(
     n_layers: int,
     *,
     sp_regather: bool = False,
+    start: int | None = None,
 ) -> StageShape:
     """The :class:`StageShape` of pipeline stage ``stage`` holding ``n_layers`` layers (the
     layout already checked by :func:`parmem.config.check_layout`): parameters from the sharding
-    table, element sizes from the setup's precision, every layer of an MoE model an MoE layer."""
+    table, element sizes from the setup's precision; ``start``: the stage's first layer (default:
+    0 on the first stage, L - n on the others), which decides how many of its layers are MoE
+    layers (:func:`parmem.sharding.moe_layer_count`)."""
     prec = PRECISIONS[setup.precision]
     p = parallel.pp
     n = n_layers
-    dense, expert = stage_params(spec, parallel.tp, parallel.ep, n, stage == 0, stage == p - 1)
+    first, last = stage == 0, stage == p - 1
+    start = (0 if first else spec.layers - n) if start is None else start
+    dense, expert = stage_params(spec, parallel.tp, parallel.ep, n, first, last, start=start)
     cf = setup.capacity_factor if spec.is_moe and setup.capacity_factor != 1.0 else None
     return StageShape(
         params=dense,
@@ -358,7 +363,7 @@ def stage_shape(
         cp=parallel.cp,
         kv_hidden=spec.kv_dim,
         ep=parallel.ep,
-        moe_layers=n if spec.is_moe else 0,
+        moe_layers=moe_layer_count(spec, start, n),
         expert_params=expert,
         top_k=spec.top_k or 1,
         capacity_factor=cf,
@@ -516,7 +521,10 @@ def step_comm(
         )
     best = None
     for i in range(p) if stage is None else (stage,):
-        out = collectives(stage_shape(spec, par, setup, i, lps[i], sp_regather=sp_regather))
+        shape = stage_shape(
+            spec, par, setup, i, lps[i], sp_regather=sp_regather, start=sum(lps[:i])
+        )
+        out = collectives(shape)
         if best is None or out.total > best.total:
             best = out
     assert best is not None

@@ -88,6 +88,10 @@ WIDTHS: tuple[str, ...] = (
     "heads",
     "kvheads",
     "one",
+    "o",
+    "qa",
+    "kva",
+    "kvl",
 )
 #: What a saved tensor's count multiplies: the tokens of the micro-batch on this rank, its
 #: positions (one sequence's, shared by the b sequences), or nothing (a fixed size per layer).
@@ -109,6 +113,7 @@ CONDITIONS: tuple[str, ...] = (
     "rotary",
     "learned",
     "qk_norm",
+    "mla",
 )
 FIELDS: tuple[str, ...] = ("params", "grads", "optimizer")
 STATE_OFFLOAD: tuple[str, ...] = ("never", "optimizer", "params", "drop")

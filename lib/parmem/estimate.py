@@ -33,7 +33,13 @@ from .config import PRECISIONS, ParallelConfig, TrainingSetup, check_layout
 from .engines import EngineProfile, engine, itemsizes
 from .model import ModelSpec
 from .pipeline import in_flight_profile
-from .sharding import factored_numel, largest_module_params, stage_params, vocab_rows
+from .sharding import (
+    factored_numel,
+    largest_module_params,
+    moe_layer_count,
+    stage_params,
+    vocab_rows,
+)
 from .states import apply_rule, state_rule
 from .units import GIB
 
@@ -251,13 +257,13 @@ def estimate(
         f"{prof.name}: gradient-reduction bucket of {prof.buffers.reduce_bucket:,} elements"
     )
     in_flight = in_flight_profile(setup.schedule, par.pp, setup.num_microbatches, par.vpp)
-    states: dict[tuple[int, bool, bool], tuple[int, int, int, int, int]] = {}
+    states: dict[tuple[int, int, bool, bool], tuple[int, int, int, int, int]] = {}
     stages = []
     for i, n_layers in enumerate(lps):
-        first, last = i == 0, i == par.pp - 1
-        key = (n_layers, first, last)
+        first, last, start = i == 0, i == par.pp - 1, sum(lps[:i])
+        key = (n_layers, moe_layer_count(spec, start, n_layers), first, last)
         if key not in states:
-            states[key] = _stage_states(spec, par, setup, prof, n_layers, first, last)
+            states[key] = _stage_states(spec, par, setup, prof, (start, n_layers), first, last)
         n_params, p_bytes, g_bytes, o_bytes, host = states[key]
         units = in_flight[i]
         layer_units = units * (n_layers // par.vpp)  # layer-micro-batches held at the peak
@@ -389,15 +395,17 @@ def _stage_states(
     par: ParallelConfig,
     setup: TrainingSetup,
     prof: EngineProfile,
-    n_layers: int,
+    layers: tuple[int, int],
     first: bool,
     last: bool,
 ) -> tuple[int, int, int, int, int]:
     """(parameters, their bytes, gradient bytes, optimizer bytes, host bytes) on one GPU of a
     stage: dense parameters ZeRO-sharded over d·cp, expert parameters over the d·cp/e
-    expert-data ranks, each category as the engine profile says."""
+    expert-data ranks, each category as the engine profile says. ``layers``: (first layer,
+    how many), so that dense and MoE layers (and the MTP modules on the last stage) count."""
+    start, n_layers = layers
     where = (par.tp, par.ep, n_layers, first, last, prof.vocab_multiple)
-    dense_n, expert_n = stage_params(spec, *where)
+    dense_n, expert_n = stage_params(spec, *where, start=start)
     rule = state_rule(
         setup.engine,
         setup.precision,
@@ -409,7 +417,7 @@ def _stage_states(
     )
     fac: tuple[int | None, int | None] = (None, None)
     if rule.preset.factored and not rule.opt_sharded:
-        fac = factored_numel(spec, *where)
+        fac = factored_numel(spec, *where, start=start)
     group = par.dp * par.cp
     dense = apply_rule(rule, dense_n, group, fac[0])
     expert = apply_rule(rule, expert_n, group // par.ep, fac[1])

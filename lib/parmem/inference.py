@@ -1,9 +1,10 @@
 """Serving memory: weights (optionally quantised) plus the KV cache.
 
-* KV cache: every layer keeps a key and a value vector of kv_heads · head_dim numbers per token,
-  so a token costs 2 · L · kv_heads · head_dim · bytes (Vaswani et al. 2017 for the attention
-  shapes; Shazeer 2019 for multi-query and Ainslie et al. 2023 for grouped-query attention, which
-  shrink kv_heads). Under tensor parallelism each GPU keeps kv_heads/t heads (one head, duplicated,
+* KV cache (:mod:`parmem.kvcache`, re-exported here): every layer keeps a key and a value vector
+  of kv_heads · head_dim numbers per token, so a token costs 2 · L · kv_heads · head_dim · bytes
+  (Vaswani et al. 2017; Shazeer 2019 for MQA, Ainslie et al. 2023 for GQA); MLA keeps
+  kv_lora_rank + qk_rope_head_dim per layer (DeepSeek-V2 §2.1); sliding-window layers at most
+  their window. Under tensor parallelism each GPU keeps kv_heads/t heads (one head, duplicated,
   when t > kv_heads, as vLLM does).
 * Parallel serving layouts (:func:`serving_layout`, :func:`decode_step_comm`,
   :func:`prefill_workspace_bytes`): what each axis divides when nothing is trained, what a decode
@@ -29,13 +30,12 @@ from ._check import (
 )
 from .comm import collective_bytes, collective_time
 from .hardware import MAX_MEMORY_BYTES
+from .kvcache import KV_DTYPES, kv_cache_bytes, kv_cache_bytes_per_token, layer_kv_values
 from .model import ModelSpec
 from .sharding import (
-    check_heads,
     check_tp,
-    kv_heads_local,
+    layer_groups,
     layer_params,
-    layer_tensors,
     local_numel,
     model_tensors,
     stage_params,
@@ -58,7 +58,6 @@ __all__ = [
     "prefill_workspace_bytes",
 ]
 
-KV_DTYPES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
 #: the most requests :func:`random_requests` draws and :func:`simulate_kv_cache` serves
 MAX_REQUESTS = 2**20
 #: the most steps :func:`simulate_kv_cache` runs (the latest arrival plus every output token)
@@ -66,28 +65,6 @@ MAX_SIM_STEPS = 2**24
 #: the largest capacity, block and ``max_len`` of :func:`simulate_kv_cache`, in tokens
 MAX_SIM_TOKENS = 2**40
 WEIGHT_DTYPES = {"fp32": 32, "fp16": 16, "bf16": 16, "int8": 8, "int4": 4}
-
-
-def kv_cache_bytes_per_token(spec: ModelSpec, dtype: str = "fp16", tp: int = 1) -> int:
-    """KV-cache bytes one token occupies on one GPU: 2 · L · (kv_heads/t) · head_dim · bytes,
-    with :func:`parmem.sharding.kv_heads_local` heads per GPU.
-
-    Llama-2-7B in fp16: 2 · 32 · 32 · 128 · 2 = 524,288 bytes = 512 KiB per token.
-    """
-    _spec(spec)
-    choice("dtype", dtype, KV_DTYPES)
-    check_heads(spec, tp)
-    return 2 * spec.layers * kv_heads_local(spec, tp) * spec.head_dim * KV_DTYPES[dtype]
-
-
-def kv_cache_bytes(
-    spec: ModelSpec, seq_len: int, batch: int = 1, dtype: str = "fp16", tp: int = 1
-) -> int:
-    """KV-cache bytes on one GPU for ``batch`` sequences of ``seq_len`` tokens each."""
-    _spec(spec)
-    integer("seq_len", seq_len, 0, MAX_SEQ_LEN)
-    integer("batch", batch, 0, MAX_BATCH)
-    return kv_cache_bytes_per_token(spec, dtype, tp) * seq_len * batch
 
 
 def _spec(spec: object) -> None:
@@ -125,9 +102,8 @@ def weight_bytes(
     zp = (bits == 4) if zero_point is None else zero_point
     per_group = 2 + (2 if zp else 0)
     total = 0
-    for x, copies in [(x, spec.layers) for x in layer_tensors(spec)] + [
-        (x, 1) for x in model_tensors(spec)
-    ]:
+    rows = [(x, k) for k, group in layer_groups(spec) for x in group]
+    for x, copies in rows + [(x, 1) for x in model_tensors(spec) if x.component[:3] != "mtp"]:
         n = local_numel(spec, x, tp)
         if x.kind != "linear":
             total += 2 * n * copies
@@ -507,8 +483,10 @@ def serving_layout(
         if bits < 16:
             w = weight_bytes(spec, weight_dtype, tp=tp)
         else:
-            w = sum(stage_params(spec, tp, ep, n, i == 0, i == pp - 1)) * bits // 8
-        kv = 2 * n * kv_heads_local(spec, tp) * spec.head_dim * KV_DTYPES[kv_dtype]
+            start = sum(split[:i])
+            w = sum(stage_params(spec, tp, ep, n, i == 0, i == pp - 1, start=start, mtp=False))
+            w = w * bits // 8
+        kv = n * layer_kv_values(spec, tp) * KV_DTYPES[kv_dtype]
         stages.append((w, kv))
     tokens = min(max(budget - w, 0) // kv for w, kv in stages)
     return {
@@ -544,9 +522,16 @@ def decode_step_comm(
     elif scheme == "pp":
         ops = [("send_recv", act)]
     else:
-        dense, expert = layer_params(spec)
-        rest = sum(local_numel(spec, x) for x in model_tensors(spec))
-        ops = [("all_gather", 2 * (dense + expert))] * spec.layers + [("all_gather", 2 * rest)]
+        ops = [
+            ("all_gather", 2 * sum(layer_params(spec, moe=spec.is_moe_layer(i))))
+            for i in range(spec.layers)
+        ]
+        rest = sum(
+            local_numel(spec, x)
+            for x in model_tensors(spec)
+            if x.place != "layer" and not x.component.startswith("mtp")
+        )
+        ops.append(("all_gather", 2 * rest))
     return {
         "bytes": sum(collective_bytes(op, size, gpus) for op, size in ops),
         "seconds": sum(collective_time(op, size, gpus, link) for op, size in ops),

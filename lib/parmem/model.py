@@ -4,11 +4,16 @@
 layers ``L``, attention heads ``a`` (and key/value heads for GQA/MQA), the feed-forward size and
 kind, biases, norms, embeddings and the mixture-of-experts fields. Parameter counts are computed
 from the shapes, component by component, so they are exact (checked against published totals in
-``tests/test_model.py``).
+``tests/test_model.py``, and against Transformers' own models in ``tests/test_table.py`` and
+``tests/test_hfconfig.py``).
 
 Sources: Vaswani et al. 2017 (Transformer), Radford et al. 2019 (GPT-2: learned positions,
 LayerNorm with bias, tied embeddings), Touvron et al. 2023 (Llama 2: RMSNorm, SwiGLU, rotary, GQA
-for 70B), Jiang et al. 2024 (Mixtral: 8 experts, top-2, router without bias).
+for 70B), Jiang et al. 2024 (Mixtral: 8 experts, top-2, router without bias), DeepSeek-AI 2024
+(DeepSeek-V2 §2.1: multi-head latent attention; DeepSeek-V3 §2: fine-grained and shared experts,
+dense first layers, multi-token prediction), Gemma Team 2025 (Gemma 3: local and global layers,
+q/k norms), OpenAI 2025 (gpt-oss: attention sinks, alternating windows), Meta 2025 (Llama 4:
+interleaved MoE layers, chunked attention). Reading ``config.json``: :mod:`parmem.hfconfig`.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from typing import Any
 
 from ._check import MAX_LAYERS, MAX_WIDTH, boolean, choice, integer, number
 from ._data import load_toml
+from .hfconfig import spec_fields
 from .sharding import layer_tensors, param_counts
 
 __all__ = ["ModelSpec", "presets"]
@@ -41,11 +47,31 @@ class ModelSpec:
     ``qkv_bias`` on the Q/K/V projections only (Qwen2). ``num_experts > 0`` makes every layer's MLP a
     mixture of experts of size ``expert_ffn_hidden`` with ``top_k`` routing, a bias-free router, and
     ``shared_experts`` always-active experts. ``qk_norm`` puts an RMSNorm on each query and key
-    head before the rotary embedding (Qwen3); it changes what a layer keeps for backward (the
-    engine profiles' ``qk_norm`` entries), not the parameter count here.
+    head before the rotary embedding (Qwen3, Gemma 3): two weights of head_dim per layer, shared
+    by the heads, and what a layer keeps for backward (the engine profiles' ``qk_norm`` entries).
 
     ``kv_heads``, ``head_dim``, ``ffn_hidden`` and ``expert_ffn_hidden`` may be left at 0 (or
     ``None``) to take their usual values: ``heads``, h/a, 4h and ``ffn_hidden``.
+
+    Multi-head latent attention (MLA, DeepSeek-AI 2024, DeepSeek-V2 §2.1) is on when
+    ``kv_lora_rank > 0``: queries go through a ``q_lora_rank`` bottleneck (0: a plain query
+    projection, DeepSeek-V2-Lite), keys and values are up-projected from one shared latent of
+    ``kv_lora_rank`` values plus a decoupled rotary key of ``qk_rope_head_dim``; ``head_dim`` is
+    then the query/key head width (``qk_nope_head_dim + qk_rope_head_dim``) and ``v_head_dim``
+    the value head width. ``sliding_window > 0`` makes layers local (each token attends to the
+    last ``sliding_window`` tokens; Beltagy et al. 2020, Gemma 2, gpt-oss, and Llama 4's chunked
+    layers, whose cache is bounded by the chunk the same way); with ``global_every = n`` every
+    n-th layer (layer i with (i+1) % n == 0) is a full-attention layer, as Transformers' Gemma 2/3
+    and gpt-oss configs build ``layer_types``. ``attention_sinks``: one learned logit per head
+    per layer (gpt-oss). ``sandwich_norm``: an RMSNorm after attention and after the MLP too,
+    four per layer (Gemma 2/3). ``first_dense_layers`` and ``moe_every``: layer i is an MoE layer
+    when i >= first_dense_layers and (i+1) % moe_every == 0 (DeepSeek-V3's
+    ``first_k_dense_replace``, Llama 4's ``interleave_moe_layer_step``, Qwen-MoE's
+    ``decoder_sparse_step``); the other layers are dense MLPs of ``ffn_hidden``.
+    ``shared_expert_gate``: Qwen2-MoE's sigmoid gate (h → 1) on the shared expert.
+    ``router_bias``: the router has a bias (gpt-oss). ``mtp_layers``: DeepSeek-V3's
+    multi-token-prediction modules (§2.2), kept on the last pipeline stage; Transformers does not
+    build them, so :meth:`num_params` leaves them out unless ``mtp=True``.
 
     ``dropout`` is the model's own dropout probability (the largest of its attention, residual
     and embedding dropouts): 0.1 for GPT-2 and GPT-3, 0.0 for Llama, Mistral, Mixtral and Qwen.
@@ -75,6 +101,20 @@ class ModelSpec:
     qk_norm: bool = False
     dropout: float | None = None
     source: str = ""
+    # ---- the 2025-26 architectures (DeepSeek-V3, Qwen3, Gemma 2/3, gpt-oss, Llama 4)
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    sliding_window: int = 0
+    global_every: int = 0
+    attention_sinks: bool = False
+    sandwich_norm: bool = False
+    first_dense_layers: int = 0
+    moe_every: int = 1
+    shared_expert_gate: bool = False
+    router_bias: bool = False
+    mtp_layers: int = 0
 
     def __post_init__(self) -> None:
         for f in ("name", "source"):
@@ -89,11 +129,38 @@ class ModelSpec:
         choice("ffn_kind", self.ffn_kind, FFN_KINDS)
         choice("norm", self.norm, NORM_KINDS)
         choice("position", self.position, POSITION_KINDS)
-        for f in ("bias", "qkv_bias", "tied_embeddings", "qk_norm"):
+        for f in ("bias", "qkv_bias", "tied_embeddings", "qk_norm", "attention_sinks"):
+            boolean(f, getattr(self, f))
+        for f in ("sandwich_norm", "shared_expert_gate", "router_bias"):
             boolean(f, getattr(self, f))
         if self.dropout is not None:
             number("dropout", self.dropout, 0.0, 1.0, hi_open=True)
         self._check_experts()
+        self._check_attention()
+        integer("mtp_layers", self.mtp_layers, 0, MAX_LAYERS)
+
+    def _check_attention(self) -> None:
+        """MLA's widths and the sliding-window pattern (see the class docstring)."""
+        for f in ("q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim"):
+            integer(f, getattr(self, f), 0, MAX_WIDTH)
+        if self.kv_lora_rank:
+            if self.kv_heads != self.heads:
+                raise ValueError(
+                    f"kv_heads={self.kv_heads} must equal heads={self.heads} with MLA "
+                    "(kv_lora_rank > 0): every head gets its own up-projected key and value"
+                )
+            if not 1 <= self.qk_rope_head_dim < self.head_dim:
+                raise ValueError(
+                    f"qk_rope_head_dim={self.qk_rope_head_dim} must be in 1..head_dim-1 "
+                    f"(head_dim={self.head_dim} = qk_nope_head_dim + qk_rope_head_dim) with MLA"
+                )
+            integer("v_head_dim", self.v_head_dim, 1, MAX_WIDTH)
+        elif self.q_lora_rank or self.qk_rope_head_dim or self.v_head_dim:
+            raise ValueError("q_lora_rank, qk_rope_head_dim and v_head_dim need kv_lora_rank >= 1")
+        integer("sliding_window", self.sliding_window, 0, MAX_WIDTH)
+        integer("global_every", self.global_every, 0, self.layers)
+        if self.global_every and not self.sliding_window:
+            raise ValueError(f"global_every={self.global_every} needs sliding_window >= 1")
 
     def _derive_widths(self) -> None:
         """Fill in the widths left at 0 (or None): kv_heads = a, head_dim = h/a, f = 4h."""
@@ -126,8 +193,19 @@ class ModelSpec:
             if not self.expert_ffn_hidden:
                 object.__setattr__(self, "expert_ffn_hidden", self.ffn_hidden)
             integer("expert_ffn_hidden", self.expert_ffn_hidden, 1, MAX_WIDTH)
-        elif self.top_k or self.shared_experts:
-            raise ValueError("top_k and shared_experts need num_experts >= 1")
+        elif self.top_k or self.shared_experts or self.router_bias:
+            raise ValueError("top_k, shared_experts and router_bias need num_experts >= 1")
+        integer("moe_every", self.moe_every, 1, self.layers)
+        integer("first_dense_layers", self.first_dense_layers, 0, self.layers - 1)
+        if not self.num_experts and (self.moe_every != 1 or self.first_dense_layers):
+            raise ValueError("first_dense_layers and moe_every need num_experts >= 1")
+        if self.num_experts and not self.num_moe_layers:
+            raise ValueError(
+                f"first_dense_layers={self.first_dense_layers} and moe_every={self.moe_every} "
+                f"leave no MoE layer among layers={self.layers}"
+            )
+        if self.shared_expert_gate and not self.shared_experts:
+            raise ValueError("shared_expert_gate needs shared_experts >= 1")
 
     # ------------------------------------------------------------------ constructors
     @classmethod
@@ -145,8 +223,10 @@ class ModelSpec:
     def from_hf_config(cls, config: str | PathLike | dict, name: str | None = None) -> ModelSpec:
         """Read a Hugging Face ``config.json`` (a path, a directory holding one, or a dict).
 
-        Understands the Llama, Mistral, Mixtral, Qwen2, Qwen2-MoE and GPT-2 families (and any
-        config using the Llama key names). No network access: only the file is read.
+        Understands the Llama, Mistral, Mixtral, Qwen2, Qwen2-MoE, Qwen3, Qwen3-MoE, DeepSeek-V2/V3,
+        Gemma 2/3, gpt-oss, Llama 4 and GPT-2 families (and any config using the Llama key names;
+        :func:`parmem.hfconfig.spec_fields`). A feature parmem does not model raises
+        ``ValueError`` naming the key. No network access: only the file is read.
         """
         if name is not None and not isinstance(name, str):
             raise ValueError(f"name={name!r:.60} must be a string or None")
@@ -165,7 +245,8 @@ class ModelSpec:
             raise ValueError(
                 f"config['_name_or_path'] must be a string, got {type(label).__name__}"
             )
-        return cls(**_from_hf(cfg), name=name or label or default)
+        fields_ = {k: v for k, v in spec_fields(cfg).items() if k in _SPEC_FIELDS}
+        return cls(**fields_, name=name or label or default)
 
     def with_(self, **changes) -> ModelSpec:
         """A copy with some fields changed (validated again)."""
@@ -186,6 +267,42 @@ class ModelSpec:
         return self.dropout is None or self.dropout > 0
 
     @property
+    def attention(self) -> str:
+        """``"mla"`` (multi-head latent attention) or ``"gqa"`` (MHA, GQA and MQA)."""
+        return "mla" if self.kv_lora_rank else "gqa"
+
+    def is_moe_layer(self, i: int) -> bool:
+        """Whether layer ``i`` (0-based) has experts: i >= first_dense_layers and
+        (i+1) % moe_every == 0 (Transformers' DeepseekV3DecoderLayer, Llama4TextDecoderLayer,
+        Qwen2MoeDecoderLayer)."""
+        return (
+            self.num_experts > 0 and i >= self.first_dense_layers and (i + 1) % self.moe_every == 0
+        )
+
+    def is_local_layer(self, i: int) -> bool:
+        """Whether layer ``i`` attends within ``sliding_window`` only (every layer but each
+        ``global_every``-th when a window is set)."""
+        if not self.sliding_window:
+            return False
+        return not (self.global_every and (i + 1) % self.global_every == 0)
+
+    @property
+    def num_moe_layers(self) -> int:
+        """Layers with experts (:meth:`is_moe_layer`)."""
+        return sum(self.is_moe_layer(i) for i in range(self.layers))
+
+    @property
+    def num_local_layers(self) -> int:
+        """Sliding-window (local) layers (:meth:`is_local_layer`)."""
+        return sum(self.is_local_layer(i) for i in range(self.layers))
+
+    @property
+    def o_dim(self) -> int:
+        """Width of the attention output (the output projection's input): a · v_head_dim with
+        MLA, a · head_dim otherwise."""
+        return self.heads * (self.v_head_dim or self.head_dim)
+
+    @property
     def q_dim(self) -> int:
         """Width of the query projection, a · head_dim."""
         return self.heads * self.head_dim
@@ -197,7 +314,9 @@ class ModelSpec:
 
     def layer_param_counts(self) -> dict[str, int]:
         """Parameters of one transformer layer by component (:func:`parmem.sharding.param_counts`
-        without the embedding, LM head and final norm, divided by L)."""
+        without the embedding, LM head and final norm, divided by L); an MoE layer for a model
+        with experts (its dense layers: :func:`parmem.sharding.layer_tensors` with
+        ``moe=False``)."""
         out = dict.fromkeys(("attention", "norms"), 0)
         for x in layer_tensors(self):
             out[x.component] = out.get(x.component, 0) + x.numel
@@ -213,12 +332,20 @@ class ModelSpec:
         """
         return param_counts(self)
 
-    def num_params(self, active: bool = False) -> int:
+    def num_params(self, active: bool = False, mtp: bool = False) -> int:
         """Total parameters Ψ. With ``active=True`` only the ``top_k`` routed experts (plus the
-        shared ones) of each MoE layer are counted: the parameters one token touches."""
+        shared ones) of each MoE layer are counted: the parameters one token touches. The
+        multi-token-prediction modules (``mtp_layers``) count only with ``mtp=True``: Transformers
+        does not build them and DeepSeek-V3's 671B leaves them out (DeepSeek-AI 2024, V3 §2.2; the
+        Hugging Face card lists 671B main weights and 14B MTP weights)."""
         counts = param_counts(self)
+        if not mtp:
+            counts.pop("mtp", None)
+            counts.pop("mtp_experts", None)
         if active and self.is_moe:
             counts["experts"] = counts["experts"] // self.num_experts * self.top_k
+            if "mtp_experts" in counts:
+                counts["mtp_experts"] = counts["mtp_experts"] // self.num_experts * self.top_k
         return sum(counts.values())
 
     def __str__(self) -> str:
@@ -265,121 +392,3 @@ def _read_config(path: Path) -> tuple[dict[str, Any], Path]:
     if not isinstance(cfg, dict):
         raise ValueError(f"config: {path} must hold a JSON object")
     return cfg, path
-
-
-def _key(key: str) -> str:
-    """How a message names a config.json key: ``config['hidden_size']``."""
-    return f"config[{key!r}]"
-
-
-def _need(cfg: dict[str, Any], *keys: str, maximum: int = MAX_WIDTH) -> int:
-    """The first of ``keys`` that is set (not null), as an integer >= 1."""
-    for k in keys:
-        if cfg.get(k) is not None:
-            return integer(_key(k), cfg[k], 1, maximum)
-    raise ValueError(f"config: missing {keys[0]!r} (model_type={cfg.get('model_type')!r:.40})")
-
-
-#: Hugging Face config keys that hold a dropout probability (GPT-2: resid/embd/attn_pdrop; Llama,
-#: Mistral, Mixtral, Qwen: attention_dropout; others: hidden_dropout …).
-_HF_DROPOUT_KEYS = (
-    "attention_dropout",
-    "hidden_dropout",
-    "resid_pdrop",
-    "embd_pdrop",
-    "attn_pdrop",
-    "dropout",
-    "hidden_dropout_prob",
-    "attention_probs_dropout_prob",
-)
-
-
-def _hf_dropout(cfg: dict[str, Any], default: float) -> float:
-    """The largest dropout probability a config states; ``default`` (the family's Hugging Face
-    default: 0.1 for GPT-2, 0.0 for the Llama key names) when it states none."""
-    found = [number(_key(k), cfg[k], 0.0, 1.0) for k in _HF_DROPOUT_KEYS if cfg.get(k) is not None]
-    return max(found) if found else default
-
-
-def _opt(cfg: dict[str, Any], key: str) -> int:
-    """``key`` as an integer >= 0, 0 when it is missing or null (0: "take the usual value")."""
-    value = cfg.get(key)
-    return 0 if value is None else integer(_key(key), value, 0, MAX_WIDTH)
-
-
-def _flag(cfg: dict[str, Any], key: str, default: bool) -> bool:
-    """``key`` as a JSON boolean (``"false"`` is refused, not read as true); ``default`` when it
-    is missing or null."""
-    value = cfg.get(key)
-    return default if value is None else boolean(_key(key), value)
-
-
-def _from_hf(cfg: dict[str, Any]) -> dict[str, Any]:
-    """Map a Hugging Face config dict onto ModelSpec fields, each value checked under its key."""
-    mtype = cfg.get("model_type", "")
-    if not isinstance(mtype, str):
-        raise ValueError(f"{_key('model_type')} must be a string, got {type(mtype).__name__}")
-    mtype = mtype.lower()
-    if mtype == "gpt2" or "n_embd" in cfg:
-        h = _need(cfg, "n_embd")
-        return dict(
-            vocab_size=_need(cfg, "vocab_size"),
-            hidden=h,
-            layers=_need(cfg, "n_layer", maximum=MAX_LAYERS),
-            heads=_need(cfg, "n_head"),
-            ffn_hidden=_opt(cfg, "n_inner") or 4 * h,
-            ffn_kind="gelu",
-            bias=True,
-            norm="layernorm",
-            tied_embeddings=_flag(cfg, "tie_word_embeddings", True),
-            position="learned",
-            max_positions=_need(cfg, "n_positions", "n_ctx"),
-            dropout=_hf_dropout(cfg, 0.1),
-            source=f"Hugging Face config.json (model_type={mtype or 'gpt2'})",
-        )
-    h = _need(cfg, "hidden_size")
-    heads = _need(cfg, "num_attention_heads")
-    attention_bias = _flag(cfg, "attention_bias", False)
-    out = dict(
-        vocab_size=_need(cfg, "vocab_size"),
-        hidden=h,
-        layers=_need(cfg, "num_hidden_layers", maximum=MAX_LAYERS),
-        heads=heads,
-        kv_heads=_opt(cfg, "num_key_value_heads") or heads,
-        head_dim=_opt(cfg, "head_dim"),
-        ffn_hidden=_need(cfg, "intermediate_size"),
-        ffn_kind="swiglu",
-        bias=_flag(cfg, "mlp_bias", False) and attention_bias,
-        qkv_bias=mtype.startswith("qwen2") or attention_bias,
-        norm="rmsnorm",
-        qk_norm=mtype.startswith("qwen3"),  # Qwen3Attention's q_norm and k_norm (RMSNorm per head)
-        tied_embeddings=_flag(cfg, "tie_word_embeddings", False),
-        position="rotary",
-        max_positions=_opt(cfg, "max_position_embeddings") or 2048,
-        dropout=_hf_dropout(cfg, 0.0),
-        source=f"Hugging Face config.json (model_type={mtype or 'unknown'})",
-    )
-    out.update(_hf_experts(cfg))
-    return {k: v for k, v in out.items() if k in _SPEC_FIELDS}
-
-
-def _hf_experts(cfg: dict[str, Any]) -> dict[str, int]:
-    """The mixture-of-experts fields of a Mixtral / Qwen2-MoE config (none for a dense one)."""
-    experts = _opt(cfg, "num_local_experts") or _opt(cfg, "num_experts")
-    if not experts:
-        return {}
-    width = _opt(cfg, "moe_intermediate_size") or _need(cfg, "intermediate_size")
-    out = dict(
-        num_experts=experts, top_k=_need(cfg, "num_experts_per_tok"), expert_ffn_hidden=width
-    )
-    shared = _opt(cfg, "shared_expert_intermediate_size")
-    if shared:
-        # Qwen2-MoE: one shared expert of its own width; counted as shared_experts of
-        # expert width, so we only support the case where it is a multiple of that width.
-        if shared % width:
-            raise ValueError(
-                "config: shared_expert_intermediate_size must be a multiple of "
-                "moe_intermediate_size for parmem's shared-expert model"
-            )
-        out["shared_experts"] = shared // width
-    return out

@@ -1,7 +1,8 @@
 """Every parameter tensor of a model, its shape, and how parallelism splits it: one table.
 
 This module is the one home of parameter counting. :func:`layer_tensors` and
-:func:`model_tensors` describe a model as data, in the spirit of the tensor-parallel plans of
+:func:`model_tensors` (their rows are written in :mod:`parmem.table` and re-exported here)
+describe a model as data, in the spirit of the tensor-parallel plans of
 picotron and torchtitan (``{"attention.wq": ColwiseParallel()}``): each :class:`Tensor` names its
 shape and its *split*:
 
@@ -14,7 +15,8 @@ split           what one rank of a tensor-parallel group of ``t`` holds
 ``row``         the input features divided by t (attention output, FC2/down)
 ``vocab``       the vocabulary rows, ⌈V/t⌉ each (vocab-parallel embedding and LM head), or
                 the padded vocabulary's rows (Megatron pads V to a multiple of 128·t)
-``replicated``  everything (norms, row-parallel biases, learned positions, the MoE router)
+``replicated``  everything (norms, row-parallel biases, learned positions, the MoE router,
+                MLA's down-projections to the latent)
 ==============  =========================================================================
 
 Routed experts (``expert=True``) are further divided over the ``e`` expert-parallel ranks.
@@ -30,7 +32,7 @@ serving shards, the allocator's tensor list (:func:`stage_tensor_numels`) and th
 that set the FLOPs (:func:`layer_matmul_params`).
 
 The functions take any object with :class:`~parmem.model.ModelSpec`'s shape attributes; this
-module imports nothing else from ``parmem`` but the validators.
+module imports nothing else from ``parmem`` but the validators and the rows.
 """
 
 from __future__ import annotations
@@ -40,15 +42,27 @@ from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
 from ._check import cdiv, integer
+from .table import (
+    PLACES,
+    SPLITS,
+    Tensor,
+    layer_groups,
+    layer_tensors,
+    model_tensors,
+    moe_layer_count,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from .model import ModelSpec
 
 __all__ = [
     "SPLITS",
+    "PLACES",
     "Tensor",
     "ShardCount",
     "layer_tensors",
+    "layer_groups",
+    "moe_layer_count",
     "model_tensors",
     "local_numel",
     "kv_heads_local",
@@ -66,162 +80,6 @@ __all__ = [
     "factored_numel",
 ]
 
-SPLITS = ("column", "kv", "row", "vocab", "replicated")
-
-#: Where a tensor lives: in every layer, on the first pipeline stage, on the last.
-PLACES = ("layer", "first", "last")
-
-
-@dataclass(frozen=True)
-class Tensor:
-    """One parameter tensor (or ``count`` identical ones) of a model.
-
-    ``rows × cols`` is its full shape (out_features × in_features for a linear weight; ``cols``
-    is 1 for a vector). ``component`` is the key of :func:`param_counts` it adds to; ``group`` the
-    row of :func:`tp_param_counts`. ``kind`` says what it is: ``linear`` (a layer's weight matrix:
-    quantised for serving, multiplied by every token), ``router``, ``bias``, ``norm``,
-    ``embedding``, ``positions`` or ``lm_head``. ``expert``: routed-expert tensor, one of
-    ``count`` experts, divided over the expert-parallel ranks. ``place``: ``layer``, ``first`` or
-    ``last`` (pipeline stage that holds it).
-    """
-
-    name: str
-    rows: int
-    cols: int
-    split: str
-    component: str
-    group: str
-    kind: str
-    count: int = 1
-    expert: bool = False
-    place: str = "layer"
-
-    @property
-    def numel(self) -> int:
-        """Elements of all ``count`` copies, unsharded."""
-        return self.rows * self.cols * self.count
-
-
-# ---------------------------------------------------------------------------- the table
-def _mlp(
-    spec: Any,
-    prefix: str,
-    width: int,
-    component: str,
-    group: str,
-    count: int,
-    expert: bool,
-    row_bias_group: str,
-) -> list[Tensor]:
-    """A dense MLP (or ``count`` experts) of inner size ``width``: weights, then the column
-    biases, then the row-parallel bias (Shoeybi et al. 2019 §3: FC1 column-, FC2 row-parallel)."""
-    h = spec.hidden
-    names = ("gate", "up", "down") if spec.ffn_kind == "swiglu" else ("fc1", "fc2")
-
-    def t(name: str, rows: int, cols: int, split: str, grp: str, kind: str) -> Tensor:
-        return Tensor(prefix + name, rows, cols, split, component, grp, kind, count, expert)
-
-    out = [t(f"{n}.weight", width, h, "column", group, "linear") for n in names[:-1]]
-    out.append(t(f"{names[-1]}.weight", h, width, "row", group, "linear"))
-    if spec.bias:
-        out += [t(f"{n}.bias", width, 1, "column", group, "bias") for n in names[:-1]]
-        out.append(t(f"{names[-1]}.bias", h, 1, "replicated", row_bias_group, "bias"))
-    return out
-
-
-@lru_cache(maxsize=256)
-def layer_tensors(spec: Any) -> tuple[Tensor, ...]:
-    """The parameter tensors of one transformer layer, in module order: Q, K, V, output
-    projection (weights, then biases), the MLP or the experts, shared experts and router, then
-    the two norms."""
-    h, q, kv = spec.hidden, spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim
-    qo, kvg, rb = "attention Q, O", "attention K, V", "row-parallel biases"
-    out = [
-        Tensor("attn.q.weight", q, h, "column", "attention", qo, "linear"),
-        Tensor("attn.k.weight", kv, h, "kv", "attention", kvg, "linear"),
-        Tensor("attn.v.weight", kv, h, "kv", "attention", kvg, "linear"),
-        Tensor("attn.o.weight", h, q, "row", "attention", qo, "linear"),
-    ]
-    if spec.bias or spec.qkv_bias:
-        out += [
-            Tensor("attn.q.bias", q, 1, "column", "attention", qo, "bias"),
-            Tensor("attn.k.bias", kv, 1, "kv", "attention", kvg, "bias"),
-            Tensor("attn.v.bias", kv, 1, "kv", "attention", kvg, "bias"),
-        ]
-    if spec.bias:
-        out.append(Tensor("attn.o.bias", h, 1, "replicated", "attention", rb, "bias"))
-    if spec.num_experts:
-        ef = spec.expert_ffn_hidden
-        out += _mlp(spec, "experts.", ef, "experts", "experts", spec.num_experts, True, "experts")
-        if spec.shared_experts:
-            out += _mlp(
-                spec,
-                "shared_experts.",
-                ef,
-                "shared_experts",
-                "shared experts",
-                spec.shared_experts,
-                False,
-                "shared experts",
-            )
-        out.append(
-            Tensor("router.weight", spec.num_experts, h, "replicated", "router", "router", "router")
-        )
-    else:
-        out += _mlp(spec, "mlp.", spec.ffn_hidden, "mlp", "MLP", 1, False, rb)
-    out += _norm(spec, "attn_norm") + _norm(spec, "mlp_norm")
-    return tuple(out)
-
-
-def _norm(spec: Any, name: str, place: str = "layer") -> list[Tensor]:
-    """LayerNorm has a weight and a bias of h values, RMSNorm a weight (Zhang & Sennrich 2019)."""
-    out = [
-        Tensor(
-            f"{name}.weight", spec.hidden, 1, "replicated", "norms", "norms", "norm", place=place
-        )
-    ]
-    if spec.norm == "layernorm":
-        out.append(
-            Tensor(
-                f"{name}.bias", spec.hidden, 1, "replicated", "norms", "norms", "norm", place=place
-            )
-        )
-    return out
-
-
-@lru_cache(maxsize=256)
-def model_tensors(spec: Any, pipeline: bool = False) -> tuple[Tensor, ...]:
-    """Tensors outside the layers: the embedding (and learned positions) on the first stage; the
-    final norm and the LM head on the last. A tied LM head has no tensor of its own, except with
-    ``pipeline=True`` (p > 1): then the last stage keeps a copy of the embedding (Shoeybi et al.
-    2019 §3; Megatron-LM's ``shared_embedding``) whose gradient is all-reduced with the first's.
-    """
-    h, V = spec.hidden, spec.vocab_size
-    out = [
-        Tensor(
-            "embedding.weight", V, h, "vocab", "embedding", "embedding", "embedding", place="first"
-        )
-    ]
-    if spec.position == "learned":
-        out.append(
-            Tensor(
-                "positions.weight",
-                spec.max_positions,
-                h,
-                "replicated",
-                "positions",
-                "positions",
-                "positions",
-                place="first",
-            )
-        )
-    out += _norm(spec, "final_norm", place="last")
-    if not spec.tied_embeddings or pipeline:
-        out.append(
-            Tensor("lm_head.weight", V, h, "vocab", "lm_head", "LM head", "lm_head", place="last")
-        )
-    return tuple(out)
-
 
 # ---------------------------------------------------------------------------- one rank's share
 def check_tp(spec: Any, tp: int, ep: int = 1) -> None:
@@ -229,6 +87,8 @@ def check_tp(spec: Any, tp: int, ep: int = 1) -> None:
     t divides the heads and the MLP widths, t and kv_heads divide one another, e the experts."""
     check_heads(spec, tp)
     integer("ep", ep)
+    if getattr(spec, "mtp_layers", 0) and spec.hidden % tp:
+        raise ValueError(f"tp={tp} must divide hidden={spec.hidden} (the MTP projection)")
     if spec.ffn_hidden % tp:
         raise ValueError(f"tp={tp} must divide ffn_hidden={spec.ffn_hidden}")
     if spec.num_experts:
@@ -285,16 +145,33 @@ def local_numel(spec: Any, x: Tensor, tp: int = 1, ep: int = 1, vocab_multiple: 
 
 
 @lru_cache(maxsize=1024)
-def layer_params(spec: Any, tp: int = 1, ep: int = 1) -> tuple[int, int]:
-    """(dense, expert) parameters of one layer on one rank of ``tp`` × ``ep``."""
+def layer_params(spec: Any, tp: int = 1, ep: int = 1, moe: bool | None = None) -> tuple[int, int]:
+    """(dense, expert) parameters of one layer on one rank of ``tp`` × ``ep`` (an MoE layer of a
+    model with experts unless ``moe=False``)."""
     dense = expert = 0
-    for x in layer_tensors(spec):
+    for x in layer_tensors(spec, moe):
         n = local_numel(spec, x, tp, ep)
         if x.expert:
             expert += n
         else:
             dense += n
     return dense, expert
+
+
+def _stage_layers(spec: Any, n: int, first: bool, last: bool, start: int | None) -> int:
+    """The first layer of a stage of ``n`` layers: ``start`` when given, else 0 on the first
+    stage and L - n on the others (the deepest layers: for a model whose first layers are
+    dense, the largest stage a middle one can be)."""
+    if start is not None:
+        return integer("start", start, 0, max(spec.layers - n, 0))
+    return 0 if first else spec.layers - n
+
+
+def _own(x: Tensor, first: bool, last: bool, mtp: bool) -> bool:
+    """Whether a stage keeps model tensor ``x`` (the first, the last, MTP on the last)."""
+    if x.component in ("mtp", "mtp_experts") and not mtp:
+        return False
+    return (x.place == "first" and first) or (x.place == "last" and last)
 
 
 def stage_params(
@@ -305,22 +182,37 @@ def stage_params(
     first: bool = True,
     last: bool = True,
     vocab_multiple: int = 1,
+    *,
+    start: int | None = None,
+    mtp: bool = True,
 ) -> tuple[int, int]:
     """(dense, expert) parameters one GPU of a pipeline stage holds before ZeRO sharding.
 
-    ``n_layers`` transformer layers (default: all), plus the embedding on the ``first`` stage
-    and the final norm and LM head on the ``last`` (a tied LM head counts once on a single
-    stage and is copied on the last stage of a pipeline). Expert parameters are kept apart
-    because ZeRO shards them over the expert-data-parallel group. ``vocab_multiple`` pads the
-    vocabulary (:func:`vocab_rows`).
+    ``n_layers`` transformer layers (default: all) from layer ``start`` (default:
+    :func:`_stage_layers`), dense and MoE layers as :func:`layer_groups` counts them, plus the
+    embedding on the ``first`` stage and the final norm and LM head on the ``last`` (a tied LM
+    head counts once on a single stage and is copied on the last stage of a pipeline), and the
+    MTP modules on the last stage unless ``mtp=False`` (serving without speculative decoding).
+    Expert parameters are kept apart because ZeRO shards them over the expert-data-parallel
+    group. ``vocab_multiple`` pads the vocabulary (:func:`vocab_rows`).
     """
     n = spec.layers if n_layers is None else n_layers
-    dense, expert = layer_params(spec, tp, ep)
-    dense, expert = n * dense, n * expert
+    dense = expert = 0
+    for count, tensors in layer_groups(spec, _stage_layers(spec, n, first, last, start), n):
+        d, e = layer_params(spec, tp, ep, _is_moe(tensors))
+        dense, expert = dense + count * d, expert + count * e
     for x in model_tensors(spec, pipeline=not (first and last)):
-        if (x.place == "first" and first) or (x.place == "last" and last):
-            dense += local_numel(spec, x, tp, ep, vocab_multiple)
+        if _own(x, first, last, mtp):
+            if x.expert:
+                expert += local_numel(spec, x, tp, ep, vocab_multiple)
+            else:
+                dense += local_numel(spec, x, tp, ep, vocab_multiple)
     return dense, expert
+
+
+def _is_moe(tensors: tuple[Tensor, ...]) -> bool:
+    """Whether a layer's tensors are an MoE layer's (it has routed experts)."""
+    return any(x.expert for x in tensors)
 
 
 def factored_numel(
@@ -331,6 +223,8 @@ def factored_numel(
     first: bool = True,
     last: bool = True,
     vocab_multiple: int = 1,
+    *,
+    start: int | None = None,
 ) -> tuple[int, int]:
     """(dense, expert) elements of a factored second moment for the parameters of
     :func:`stage_params`: rows + columns of each local matrix, every value of a vector
@@ -342,16 +236,14 @@ def factored_numel(
         return copies * (rows + cols if cols > 1 else rows)
 
     n = spec.layers if n_layers is None else n_layers
-    dense = expert = 0
-    for x in layer_tensors(spec):
-        if x.expert:
-            expert += n * second_moment(x)
-        else:
-            dense += n * second_moment(x)
+    out = [0, 0]  # dense, expert
+    for count, tensors in layer_groups(spec, _stage_layers(spec, n, first, last, start), n):
+        for x in tensors:
+            out[x.expert] += count * second_moment(x)
     for x in model_tensors(spec, pipeline=not (first and last)):
-        if (x.place == "first" and first) or (x.place == "last" and last):
-            dense += second_moment(x)
-    return dense, expert
+        if _own(x, first, last, True):
+            out[x.expert] += second_moment(x)
+    return out[0], out[1]
 
 
 def largest_module_params(spec: Any, tp: int = 1, vocab_multiple: int = 1) -> int:
@@ -361,7 +253,8 @@ def largest_module_params(spec: Any, tp: int = 1, vocab_multiple: int = 1) -> in
     ``sum(p.numel() for p in m.parameters(recurse=False))``; modules that fuse several of these
     tensors, such as GPT-2's ``c_attn``, are larger than this table's largest entry)."""
     sizes: dict[str, int] = {}
-    for x in (*layer_tensors(spec), *model_tensors(spec)):
+    tensors = (*layer_tensors(spec, False), *layer_tensors(spec), *model_tensors(spec))
+    for x in dict.fromkeys(tensors):
         rows, cols = local_shape(spec, x, tp, vocab_multiple)
         module = x.name.rsplit(".", 1)[0]
         sizes[module] = sizes.get(module, 0) + rows * cols
@@ -375,18 +268,22 @@ def stage_tensor_numels(
     n_layers: int | None = None,
     first: bool = True,
     last: bool = True,
+    *,
+    start: int | None = None,
 ) -> list[int]:
     """Element counts of the tensors one GPU of a stage holds, one entry per tensor (an expert's
     matrices are one entry per local expert), layer by layer, then the first stage's and the
     last stage's own tensors. Their sum is :func:`stage_params` (dense + expert)."""
     n = spec.layers if n_layers is None else n_layers
-    per_layer: list[int] = []
-    for x in layer_tensors(spec):
-        copies = x.count // ep if x.expert else x.count
-        per_layer += [local_numel(spec, x, tp, ep) // copies] * copies
-    out = per_layer * n
+    out: list[int] = []
+    for count, tensors in layer_groups(spec, _stage_layers(spec, n, first, last, start), n):
+        per_layer: list[int] = []
+        for x in tensors:
+            copies = x.count // ep if x.expert else x.count
+            per_layer += [local_numel(spec, x, tp, ep) // copies] * copies
+        out += per_layer * count
     for x in model_tensors(spec, pipeline=not (first and last)):
-        if (x.place == "first" and first) or (x.place == "last" and last):
+        if _own(x, first, last, True):
             out.append(local_numel(spec, x, tp, ep))
     return out
 
@@ -394,19 +291,23 @@ def stage_tensor_numels(
 # ---------------------------------------------------------------------------- whole-model views
 def param_counts(spec: Any) -> dict[str, int]:
     """Parameters of the whole model by component (all layers summed): ``embedding``,
-    ``positions``, ``attention``, ``mlp`` (dense) or ``experts`` / ``shared_experts`` /
-    ``router`` (MoE), ``norms`` (every layer's two and the final one), ``lm_head`` (0 when
-    tied)."""
+    ``positions``, ``attention``, ``mlp`` (dense layers) and/or ``experts`` /
+    ``shared_experts`` / ``router`` (MoE layers), ``norms`` (every layer's, the q/k and MLA
+    latent norms and the final one), ``lm_head`` (0 when tied), and with MTP modules ``mtp`` and
+    ``mtp_experts`` (their routed experts)."""
     return dict(_param_counts(spec))
 
 
 @lru_cache(maxsize=256)
 def _param_counts(spec: Any) -> tuple[tuple[str, int], ...]:
     keys = ["embedding", "positions", "attention", "norms"]
-    keys += ["experts", "shared_experts", "router"] if spec.num_experts else ["mlp"]
+    keys += ["experts", "shared_experts", "router"] if spec.num_experts else []
+    keys += ["mlp"] if moe_layer_count(spec) < spec.layers else []
+    keys += ["mtp", "mtp_experts"] if getattr(spec, "mtp_layers", 0) else []
     out = dict.fromkeys([*keys, "lm_head"], 0)
-    for x in layer_tensors(spec):
-        out[x.component] += x.numel * spec.layers
+    for count, tensors in layer_groups(spec):
+        for x in tensors:
+            out[x.component] += x.numel * count
     for x in model_tensors(spec):
         out[x.component] += x.numel
     return tuple(out.items())
@@ -433,6 +334,7 @@ _GROUP_SPLIT = {
     "embedding": "vocabulary rows",
     "positions": "replicated",
     "attention Q, O": "heads",
+    "attention latent": "replicated",
     "MLP": "inner width",
     "shared experts": "inner width",
     "experts": "experts over e, width over t",
@@ -440,6 +342,7 @@ _GROUP_SPLIT = {
     "row-parallel biases": "replicated",
     "norms": "replicated",
     "LM head": "vocabulary rows",
+    "MTP module": "as its layer, on the last stage",
 }
 
 
@@ -452,10 +355,10 @@ def tp_param_counts(spec: ModelSpec, tp: int = 1, ep: int = 1) -> list[ShardCoun
     if isinstance(spec, str) or not hasattr(spec, "head_dim"):
         raise ValueError(f"spec must be a ModelSpec (ModelSpec.preset(name)), got {spec!r}")
     check_tp(spec, tp, ep)
-    L = spec.layers
     full: dict[str, int] = {}
     local: dict[str, int] = {}
-    for x, times in [(x, L) for x in layer_tensors(spec)] + [(x, 1) for x in model_tensors(spec)]:
+    rows = [(x, k) for k, group in layer_groups(spec) for x in group]
+    for x, times in rows + [(x, 1) for x in model_tensors(spec)]:
         full[x.group] = full.get(x.group, 0) + times * x.numel
         local[x.group] = local.get(x.group, 0) + times * local_numel(spec, x, tp, ep)
     order = (
@@ -463,6 +366,7 @@ def tp_param_counts(spec: ModelSpec, tp: int = 1, ep: int = 1) -> list[ShardCoun
         "positions",
         "attention Q, O",
         "attention K, V",
+        "attention latent",
         "experts",
         "shared experts",
         "router",
@@ -470,6 +374,7 @@ def tp_param_counts(spec: ModelSpec, tp: int = 1, ep: int = 1) -> list[ShardCoun
         "row-parallel biases",
         "norms",
         "LM head",
+        "MTP module",
     )
     kv_split = (
         "kv heads" if tp <= spec.kv_heads else f"kv heads, each kept by {tp // spec.kv_heads} ranks"
@@ -484,17 +389,22 @@ def tp_param_counts(spec: ModelSpec, tp: int = 1, ep: int = 1) -> list[ShardCoun
 def linear_shapes(spec: Any) -> list[tuple[str, int, int, int]]:
     """(name, in_features, out_features, count over all layers) of every transformer-layer weight
     matrix (the ones weight quantisation touches; the router, embeddings and LM head are not
-    among them)."""
-    return [
-        (x.name.removesuffix(".weight").replace(".", "_"), x.cols, x.rows, x.count * spec.layers)
-        for x in layer_tensors(spec)
-        if x.kind == "linear"
-    ]
+    among them). Dense and MoE layers of one model each add their own matrices."""
+    out: dict[tuple[str, int, int], int] = {}
+    for k, group in layer_groups(spec):
+        for x in group:
+            if x.kind == "linear":
+                key = (x.name.removesuffix(".weight").replace(".", "_"), x.cols, x.rows)
+                out[key] = out.get(key, 0) + x.count * k
+    return [(*key, n) for key, n in out.items()]
 
 
 def layer_matmul_params(spec: Any) -> int:
     """Weights one token multiplies through in one layer: Q, K, V, output, the MLP (for MoE the
-    router, the ``top_k`` routed experts and the shared experts); biases and norms excluded."""
+    router, the ``top_k`` routed experts and the shared experts); biases and norms excluded.
+    An MoE layer for a model with experts: for DeepSeek-V3 and Llama-4 Maverick the dense
+    layers multiply through as many MLP weights as an MoE layer's top_k + shared experts (3 ·
+    7168 · 18432 = 9 · 3 · 7168 · 2048), so only the router's E · h differs."""
     total = 0
     for x in layer_tensors(spec):
         if x.kind in ("linear", "router"):

@@ -240,5 +240,7 @@ def stage_weight_tensors(
     of the even split): 2 bytes times the sum is the estimate's ``params`` for 16-bit weights."""
     par = parallel or ParallelConfig()
     integer("stage", stage, 0, par.pp - 1)
-    n_layers = even_split(spec.layers, par.pp)[stage]
-    return stage_tensor_numels(spec, par.tp, par.ep, n_layers, stage == 0, stage == par.pp - 1)
+    split = even_split(spec.layers, par.pp)
+    first, last = stage == 0, stage == par.pp - 1
+    start = sum(split[:stage])
+    return stage_tensor_numels(spec, par.tp, par.ep, split[stage], first, last, start=start)

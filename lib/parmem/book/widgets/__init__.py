@@ -25,7 +25,7 @@ from .pipeline import (
     explore_stage_balance,
 )
 from .planner import explore_plan
-from .serving import explore_serving
+from .serving import explore_kv_cache, explore_serving
 from .tensor import (
     explore_layer_activations,
     explore_tp_shards,
@@ -39,5 +39,5 @@ __all__ = [
     "explore_tp_shards", "explore_tp_weights", "explore_tp_tradeoff", "explore_layer_activations",
     "explore_pp_memory", "explore_schedules", "explore_stage_balance", "explore_bubble",
     "explore_microbatch", "explore_experts", "explore_3d", "explore_axes", "explore_plan",
-    "explore_allocator", "explore_serving", "explore_engines",
+    "explore_allocator", "explore_serving", "explore_kv_cache", "explore_engines",
 ]  # fmt: skip
