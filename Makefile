@@ -1,7 +1,8 @@
 # Parallelism & GPU Memory: build, test and explore the book.
 #
 #   make book    the site, in _build/html (executes every chapter; cached afterwards)
-#   make test    lint, unit tests, every chapter as a test, the book with -W, a browser test
+#   make test    lint, unit tests, every chapter as a test, the book with -W (the live notebooks
+#                in JupyterLab beside it), the browser tests of the site
 #   make lab     JupyterLab on the chapters, with parmem installed in the kernel
 #   make bench   run every benchmarks/bench_*.py
 #   make clean   remove the build (keeps .venv and node_modules); make distclean removes those too
@@ -37,7 +38,7 @@ no_tests = { rc=$$?; [ $$rc -ne 5 ] || echo "$(1): pytest collected no tests (ex
 # Append "stage seconds" to $(BUILD)/stage-times.txt while running a stage: $(call timed,NAME) CMD
 timed = bash -c 's=$$SECONDS; "$$@"; rc=$$?; printf "  %-22s %5d s\n" "$(1)" $$((SECONDS - s)) >> $(BUILD)/stage-times.txt; exit $$rc' _
 
-.PHONY: help setup book execute build-html test lint unit notebooks nbval browser lab bench clean distclean
+.PHONY: help setup book execute build-html test lint unit notebooks nbval browser live lab bench clean distclean
 
 help:
 	@sed -n 's/^#   //p' Makefile
@@ -98,15 +99,27 @@ notebooks: setup
 nbval: setup
 	$(PY) -m pytest --nbval-lax --nbval-cell-timeout=120 -n $(JOBS) --dist loadfile chapters
 
+# the site in Chromium (needs the built site); `make live`: the chapters in JupyterLab (needs none)
 browser: setup
-	$(PY) -m pytest tests/browser -m browser -q || $(call no_tests,browser)
+	$(PY) -m pytest tests/browser -m browser -q --ignore=tests/browser/test_live.py \
+	  || $(call no_tests,browser)
+
+live: setup
+	$(PY) -m pytest tests/browser/test_live.py -m browser -q -s || $(call no_tests,live)
 
 test: setup
 	@mkdir -p $(BUILD) && : > $(BUILD)/stage-times.txt
 	@echo "== lint" && $(call timed,lint (ruff)) $(MAKE) --no-print-directory lint
 	@echo "== unit tests" && $(call timed,unit tests) $(MAKE) --no-print-directory unit
 	@echo "== chapters" && $(call timed,chapters) $(MAKE) --no-print-directory notebooks
-	@echo "== book (execute + build -W)" && $(call timed,book build) $(MAKE) --no-print-directory book
+	@# Sphinx builds on one core: the live-notebook test (JupyterLab, no site needed) runs beside it
+	@echo "== book (execute + build -W), and beside it the live notebooks in JupyterLab"
+	@$(call timed,book build) $(MAKE) --no-print-directory book > $(BUILD)/book.log 2>&1 & book=$$!; \
+	  live=0; $(call timed,live notebooks) $(MAKE) --no-print-directory live || live=$$?; \
+	  rc=0; wait $$book || rc=$$?; echo "-- book build output:"; cat $(BUILD)/book.log; \
+	  if [ $$rc -ne 0 ]; then echo "the book build failed (exit $$rc)" >&2; exit $$rc; fi; \
+	  if [ $$live -ne 0 ]; then echo "the live-notebook test failed (exit $$live)" >&2; fi; \
+	  exit $$live
 	@echo "== browser" && $(call timed,browser test) $(MAKE) --no-print-directory browser
 	@echo; echo "Seconds per chapter:"; cat $(BUILD)/notebook-times.txt 2>/dev/null || echo "  (no notebooks)"
 	@echo; echo "Seconds per stage:"; cat $(BUILD)/stage-times.txt
