@@ -7,7 +7,8 @@
 #   make clean   remove the build (keeps .venv and node_modules); make distclean removes those too
 #
 # Setup is shared and incremental: the virtual environment is (re)installed only when
-# requirements.txt or pyproject.toml change, the npm assets only when package-lock.json does.
+# requirements.txt or pyproject.toml change, the npm assets (MathJax, the widget manager, Pyodide)
+# only when package-lock.json does, the wheel of parmem the browser pages load when lib/ or data/ do.
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -24,6 +25,9 @@ HTML := $(BUILD)/html
 STAMP_PY := $(VENV)/.installed
 STAMP_NPM := node_modules/.installed
 STAMP_ASSETS := _assets/vendor/.copied
+# the wheel of parmem the calculator and planner pages load into Pyodide (scripts/build_wheel.py)
+WHEEL_MANIFEST := _assets/py/manifest.json
+WHEEL_SOURCES := $(shell find lib/parmem -name '*.py' -not -path '*/__pycache__/*') $(wildcard data/*.toml)
 
 # The chapters' torch.distributed demos start this many ranks; one BLAS thread per process keeps
 # two notebooks of two ranks each from fighting over two cores.
@@ -58,7 +62,10 @@ $(STAMP_ASSETS): $(STAMP_NPM) scripts/vendor_assets.py
 	$(PYTHON) scripts/vendor_assets.py
 	touch $@
 
-setup: $(STAMP_PY) $(STAMP_ASSETS)
+$(WHEEL_MANIFEST): $(WHEEL_SOURCES) pyproject.toml scripts/build_wheel.py
+	$(PYTHON) scripts/build_wheel.py
+
+setup: $(STAMP_PY) $(STAMP_ASSETS) $(WHEEL_MANIFEST)
 
 # ----------------------------------------------------------------------------------------- book
 # Run the chapters that changed, $(JOBS) at a time, into the execution cache; then build.

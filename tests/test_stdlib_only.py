@@ -13,9 +13,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from parmem import Cluster, ModelSpec, ParallelConfig, TrainingSetup, estimate, plan
 
-LIB = Path(__file__).resolve().parents[1] / "lib"
+ROOT = Path(__file__).resolve().parents[1]
+LIB = ROOT / "lib"
 BLOCKED = ("yaml", "numpy", "torch", "matplotlib", "ipywidgets")
 
 SCRIPT = r"""
@@ -39,7 +42,9 @@ for name in BLOCKED:  # the finder works: none of them can be imported
         raise SystemExit(f"{name} could be imported")
 
 from parmem import Cluster, ModelSpec, ParallelConfig, TrainingSetup, estimate, plan, presets
+from parmem.book import web
 from parmem.cli import main
+import parmem._data
 
 est = estimate(ModelSpec.preset("llama-2-7b"), ParallelConfig(dp=8, tp=4, pp=2, sp=True, zero=1),
                TrainingSetup(seq_len=4096, num_microbatches=8, recompute="selective",
@@ -49,7 +54,11 @@ out = io.StringIO()
 with contextlib.redirect_stdout(out):
     rc = main(["estimate", "--model", "mixtral-8x7b", "--ep", "8", "--dp", "8", "--zero", "2",
                "--seq", "2048", "--json"])
+calc = json.loads(web.run_json("calculate", json.dumps({"model": "gpt3-175b", "t": "8", "p": "8", "seq": "2048",
+                                                       "d": "2", "m": "8"})))
 print(json.dumps({
+    "data": str(parmem._data.data_path("models.toml")),
+    "calc": calc["peak_bytes"],
     "presets": len(presets()),
     "stages": [s.total for s in est.stages],
     "plan": [c.label() for c in p.candidates[:5]],
@@ -61,9 +70,26 @@ print(json.dumps({
 """
 
 
-def test_estimate_preset_plan_and_cli_run_on_the_standard_library_alone():
+def _wheel(tmp_path: Path) -> Path:
+    """The wheel the book serves (scripts/build_wheel.py), unpacked as Pyodide unpacks it."""
+    import importlib.util
+    import zipfile
+
+    spec = importlib.util.spec_from_file_location("build_wheel", ROOT / "scripts" / "build_wheel.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    wheel = module.build(tmp_path / "dist")
+    site = tmp_path / "site-packages"
+    with zipfile.ZipFile(wheel) as zf:
+        zf.extractall(site)
+    return site
+
+
+@pytest.mark.parametrize("where", ["source", "wheel"])
+def test_estimate_preset_plan_and_cli_run_on_the_standard_library_alone(where, tmp_path):
+    path = LIB if where == "source" else _wheel(tmp_path)
     done = subprocess.run(
-        [sys.executable, "-I", "-c", SCRIPT, str(LIB), ",".join(BLOCKED)],
+        [sys.executable, "-I", "-c", SCRIPT, str(path), ",".join(BLOCKED)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -72,6 +98,12 @@ def test_estimate_preset_plan_and_cli_run_on_the_standard_library_alone():
     assert done.returncode == 0, done.stderr[-3000:]
     got = json.loads(done.stdout)
     assert got["loaded"] == []
+    if where == "wheel":  # the wheel's own copy of the data, not the repository's
+        assert got["data"] == str(path / "parmem" / "data" / "models.toml")
+    assert got["calc"] == estimate(
+        ModelSpec.preset("gpt3-175b"), ParallelConfig(dp=2, tp=8, pp=8),
+        TrainingSetup(seq_len=2048, num_microbatches=8),
+    ).peak_bytes
 
     from parmem import presets
 
