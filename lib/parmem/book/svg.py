@@ -62,7 +62,7 @@ def stacked_bars(
     top = max([memory_bytes, *(sum(s[c] for c in components) for s in stages)]) / unit
     ticks = _ticks(top)
     scale = (width - _LEFT - _RIGHT) / ticks[-1]
-    height = _TOP + len(stages) * (_BAR + _GAP) + 50
+    height = _TOP + len(stages) * (_BAR + _GAP) + 66
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" class="parmem-bars" width="{width}" '
         f'height="{height}" viewBox="0 0 {width} {height}" role="img" '
@@ -102,13 +102,17 @@ def stacked_bars(
         f'stroke-dasharray="4 3" data-bytes="{memory_bytes}"><title>GPU memory '
         f"{memory_bytes / unit:.2f} GiB</title></line>"
     )
-    x = float(_LEFT)
+    x, y = float(_LEFT), axis_y + 35
     for name in components:
+        label = LABELS.get(name, name)
+        step = 13 + 6.5 * len(label) + 12
+        if x + step > width:  # the legend wraps
+            x, y = float(_LEFT), y + 16
         out.append(
-            f'<rect x="{x:.0f}" y="{axis_y + 35}" width="10" height="10" '
-            f'fill="{COLORS.get(name, "#444")}"/><text x="{x + 13:.0f}" y="{axis_y + 44}">'
-            f"{escape(LABELS.get(name, name))}</text>"
+            f'<rect x="{x:.0f}" y="{y}" width="10" height="10" '
+            f'fill="{COLORS.get(name, "#444")}"/><text x="{x + 13:.0f}" y="{y + 9}">'
+            f"{escape(label)}</text>"
         )
-        x += 13 + 6.2 * len(LABELS.get(name, name)) + 12
+        x += step
     out.append("</svg>")
     return "".join(out)

@@ -63,7 +63,7 @@ from ..hardware import hardware_preset, hardware_presets
 from ..model import ModelSpec, presets
 from ..planner import ENGINES, Cluster, Plan, plan
 from ..units import GIB
-from .svg import stacked_bars
+from .svg import LABELS, stacked_bars
 
 __all__ = [
     "CALC_FIELDS",
@@ -270,6 +270,7 @@ def calculate(settings: Mapping[str, Any]) -> dict[str, Any]:
             "peak_gib": f"{est.peak_bytes / GIB:.2f}",
             "fits": est.peak_bytes <= hw.memory_bytes,
             "components": list(MemoryBreakdown.FIELDS),
+            "labels": {k: LABELS.get(k, k) for k in MemoryBreakdown.FIELDS},
             "stages": stages,
             "text": str(est),
             "svg": stacked_bars(stages, list(MemoryBreakdown.FIELDS), hw.memory_bytes, GIB),

@@ -122,7 +122,7 @@ function renderCalculation(r) {
   out.querySelector(".parmem-summary").dataset.peakBytes = String(r.peak_bytes);
   const table = el("table", { class: "parmem-table" });
   const head = el("tr");
-  for (const h of ["stage", "layers", ...r.components, "total"]) head.append(el("th", {}, h));
+  for (const h of ["stage", "layers", ...r.components.map((c) => r.labels[c]), "total"]) head.append(el("th", {}, h));
   table.appendChild(el("thead")).append(head);
   const body = table.appendChild(el("tbody"));
   for (const s of r.stages) {
@@ -166,6 +166,7 @@ function renderPlan(r) {
 async function update() {
   if (busy) { queued = true; return; }
   busy = true;
+  root.dataset.parmemBusy = "1";
   const started = performance.now();
   const reply = await ask(kind, settings());
   busy = false;
@@ -185,7 +186,8 @@ async function update() {
   root.dataset.parmemResults = String(Number(root.dataset.parmemResults || 0) + 1);
   root.dataset.parmemMs = (performance.now() - started).toFixed(1);
   root.dataset.parmemPythonMs = reply.ms ? reply.ms.toFixed(1) : "";
-  if (queued) { queued = false; update(); }
+  if (queued) { queued = false; update(); return; }
+  root.dataset.parmemBusy = "0";
 }
 
 (async () => {

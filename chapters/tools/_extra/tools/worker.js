@@ -7,11 +7,16 @@ import { loadPyodide } from "../vendor/pyodide/pyodide.mjs";
 
 const site = new URL("../", import.meta.url);
 
-const ready = (async () => {
-  const pyodide = await loadPyodide({ indexURL: new URL("vendor/pyodide/", site).href });
+async function fetchWheel() {
   const manifest = await (await fetch(new URL("py/manifest.json", site))).json();
   const url = new URL(`py/${manifest.wheel}?v=${manifest.sha256}`, site);
-  const wheel = await (await fetch(url)).arrayBuffer();
+  return (await fetch(url)).arrayBuffer();
+}
+
+const ready = (async () => {
+  const wheelPromise = fetchWheel(); // fetched while Python starts
+  const pyodide = await loadPyodide({ indexURL: new URL("vendor/pyodide/", site).href });
+  const wheel = await wheelPromise;
   const target = pyodide.runPython("import site; site.getsitepackages()[0]");
   pyodide.unpackArchive(wheel, "wheel", { extractDir: target });
   return pyodide.pyimport("parmem.book.web").run_json;
