@@ -12,7 +12,7 @@ so nothing is cached in memory; the HTTP cache is empty too):
 * the planner's first result and the Python part of it (one ``plan()`` search).
 
 Run after ``make book``: ``python benchmarks/bench_web.py [--runs 3] [--changes 20]``. Also prints
-the bytes the pages add to the site (Pyodide's files and the wheel). The machine's load matters
+the bytes the pages add to the site (Pyodide's files, the wheel and the snapshot). The machine's load matters
 (Pyodide's start is a few seconds of one CPU core): the load average is printed with the table.
 """
 
@@ -39,13 +39,16 @@ SETTLED = """(count) => {
 }"""
 STATE = """() => {
     const r = document.querySelector('[data-parmem-tool]').dataset;
-    return [Number(r.parmemResults || 0), Number(r.parmemPythonMs || 0)];
+    return [Number(r.parmemResults || 0), Number(r.parmemPythonMs || 0), r.parmemStart];
 }"""
 CHANGE = """([name, value]) => {
     const input = document.querySelector(`[name="${name}"]`);
     input.value = value;
     input.dispatchEvent(new Event('change', {bubbles: true}));
 }"""
+
+
+STARTS: set[str] = set()  # how Python started: "snapshot" or "start" (see tools/worker.js)
 
 
 class _Quiet(http.server.SimpleHTTPRequestHandler):
@@ -81,7 +84,9 @@ def first_result(browser, origin: str, path: str, outside: list[str]):
     page.goto(f"{origin}/{path}")
     page.wait_for_function(SETTLED, arg=0, timeout=180_000)
     seconds = time.perf_counter() - start
-    return context, page, seconds, page.evaluate(STATE)[1]
+    state = page.evaluate(STATE)
+    STARTS.add(state[2])
+    return context, page, seconds, state[1]
 
 
 def changes(page, count: int) -> tuple[list[float], list[float]]:
@@ -100,9 +105,15 @@ def changes(page, count: int) -> tuple[list[float], list[float]]:
 
 
 def site_bytes() -> dict[str, int]:
-    parts = {"Pyodide (vendor/pyodide)": SITE / "vendor" / "pyodide", "parmem wheel (py)": SITE / "py",
-             "page scripts (tools)": SITE / "tools"}
-    return {k: sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) for k, p in parts.items()}
+    py = SITE / "py"
+    snapshot = sum(f.stat().st_size for f in py.glob("snapshot*"))
+    parts = {
+        "Pyodide (vendor/pyodide)": sum(f.stat().st_size for f in (SITE / "vendor" / "pyodide").iterdir()),
+        "parmem wheel (py/*.whl)": sum(f.stat().st_size for f in py.glob("*.whl")),
+        "Pyodide snapshot (py/snapshot.bin)": snapshot,
+        "page scripts (tools)": sum(f.stat().st_size for f in (SITE / "tools").iterdir()),
+    }
+    return parts
 
 
 def set_site(path: Path) -> None:
@@ -146,7 +157,8 @@ def main() -> int:
 
     load = os.getloadavg()[0]
     print(f"calculator and planner in Chromium, {args.runs} page loads each, "
-          f"load average {load:.1f} on {os.cpu_count()} CPUs")
+          f"load average {load:.1f} on {os.cpu_count()} CPUs; Python started from: "
+          f"{', '.join(sorted(STARTS))}")
     print(f"{'measure':46} {'median':>9} {'worst':>9} {'goal':>8}")
     rows = [
         ("calculator: open -> first result (s)", first, 5.0),

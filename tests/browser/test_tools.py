@@ -15,7 +15,7 @@ import json
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
-from test_site import PageVisit, browser, origin  # noqa: F401 (fixtures)
+from test_site import SITE, PageVisit, browser, origin  # noqa: F401 (fixtures)
 
 from parmem import Cluster, ModelSpec, ParallelConfig, TrainingSetup, estimate, plan
 from parmem.hardware import hardware_preset
@@ -133,6 +133,14 @@ def check_calculation(page, settings: dict) -> None:
     assert sum(bars) == sum(s.total for s in est.stages), name  # the chart draws every byte
 
 
+def check_start(page) -> None:
+    """Python started from the memory snapshot when the site has one (a broken snapshot would
+    otherwise hide behind the slow fallback)."""
+    manifest = json.loads((SITE / "py" / "manifest.json").read_text())
+    expected = "snapshot" if "snapshot" in manifest else "start"
+    assert page.get_attribute("[data-parmem-tool]", "data-parmem-start") == expected
+
+
 def test_calculator(browser, origin):  # noqa: F811 (fixtures)
     first = CONFIGS[0]
     query = "&".join(f"{k}={v}" for k, v in first.items())
@@ -140,6 +148,7 @@ def test_calculator(browser, origin):  # noqa: F811 (fixtures)
     page = visit.page
     try:
         page.wait_for_function(SETTLED, arg=0, timeout=PYODIDE_START_MS)
+        check_start(page)
         check_calculation(page, first)  # settings from the URL
         for settings in CONFIGS[1:]:
             submit(page, {**CALC_DEFAULTS, **settings})
@@ -173,6 +182,7 @@ def test_planner(browser, origin):  # noqa: F811 (fixtures)
     page = visit.page
     try:
         page.wait_for_function(SETTLED, arg=0, timeout=PYODIDE_START_MS)
+        check_start(page)
         for i, settings in enumerate(PLANS):
             if i:
                 submit(page, settings)

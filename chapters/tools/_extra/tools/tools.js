@@ -186,6 +186,7 @@ async function update() {
   root.dataset.parmemResults = String(Number(root.dataset.parmemResults || 0) + 1);
   root.dataset.parmemMs = (performance.now() - started).toFixed(1);
   root.dataset.parmemPythonMs = reply.ms ? reply.ms.toFixed(1) : "";
+  root.dataset.parmemStart = reply.from || ""; // "snapshot" or "start": how Python started
   if (queued) { queued = false; update(); return; }
   root.dataset.parmemBusy = "0";
 }
