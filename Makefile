@@ -8,7 +8,8 @@
 #   make clean   remove the build (keeps .venv and node_modules); make distclean removes those too
 #
 # Setup is shared and incremental: the virtual environment is (re)installed only when
-# requirements.txt or pyproject.toml change, the npm assets only when package-lock.json does.
+# requirements.txt or pyproject.toml change, the npm assets (MathJax, the widget manager, Pyodide)
+# only when package-lock.json does, the wheel of parmem the browser pages load when lib/ or data/ do.
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -25,6 +26,14 @@ HTML := $(BUILD)/html
 STAMP_PY := $(VENV)/.installed
 STAMP_NPM := node_modules/.installed
 STAMP_ASSETS := _assets/vendor/.copied
+# the wheel of parmem the calculator and planner pages load into Pyodide (scripts/build_wheel.py)
+WHEEL_MANIFEST := _assets/py/manifest.json
+# and a memory snapshot of Pyodide with that wheel imported (scripts/pyodide_snapshot.mjs): the
+# pages start from it in a fraction of the time (30 MiB; `make book WEB_SNAPSHOT=0` leaves it out,
+# and the pages start Python from scratch)
+WEB_SNAPSHOT ?= 1
+SNAPSHOT := _assets/py/snapshot.bin
+WHEEL_SOURCES := $(shell find lib/parmem -name '*.py' -not -path '*/__pycache__/*') $(wildcard data/*.toml)
 
 # The chapters' torch.distributed demos start this many ranks; one BLAS thread per process keeps
 # two notebooks of two ranks each from fighting over two cores.
@@ -59,7 +68,13 @@ $(STAMP_ASSETS): $(STAMP_NPM) scripts/vendor_assets.py
 	$(PYTHON) scripts/vendor_assets.py
 	touch $@
 
-setup: $(STAMP_PY) $(STAMP_ASSETS)
+$(WHEEL_MANIFEST): $(WHEEL_SOURCES) pyproject.toml scripts/build_wheel.py
+	$(PYTHON) scripts/build_wheel.py
+
+$(SNAPSHOT): $(WHEEL_MANIFEST) $(STAMP_NPM) scripts/pyodide_snapshot.mjs
+	node scripts/pyodide_snapshot.mjs
+
+setup: $(STAMP_PY) $(STAMP_ASSETS) $(WHEEL_MANIFEST) $(if $(filter 1,$(WEB_SNAPSHOT)),$(SNAPSHOT))
 
 # ----------------------------------------------------------------------------------------- book
 # Run the chapters that changed, $(JOBS) at a time, into the execution cache; then build.

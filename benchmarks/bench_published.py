@@ -1,4 +1,4 @@
-"""The planner against published runs (issue 15): for every run of data/published_runs.yaml,
+"""The planner against published runs (issue 15): for every run of data/published_runs.toml,
 its rank among the plans of its search, its modelled step time against the best plan's, and its
 modelled against its published TFLOP/s per GPU (parmem.planner.calibration).
 

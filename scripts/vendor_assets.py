@@ -1,7 +1,7 @@
 """Copy the browser assets the book serves itself from node_modules/ into _assets/vendor/.
 
-The site must load nothing from outside itself, so MathJax 3, RequireJS and the ipywidgets
-HTML manager come from npm (package.json, pinned; `npm ci` from package-lock.json) and are
+The site must load nothing from outside itself, so MathJax 3, RequireJS, the ipywidgets
+HTML manager and Pyodide's core runtime (for the calculator and planner pages) come from npm (package.json, pinned; `npm ci` from package-lock.json) and are
 served from the site. `_assets/` is listed in Sphinx's `html_extra_path`, so its contents land
 at the site root: `_build/html/vendor/...`. They stay out of `_static/`, because Jupyter Book
 adds every `.js` file under `_static/` to every page.
@@ -22,6 +22,7 @@ NODE_MODULES = ROOT / "node_modules"
 DEST = ROOT / "_assets" / "vendor"
 
 # (npm package, folder or file inside it, destination under _assets/vendor, files to leave out)
+# A folder is copied whole, less the files to leave out; a tuple of names copies only those.
 ASSETS = [
     # MathJax loads its components and fonts relative to its own script, so copy the whole es5/.
     ("mathjax", "es5", "mathjax", ()),
@@ -32,6 +33,16 @@ ASSETS = [
         "dist",
         "html-manager",
         ("embed.js", "embed.js.map", "embed.js.LICENSE.txt", "libembed-amd.js"),
+    ),
+    # Pyodide's core: the loader, the Emscripten module, the WebAssembly binary, the standard
+    # library and the lock file loadPyodide reads (no packages: parmem needs only the stdlib).
+    # ~13 MB; the console pages, type declarations and source maps stay out.
+    (
+        "pyodide",
+        ("pyodide.mjs", "pyodide.asm.mjs", "pyodide.asm.wasm", "python_stdlib.zip",
+         "pyodide-lock.json", "package.json"),
+        "pyodide",
+        (),
     ),
 ]
 
@@ -75,6 +86,11 @@ REQUIRED = [
     "requirejs/require.js",
     "html-manager/widgets-setup.js",
     "html-manager/embed-amd.js",
+    "pyodide/pyodide.mjs",
+    "pyodide/pyodide.asm.mjs",
+    "pyodide/pyodide.asm.wasm",
+    "pyodide/python_stdlib.zip",
+    "pyodide/pyodide-lock.json",
 ]
 
 
@@ -89,12 +105,19 @@ def copy() -> None:
         shutil.rmtree(DEST)
     versions = {}
     for package, inner, target, skip in ASSETS:
-        src = NODE_MODULES / package / inner
+        names = inner if isinstance(inner, tuple) else None
+        src = NODE_MODULES / package / ("" if names else inner)
         dst = DEST / target
         if not src.exists():
             sys.exit(f"{src} is missing: is {package} in package.json, and did `npm ci` run?")
         dst.parent.mkdir(parents=True, exist_ok=True)
-        if src.is_dir():
+        if names:
+            dst.mkdir(parents=True, exist_ok=True)
+            for name in names:
+                if not (src / name).is_file():
+                    sys.exit(f"{src / name} is missing: is {package} in package.json?")
+                shutil.copy2(src / name, dst / name)
+        elif src.is_dir():
             shutil.copytree(src, dst, ignore=shutil.ignore_patterns(*skip) if skip else None)
         else:
             shutil.copy2(src, dst)

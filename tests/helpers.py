@@ -53,7 +53,7 @@ def gpt(name: str, heads: int, hidden: int, layers: int, vocab: int = 51200) -> 
 
 
 def table2(s, b, h, a, t, sp, recompute):
-    """Korthikanti et al. 2022 Table 2 as printed (exact rationals, data/papers.yaml). Its row
+    """Korthikanti et al. 2022 Table 2 as printed (exact rationals, data/papers.toml). Its row
     for full recomputation keeps the layer's input, 2sbh; with sequence parallelism that input is
     the s/t slice, 2sbh/t."""
     if recompute == "full":

@@ -19,7 +19,7 @@ shapes = st.tuples(st.sampled_from([128, 512, 2048, 4096]), st.integers(1, 8),
 @given(shapes)
 def test_table2_every_case(shape):
     s, b, (h, a), t = shape
-    # Korthikanti et al. 2022, Table 2, as printed (data/papers.yaml), in exact rationals
+    # Korthikanti et al. 2022, Table 2, as printed (data/papers.toml), in exact rationals
     def paper(case):
         return korthikanti_table2(case, s, b, h, a, t)
 

@@ -21,23 +21,33 @@ def test_wheel_ships_data_as_parmem_data():
     assert data.DATA_DIRS[1] == REPO / "data"
 
 
-def test_load_yaml_lookup_order(tmp_path, monkeypatch):
+def test_load_toml_lookup_order(tmp_path, monkeypatch):
     first, second = tmp_path / "pkg", tmp_path / "repo"
     first.mkdir()
     second.mkdir()
-    (second / "t.yaml").write_text("where: repo\n")
+    (second / "t.toml").write_text('where = "repo"\n')
     monkeypatch.setattr(data, "DATA_DIRS", (first, second))
-    data.load_yaml.cache_clear()
+    data.load_toml.cache_clear()
     try:
-        assert data.load_yaml("t.yaml") == {"where": "repo"}
-        (first / "t.yaml").write_text("where: package\n")
-        assert data.load_yaml("t.yaml") == {"where": "repo"}  # cached
-        data.load_yaml.cache_clear()
-        assert data.load_yaml("t.yaml") == {"where": "package"}  # package dir wins
-        with pytest.raises(ValueError, match="data file 'missing.yaml' not found"):
-            data.load_yaml("missing.yaml")
+        assert data.load_toml("t.toml") == {"where": "repo"}
+        (first / "t.toml").write_text('where = "package"\n')
+        assert data.load_toml("t.toml") == {"where": "repo"}  # cached
+        data.load_toml.cache_clear()
+        assert data.load_toml("t.toml") == {"where": "package"}  # package dir wins
+        with pytest.raises(ValueError, match="data file 'missing.toml' not found"):
+            data.load_toml("missing.toml")
+        (first / "bad.toml").write_text("where = \n")
+        with pytest.raises(ValueError, match="data file 'bad.toml' is not valid TOML"):
+            data.load_toml("bad.toml")
     finally:
-        data.load_yaml.cache_clear()
+        data.load_toml.cache_clear()
+
+
+def test_every_data_file_is_toml():
+    # parmem needs nothing beyond the standard library to read its data (it runs in Pyodide)
+    assert sorted(p.suffix for p in (REPO / "data").iterdir()) == [".toml"] * len(
+        list((REPO / "data").iterdir())
+    )
 
 
 def test_data_path_rejects_paths():

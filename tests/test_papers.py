@@ -1,4 +1,4 @@
-"""data/papers.yaml: the published tables are whole, agree with themselves, with the model presets
+"""data/papers.toml: the published tables are whole, agree with themselves, with the model presets
 and with the arithmetic their own columns imply (a check against transcription errors), and
 parmem.papers reads them with helpful errors."""
 
@@ -97,3 +97,14 @@ def test_bad_names_rows_and_columns_are_refused():
     # a copy: changing it does not change the next reader's table
     t1.rows[0]["gpus"] = 0
     assert table("narayanan2021_table1").rows[0]["gpus"] == 32
+
+
+def test_null_lists_read_back_as_none():
+    from parmem.papers import with_nulls
+
+    assert with_nulls({"a": 1, "null": ["b"], "rows": [{"x": 2, "null": ["y"]}]}) == {
+        "a": 1, "b": None, "rows": [{"x": 2, "y": None}]}
+    assert table("narayanan2021_table1").page is None
+    assert table("narayanan2021_table1").row(params_billion=3.6)["heads"] is None
+    with pytest.raises(ValueError, match="key 'a' is listed in null and has the value 1"):
+        with_nulls({"a": 1, "null": ["a"]})

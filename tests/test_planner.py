@@ -228,7 +228,7 @@ def test_assumptions_move_the_time_the_right_way():
 
 
 # ---------------------------------------------------------------------------- Narayanan Table 1
-# Narayanan et al. 2021, Table 1 (weak scaling, A100-80GB, V = 51,200, s = 2048; data/papers.yaml):
+# Narayanan et al. 2021, Table 1 (weak scaling, A100-80GB, V = 51,200, s = 2048; data/papers.toml):
 # parameters (billion), heads, h, L, t, p, GPUs, batch, achieved teraFLOP/s per GPU (their eq. (3)
 # FLOPs, recomputation counted). Those runs used Megatron-LM of 2021: no sequence parallelism, no
 # distributed optimizer, full recomputation; the restricted search below offers exactly that.

@@ -1,10 +1,11 @@
-"""Locate and load the data files shipped with ``parmem`` (YAML and TOML).
+"""Locate and load the data files shipped with ``parmem`` (TOML, read with the standard library).
 
 A wheel ships the repository's ``data/`` folder as ``parmem/data/`` (see the
 ``force-include`` entry in ``pyproject.toml``); an editable install or a source
 checkout has it two levels above this module, at the repository root.
-:func:`load_yaml` and :func:`load_toml` look in that order and cache what they parsed. TOML is
-read with the standard library (``tomllib``); YAML needs PyYAML.
+:func:`load_toml` looks in that order and caches what it parsed. Every data file is TOML, read
+with the standard library's ``tomllib``, so that parmem needs nothing else (it runs in Pyodide,
+in the book's calculator page).
 """
 
 from __future__ import annotations
@@ -20,28 +21,19 @@ DATA_DIRS: tuple[Path, ...] = (_HERE / "data", _HERE.parent.parent / "data")
 
 
 def data_path(name: str) -> Path:
-    """Return the path of data file ``name`` (e.g. ``"hardware.yaml"``).
+    """Return the path of data file ``name`` (e.g. ``"hardware.toml"``).
 
     Raises:
         ValueError: if ``name`` is not a plain file name or no folder holds it.
     """
     if not name or Path(name).name != name:
-        raise ValueError(f"name={name!r} must be a plain file name such as 'hardware.yaml'")
+        raise ValueError(f"name={name!r} must be a plain file name such as 'hardware.toml'")
     for folder in DATA_DIRS:
         candidate = folder / name
         if candidate.is_file():
             return candidate
     searched = ", ".join(str(d) for d in DATA_DIRS)
     raise ValueError(f"data file {name!r} not found; searched: {searched}")
-
-
-@lru_cache(maxsize=32)
-def load_yaml(name: str) -> Any:
-    """Parse data file ``name`` with ``yaml.safe_load`` (cached: do not mutate the result)."""
-    import yaml  # deferred: keeps ``import parmem`` light
-
-    with data_path(name).open(encoding="utf-8") as fh:
-        return yaml.safe_load(fh)
 
 
 @lru_cache(maxsize=32)

@@ -1,4 +1,4 @@
-"""Published tables, read from ``data/papers.yaml``: the numbers parmem is checked against.
+"""Published tables, read from ``data/papers.toml``: the numbers parmem is checked against.
 
 Each table is stored once, with its source (paper, table or figure, section, page), exactly as
 printed; the tests and the chapters read it here instead of typing the numbers again::
@@ -14,9 +14,10 @@ Tables: ``rajbhandari2020_figure1`` (ZeRO's per-GPU model states, Ψ = 7.5B, N_d
 ``korthikanti2022_selective_saving`` (§5: the 70% and 65% that selective recomputation saves),
 ``narayanan2021_table1`` (Megatron-LM's ten weak-scaling runs; :func:`narayanan_gpt` builds the
 :class:`~parmem.model.ModelSpec` of a row). A value the file could not check against its source
-is ``None`` and the table's ``unchecked`` says which.
+is ``None`` and the table's ``unchecked`` says which (TOML has no null: the file lists such keys
+in a ``null`` array of the table or the row, read back here as ``None``; see :func:`with_nulls`).
 
-:func:`published_runs` reads ``data/published_runs.yaml``: published training runs (layout and
+:func:`published_runs` reads ``data/published_runs.toml``: published training runs (layout and
 measured throughput) that :mod:`parmem.planner.calibration` ranks and fits the planner against.
 
 Standard library only (and the packaged data), so it runs wherever the estimator does.
@@ -29,7 +30,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 
 from ._check import choice, integer
-from ._data import load_yaml
+from ._data import load_toml
 
 __all__ = [
     "PublishedTable",
@@ -40,8 +41,31 @@ __all__ = [
     "published_runs",
 ]
 
-_FILE = "papers.yaml"
-_RUNS = "published_runs.yaml"
+_FILE = "papers.toml"
+_RUNS = "published_runs.toml"
+
+
+def with_nulls(value):
+    """``value`` (parsed TOML) with every dict's ``null`` list turned back into its keys, each
+    ``None`` (a fresh copy). TOML has no null; the data files list the keys that have no value.
+
+    Raises:
+        ValueError: if a key is listed in ``null`` and also has a value.
+    """
+    if isinstance(value, list):
+        return [with_nulls(v) for v in value]
+    if not isinstance(value, dict):
+        return copy.deepcopy(value)
+    out = {k: with_nulls(v) for k, v in value.items() if k != "null"}
+    for key in value.get("null", ()):
+        if key in out:
+            raise ValueError(f"key {key!r} is listed in null and has the value {out[key]!r}")
+        out[key] = None
+    return out
+
+
+def _load(name: str) -> dict:
+    return with_nulls(load_toml(name))
 
 
 @dataclass(frozen=True)
@@ -80,21 +104,27 @@ class PublishedTable:
 
 def names() -> list[str]:
     """The names of the published tables, in the file's order."""
-    return list(load_yaml(_FILE))
+    return list(load_toml(_FILE))
 
 
 def table(name: str) -> PublishedTable:
     """The published table ``name`` (see :func:`names`); a fresh copy, safe to modify."""
-    data = load_yaml(_FILE)
-    entry = copy.deepcopy(data[choice("name", name, tuple(data))])
-    rows = tuple(entry.pop("rows"))
+    data = load_toml(_FILE)
+    entry = with_nulls(data[choice("name", name, tuple(data))])
+    order = list(entry.get("columns", ()))
+    rows = tuple(_in_order(r, order) for r in entry.pop("rows"))
     return PublishedTable(name=name, rows=rows, **entry)
+
+
+def _in_order(row: dict, order: list) -> dict:
+    """``row`` with its keys in the order of the table's columns (a key ``null`` put last)."""
+    return {**{k: row[k] for k in order if k in row}, **row}
 
 
 def korthikanti_table2(case: str, s: int, b: int, h: int, a: int, t: int = 1) -> Fraction:
     """Activation bytes per transformer layer of row ``case`` of Korthikanti et al. 2022,
     Table 2, as an exact fraction: s·b·h·(c + c_t/t + (a·s/h)·(k + k_t/t)) with the row's
-    coefficients from ``data/papers.yaml`` (``case``: ``"none"``, ``"tp"``, ``"tp+sp"``,
+    coefficients from ``data/papers.toml`` (``case``: ``"none"``, ``"tp"``, ``"tp+sp"``,
     ``"tp+selective"``, ``"tp+sp+selective"``, ``"full"``)."""
     for key, v in (("s", s), ("b", b), ("h", h), ("a", a), ("t", t)):
         integer(key, v)
@@ -106,12 +136,12 @@ def korthikanti_table2(case: str, s: int, b: int, h: int, a: int, t: int = 1) ->
 
 
 def published_runs() -> dict[str, dict]:
-    """The groups of ``data/published_runs.yaml``: published training runs with their layout
+    """The groups of ``data/published_runs.toml``: published training runs with their layout
     and measured throughput, each group with its source. A group with ``rows_from`` takes its
-    rows from that table of ``papers.yaml`` (:func:`table`), with the values its ``fill`` list
+    rows from that table of ``papers.toml`` (:func:`table`), with the values its ``fill`` list
     checks (matched on ``params_billion``) filled in where the table has ``None``. A fresh copy,
     safe to modify."""
-    groups = copy.deepcopy(load_yaml(_RUNS))
+    groups = _load(_RUNS)
     for group in groups.values():
         source = group.pop("rows_from", None)
         if source is None:

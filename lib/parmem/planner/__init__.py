@@ -18,7 +18,7 @@ The package, from the bottom up:
 * :mod:`parmem.planner.families`: the request checked and the families of layouts enumerated;
 * :mod:`parmem.planner.search`: :func:`plan` (validate, enumerate the families, search each,
   rank with ties of 1% going to the simpler layout, the Pareto front) and :func:`evaluate`;
-* :mod:`parmem.planner.calibration`: the published runs of ``data/published_runs.yaml`` ranked
+* :mod:`parmem.planner.calibration`: the published runs of ``data/published_runs.toml`` ranked
   and modelled; the defaults of :class:`Assumptions` are fitted to them.
 
 Answers and errors

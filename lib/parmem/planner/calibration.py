@@ -1,4 +1,4 @@
-"""The planner against published training runs: for each run of ``data/published_runs.yaml``
+"""The planner against published training runs: for each run of ``data/published_runs.toml``
 (:func:`parmem.papers.published_runs`), the rank of its layout among the plans of its search and
 its modelled against its published throughput.
 
@@ -160,7 +160,7 @@ def _run(name: str, group: dict[str, Any], row: dict[str, Any]) -> PublishedRun:
 
 
 def published_runs() -> list[PublishedRun]:
-    """Every run of ``data/published_runs.yaml``, in the file's order."""
+    """Every run of ``data/published_runs.toml``, in the file's order."""
     return [_run(name, g, row) for name, g in _groups().items() for row in g["rows"]]
 
 

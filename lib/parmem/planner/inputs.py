@@ -74,7 +74,7 @@ class Assumptions:
     below it (``mfu_half_width``, ``mfu_half_hidden``:
     :func:`~parmem.planner.cost.busy_fraction`). End-to-end utilisation comes out lower once
     bubbles and exposed communication are added. Fitted, with the other defaults, to the
-    published runs of ``data/published_runs.yaml`` (Narayanan et al. 2021 Tables 1 and 2, the
+    published runs of ``data/published_runs.toml`` (Narayanan et al. 2021 Tables 1 and 2, the
     Megatron-Core Mixtral-8x7B reference; :mod:`parmem.planner.calibration`)."""
 
     mfu_half_width: int = 100

@@ -1,0 +1,118 @@
+"""Plain SVG charts for the book's in-browser pages (:mod:`parmem.book.web`): drawn from numbers
+computed elsewhere, standard library only (no matplotlib in Pyodide).
+
+:func:`stacked_bars` draws the calculator's per-stage breakdown: one horizontal bar per
+pipeline stage, one segment per memory term, and a line at the GPU's memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from html import escape
+from typing import Any
+
+__all__ = ["COLORS", "LABELS", "stacked_bars"]
+
+#: One colour per term of :class:`~parmem.estimate.MemoryBreakdown` (colour-blind safe: Okabe-Ito).
+COLORS = {
+    "params": "#0072B2",
+    "grads": "#56B4E9",
+    "optimizer": "#009E73",
+    "activations": "#E69F00",
+    "logits": "#D55E00",
+    "comm_buffers": "#CC79A7",
+    "cuda_context": "#999999",
+}
+#: The terms' names as the charts and tables print them.
+LABELS = {
+    "params": "parameters",
+    "grads": "gradients",
+    "optimizer": "optimizer states",
+    "activations": "activations",
+    "logits": "logits",
+    "comm_buffers": "comm. buffers",
+    "cuda_context": "CUDA context",
+}
+
+_LEFT, _RIGHT, _BAR, _GAP, _TOP = 70, 20, 22, 8, 10
+
+
+def _ticks(top: float) -> list[float]:
+    """Round tick values from 0 to at least ``top``."""
+    step = 1.0
+    while top / step > 8:
+        for factor in (2, 2.5, 2):
+            step *= factor
+            if top / step <= 8:
+                break
+    count = int(top // step) + 1
+    return [i * step for i in range(count + 1)]
+
+
+def stacked_bars(
+    stages: Sequence[Mapping[str, Any]],
+    components: Sequence[str],
+    memory_bytes: int,
+    unit: int,
+    width: int = 640,
+) -> str:
+    """An SVG of one bar per stage (``stages``: dicts with ``stage`` and a byte count per name
+    of ``components``), stacked in that order, with a dashed line at ``memory_bytes``; the axis
+    is in ``unit`` bytes (GiB)."""
+    top = max([memory_bytes, *(sum(s[c] for c in components) for s in stages)]) / unit
+    ticks = _ticks(top)
+    scale = (width - _LEFT - _RIGHT) / ticks[-1]
+    height = _TOP + len(stages) * (_BAR + _GAP) + 66
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="parmem-bars" width="{width}" '
+        f'height="{height}" viewBox="0 0 {width} {height}" role="img" '
+        'aria-label="memory per GPU by pipeline stage" font-family="sans-serif" font-size="11">'
+    ]
+    axis_y = _TOP + len(stages) * (_BAR + _GAP)
+    for tick in ticks:
+        x = _LEFT + tick * scale
+        out.append(
+            f'<line x1="{x:.1f}" y1="{_TOP}" x2="{x:.1f}" y2="{axis_y}" stroke="#ddd"/>'
+            f'<text x="{x:.1f}" y="{axis_y + 13}" text-anchor="middle">{tick:g}</text>'
+        )
+    out.append(
+        f'<text x="{_LEFT + (width - _LEFT - _RIGHT) / 2:.0f}" y="{axis_y + 27}" '
+        'text-anchor="middle">GiB per GPU</text>'
+    )
+    for i, stage in enumerate(stages):
+        y = _TOP + i * (_BAR + _GAP)
+        out.append(
+            f'<text x="{_LEFT - 6}" y="{y + 15}" text-anchor="end">stage {stage["stage"]}</text>'
+        )
+        x = float(_LEFT)
+        for name in components:
+            w = stage[name] / unit * scale
+            if w <= 0:
+                continue
+            label = f"stage {stage['stage']}: {LABELS.get(name, name)} {stage[name] / unit:.2f} GiB"
+            out.append(
+                f'<rect x="{x:.2f}" y="{y}" width="{w:.2f}" height="{_BAR}" '
+                f'fill="{COLORS.get(name, "#444")}" data-term="{escape(name)}" '
+                f'data-bytes="{stage[name]}"><title>{escape(label)}</title></rect>'
+            )
+            x += w
+    mx = _LEFT + memory_bytes / unit * scale
+    out.append(
+        f'<line x1="{mx:.1f}" y1="{_TOP - 4}" x2="{mx:.1f}" y2="{axis_y}" stroke="#000" '
+        f'stroke-dasharray="4 3" data-bytes="{memory_bytes}"><title>GPU memory '
+        f"{memory_bytes / unit:.2f} GiB</title></line>"
+    )
+    x, y = float(_LEFT), axis_y + 35
+    for name in components:
+        label = LABELS.get(name, name)
+        step = 13 + 6.5 * len(label) + 12
+        if x + step > width:  # the legend wraps
+            x, y = float(_LEFT), y + 16
+        out.append(
+            f'<rect x="{x:.0f}" y="{y}" width="10" height="10" '
+            f'fill="{COLORS.get(name, "#444")}"/><text x="{x + 13:.0f}" y="{y + 9}">'
+            f"{escape(label)}</text>"
+        )
+        x += step
+    out.append("</svg>")
+    return "".join(out)

@@ -1,0 +1,398 @@
+"""The book's calculator and planner pages: what their JavaScript calls, in Pyodide.
+
+The pages (``chapters/tools/calculator.md``, ``chapters/tools/planner.md``) run this very
+library in the reader's browser, in a Web Worker, with Pyodide; the JavaScript is glue that
+sends the form's settings here and shows what comes back. Everything returned is JSON-ready and
+every number is parmem's: :func:`calculate` is :func:`~parmem.estimate.estimate`,
+:func:`plan_layouts` is :func:`~parmem.planner.plan` and :meth:`~parmem.planner.Plan.emit`.
+
+Settings are a dict of strings (a form, or a URL query string: :func:`parse_query`); a value
+that is missing takes its default. The result is ``{"ok": True, ...}`` or ``{"ok": False,
+"errors": {field: message}}``, the message being the library's own ``ValueError`` text, filed
+under the field it names (``"tp=3 must divide heads=32"`` goes to ``t``); ``"_"`` holds an error
+that names no field.
+
+URL parameters of the calculator (``calculator.html?model=llama-2-7b&t=4&p=2&m=8``), each
+with its default:
+
+* ``model``: model preset (``parmem models``), ``llama-2-7b``;
+* ``config``: a Hugging Face ``config.json`` as JSON text, which wins over ``model`` (the page
+  takes it from a text box; it is never put in the URL);
+* ``gpu``: GPU preset (``a100-40gb``, ``a100-80gb``, ``h100-sxm``, ``h200``), ``h100-sxm``;
+* ``engine``: engine profile (``paper``, ``megatron-core``, ``deepspeed``, ``fsdp2``, ``hf``),
+  ``paper``;
+* ``d``, ``t``, ``p``, ``e``, ``cp``: data-, tensor-, pipeline-, expert- and context-parallel
+  sizes, 1;
+* ``v``: virtual stages per pipeline rank (> 1 selects the interleaved schedule), 1;
+* ``zero``: ZeRO stage 0-3, 0; ``sp``: sequence parallelism, 0 or 1, 0;
+* ``recompute``: ``none``, ``selective`` or ``full``, ``none``;
+* ``seq``: sequence length s, 4096; ``b``: micro-batch size, 1; ``m``: micro-batches per step, 1;
+* ``precision``: ``bf16-mixed``, ``fp16-mixed``, ``bf16`` or ``fp32``, ``bf16-mixed``;
+* ``flash``: flash attention (no s x s scores kept), 0 or 1, 0.
+
+URL parameters of the planner (``planner.html?model=gpt3-175b&gpu=a100-80gb&nodes=96``):
+
+* ``model``: model preset, ``llama-3-8b``; ``gpu``: GPU preset, ``h100-sxm``;
+* ``gpn``: GPUs per node, 8; ``nodes``: nodes, 1;
+* ``batch``: global batch (sequences per step), 64; ``seq``: sequence length, 4096;
+* ``top``: how many layouts to list (1-50), 10;
+* ``emit``: launch recipe for ``megatron``, ``deepspeed`` or ``torchtitan``, ``megatron``;
+* ``pick``: the layout (its rank, from 1) whose recipe is shown, 1.
+
+A chapter's Explore section links to the calculator with its own settings with a raw HTML link
+(MyST's Markdown links to a page drop the query): ``<a
+href="../tools/calculator.html?model=llama-2-7b&t=4&sp=1">`` from a chapter in
+``chapters/<part>/``.
+
+Standard library only (the rest of parmem's estimator and planner), so it runs in Pyodide.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping
+from functools import lru_cache
+from typing import Any
+from urllib.parse import parse_qsl, urlencode
+
+from ..config import PRECISIONS, RECOMPUTE, ParallelConfig, TrainingSetup
+from ..engines import engines
+from ..estimate import MemoryBreakdown, estimate
+from ..hardware import hardware_preset, hardware_presets
+from ..model import ModelSpec, presets
+from ..planner import ENGINES, Cluster, Plan, plan
+from ..units import GIB
+from .svg import LABELS, stacked_bars
+
+__all__ = [
+    "CALC_FIELDS",
+    "PLAN_FIELDS",
+    "calculate",
+    "plan_layouts",
+    "options",
+    "parse_query",
+    "to_query",
+    "run_json",
+]
+
+#: The calculator's settings: URL name -> (default, what it is). The order is the URL's.
+CALC_FIELDS: dict[str, tuple[str, str]] = {
+    "model": ("llama-2-7b", "model preset"),
+    "config": ("", "a Hugging Face config.json, as JSON text (wins over model)"),
+    "gpu": ("h100-sxm", "GPU preset"),
+    "engine": ("paper", "engine profile"),
+    "d": ("1", "data-parallel size"),
+    "t": ("1", "tensor-parallel size"),
+    "p": ("1", "pipeline-parallel size"),
+    "e": ("1", "expert-parallel size"),
+    "cp": ("1", "context-parallel size"),
+    "v": ("1", "virtual stages per pipeline rank (> 1: interleaved schedule)"),
+    "zero": ("0", "ZeRO stage, 0-3"),
+    "sp": ("0", "sequence parallelism, 0 or 1"),
+    "recompute": ("none", "activation recomputation: none, selective or full"),
+    "seq": ("4096", "sequence length s"),
+    "b": ("1", "micro-batch size"),
+    "m": ("1", "micro-batches per step"),
+    "precision": ("bf16-mixed", "number formats"),
+    "flash": ("0", "flash attention, 0 or 1"),
+}
+
+#: The planner's settings, as :data:`CALC_FIELDS`.
+PLAN_FIELDS: dict[str, tuple[str, str]] = {
+    "model": ("llama-3-8b", "model preset"),
+    "gpu": ("h100-sxm", "GPU preset"),
+    "gpn": ("8", "GPUs per node"),
+    "nodes": ("1", "nodes"),
+    "batch": ("64", "global batch, sequences per step"),
+    "seq": ("4096", "sequence length"),
+    "top": ("10", "how many layouts to list"),
+    "emit": ("megatron", "launch recipe: megatron, deepspeed or torchtitan"),
+    "pick": ("1", "the layout (rank, from 1) whose recipe is shown"),
+}
+
+# the library's argument names (as its ValueError messages spell them) -> the page's fields
+_LIBRARY_NAMES = {
+    "dp": "d",
+    "tp": "t",
+    "pp": "p",
+    "ep": "e",
+    "vpp": "v",
+    "schedule": "v",
+    "seq_len": "seq",
+    "micro_batch": "b",
+    "num_microbatches": "m",
+    "flash_attention": "flash",
+    "gpus_per_node": "gpn",
+    "global_batch": "batch",
+    "candidate": "pick",
+    "name": "model",
+}
+_NAMED = re.compile(r"(?<![A-Za-z0-9_])(?:--)?([a-z][a-z0-9_]*)\s*=")
+_TRUE, _FALSE = ("1", "true", "on", "yes"), ("0", "false", "off", "no", "")
+
+
+class FieldError(ValueError):
+    """A ``ValueError`` that belongs to one field of the page."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def field_of(message: str, fields: Mapping[str, Any], default: str = "_") -> str:
+    """The field a library message is about: the first ``name=`` in it that is a field (or the
+    library's name of one), else ``default``."""
+    for match in _NAMED.finditer(message):
+        name = _LIBRARY_NAMES.get(match.group(1), match.group(1))
+        if name in fields:
+            return name
+    return default
+
+
+def _settings(raw: Mapping[str, Any], fields: Mapping[str, tuple[str, str]]) -> dict[str, str]:
+    """``raw`` with defaults filled in, every value a stripped string; unknown names fail."""
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        raise FieldError("_", f"unknown setting(s) {unknown}; known: {', '.join(fields)}")
+    out = {k: default for k, (default, _) in fields.items()}
+    for key, value in raw.items():
+        if isinstance(value, bool):
+            value = "1" if value else "0"
+        out[key] = str(value).strip()
+    return out
+
+
+def _int(values: Mapping[str, str], key: str) -> int:
+    text = values[key]
+    if not re.fullmatch(r"[+-]?\d{1,9}", text):
+        raise FieldError(key, f"{key}={text!r:.40} must be a whole number")
+    return int(text)
+
+
+def _flag(values: Mapping[str, str], key: str) -> bool:
+    text = values[key].lower()
+    if text not in _TRUE + _FALSE:
+        raise FieldError(key, f"{key}={values[key]!r:.40} must be 0 or 1")
+    return text in _TRUE
+
+
+def _one_of(values: Mapping[str, str], key: str, known: Any) -> str:
+    text = values[key]
+    if text not in known:
+        raise FieldError(key, f"{key}={text!r:.40} must be one of {', '.join(known)}")
+    return text
+
+
+def _model(values: Mapping[str, str]) -> ModelSpec:
+    if values.get("config"):
+        try:
+            config = json.loads(values["config"])
+        except json.JSONDecodeError as e:
+            raise FieldError("config", f"config is not valid JSON: {e}") from None
+        if not isinstance(config, dict):
+            raise FieldError("config", "config must be a JSON object (a config.json)")
+        try:
+            return ModelSpec.from_hf_config(
+                config, name=str(config.get("_name_or_path") or "") or None
+            )
+        except ValueError as e:
+            raise FieldError("config", str(e)) from None
+    _one_of(values, "model", presets())
+    return ModelSpec.preset(values["model"])
+
+
+def _guarded(fields: Mapping[str, Any], work: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """``work()`` with its ``ValueError`` turned into ``{"ok": False, "errors": ...}``."""
+    try:
+        return {"ok": True, **work()}
+    except FieldError as e:
+        return {"ok": False, "errors": {e.field: str(e)}}
+    except ValueError as e:
+        return {"ok": False, "errors": {field_of(str(e), fields): str(e)}}
+
+
+# ------------------------------------------------------------------------------- calculator
+def _calc_inputs(v: Mapping[str, str]) -> tuple[ModelSpec, ParallelConfig, TrainingSetup]:
+    spec = _model(v)
+    _one_of(v, "gpu", hardware_presets())
+    vpp = _int(v, "v")
+    par = ParallelConfig(
+        dp=_int(v, "d"),
+        tp=_int(v, "t"),
+        pp=_int(v, "p"),
+        ep=_int(v, "e"),
+        cp=_int(v, "cp"),
+        sp=_flag(v, "sp"),
+        zero=_int(v, "zero"),
+        vpp=vpp,
+    )
+    setup = TrainingSetup(
+        seq_len=_int(v, "seq"),
+        micro_batch=_int(v, "b"),
+        num_microbatches=_int(v, "m"),
+        precision=_one_of(v, "precision", tuple(PRECISIONS)),
+        recompute=_one_of(v, "recompute", RECOMPUTE),
+        schedule="interleaved" if vpp > 1 else "1f1b",
+        flash_attention=_flag(v, "flash"),
+        engine=_one_of(v, "engine", tuple(engines())),
+    )
+    return spec, par, setup
+
+
+def _stage_row(stage: MemoryBreakdown) -> dict[str, Any]:
+    row: dict[str, Any] = {"stage": stage.stage, "layers": stage.layers, "total": stage.total}
+    row.update({k: getattr(stage, k) for k in MemoryBreakdown.FIELDS})
+    row["gib"] = {k: f"{getattr(stage, k) / GIB:.2f}" for k in (*MemoryBreakdown.FIELDS, "total")}
+    row["notes"] = list(stage.notes)
+    return row
+
+
+def calculate(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """Per-GPU memory of every pipeline stage for the calculator's ``settings`` (see the module
+    docstring), and whether the fullest GPU fits the chosen GPU."""
+
+    def work() -> dict[str, Any]:
+        values = _settings(settings, CALC_FIELDS)
+        spec, par, setup = _calc_inputs(values)
+        est = estimate(spec, par, setup)
+        hw = hardware_preset(values["gpu"])
+        stages = [_stage_row(s) for s in est.stages]
+        return {
+            "model": spec.name,
+            "num_params": spec.num_params(),
+            "gpu": hw.name,
+            "memory_bytes": hw.memory_bytes,
+            "memory_gib": f"{hw.memory_bytes / GIB:.2f}",
+            "world_size": par.world_size,
+            "peak_stage": est.peak.stage,
+            "peak_bytes": est.peak_bytes,
+            "peak_gib": f"{est.peak_bytes / GIB:.2f}",
+            "fits": est.peak_bytes <= hw.memory_bytes,
+            "components": list(MemoryBreakdown.FIELDS),
+            "labels": {k: LABELS.get(k, k) for k in MemoryBreakdown.FIELDS},
+            "stages": stages,
+            "text": str(est),
+            "svg": stacked_bars(stages, list(MemoryBreakdown.FIELDS), hw.memory_bytes, GIB),
+            "query": to_query(values, CALC_FIELDS),
+        }
+
+    return _guarded(CALC_FIELDS, work)
+
+
+# ---------------------------------------------------------------------------------- planner
+def _candidate_row(rank: int, c: Any) -> dict[str, Any]:
+    par, st = c.parallel, c.setup
+    return {
+        "rank": rank,
+        "label": c.label(),
+        "t": par.tp,
+        "p": par.pp,
+        "d": par.dp,
+        "cp": par.cp,
+        "e": par.ep,
+        "v": par.vpp,
+        "zero": par.zero,
+        "sp": par.sp,
+        "recompute": st.recompute,
+        "b": st.micro_batch,
+        "m": st.num_microbatches,
+        "peak_bytes": c.peak_bytes,
+        "peak_gib": f"{c.peak_bytes / GIB:.1f}",
+        "step_time_s": c.step_time,
+        "step_s": f"{c.step_time:.3f}",
+        "tokens_per_s": f"{c.tokens_per_s:,.0f}",
+        "mfu": f"{c.mfu:.1%}",
+    }
+
+
+@lru_cache(maxsize=8)
+def _plan(spec: ModelSpec, gpu: str, gpn: int, nodes: int, batch: int, seq: int, top: int) -> Plan:
+    """:func:`~parmem.planner.plan`, remembered: picking another row or recipe does not search
+    again."""
+    return plan(spec, Cluster(gpu, gpn, nodes), batch, seq, top=top)
+
+
+def plan_layouts(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The planner's ranked layouts for ``settings`` (see the module docstring), with the
+    launch recipe of the picked one (``Plan.emit``)."""
+
+    def work() -> dict[str, Any]:
+        values = _settings(settings, PLAN_FIELDS)
+        spec = _model(values)
+        _one_of(values, "gpu", hardware_presets())
+        emit = _one_of(values, "emit", ENGINES)
+        top, pick = _int(values, "top"), _int(values, "pick")
+        if not 1 <= top <= 50:
+            raise FieldError("top", f"top={top} must be between 1 and 50")
+        result = _plan(
+            spec, values["gpu"], _int(values, "gpn"), _int(values, "nodes"),
+            _int(values, "batch"), _int(values, "seq"), top,
+        )  # fmt: skip
+        rows = [_candidate_row(i, c) for i, c in enumerate(result.candidates, 1)]
+        if rows and not 1 <= pick <= len(rows):
+            raise FieldError("pick", f"pick={pick} must be between 1 and {len(rows)}")
+        return {
+            "model": spec.name,
+            "world_size": result.cluster.world_size,
+            "usable_gib": f"{result.usable_bytes / GIB:.1f}",
+            "candidates": rows,
+            "message": result.message or "",
+            "rejected": dict(result.rejected),
+            "recipe": result.emit(emit, pick - 1) if rows else "",
+            "query": to_query(values, PLAN_FIELDS),
+        }
+
+    return _guarded(PLAN_FIELDS, work)
+
+
+# ------------------------------------------------------------------------------- the pages
+def options() -> dict[str, Any]:
+    """What the pages' drop-downs offer and the fields' defaults and meanings."""
+    return {
+        "models": presets(),
+        "gpus": {n: f"{hardware_preset(n).memory_bytes / GIB:.1f}" for n in hardware_presets()},
+        "engines": dict(engines()),
+        "precisions": list(PRECISIONS),
+        "recompute": list(RECOMPUTE),
+        "emit": list(ENGINES),
+        "calc_fields": {k: {"default": d, "doc": doc} for k, (d, doc) in CALC_FIELDS.items()},
+        "plan_fields": {k: {"default": d, "doc": doc} for k, (d, doc) in PLAN_FIELDS.items()},
+    }
+
+
+def parse_query(query: str, fields: Mapping[str, Any] = CALC_FIELDS) -> dict[str, str]:
+    """A URL query string (``"model=llama-2-7b&t=4"``, a leading ``?`` or ``#`` allowed) as
+    settings; names that are not fields are kept, so that :func:`calculate` reports them."""
+    del fields  # every name is kept; the argument documents which table applies
+    return dict(parse_qsl(query.lstrip("?#"), keep_blank_values=True))
+
+
+def to_query(values: Mapping[str, str], fields: Mapping[str, tuple[str, str]]) -> str:
+    """The settings that differ from their defaults, as a query string in the fields' order
+    (``config`` is left out: a pasted file is too long for a URL)."""
+    kept = [
+        (k, values[k])
+        for k in fields
+        if k != "config" and values.get(k, fields[k][0]) != fields[k][0]
+    ]
+    return urlencode(kept)
+
+
+_HANDLERS: dict[str, Callable[[Mapping[str, Any]], dict[str, Any]]] = {
+    "calculate": calculate,
+    "plan": plan_layouts,
+}
+
+
+def run_json(kind: str, settings_json: str) -> str:
+    """The Web Worker's one entry point: ``kind`` (``"calculate"``, ``"plan"`` or
+    ``"options"``) on the settings as JSON text; the result as JSON text."""
+    if kind == "options":
+        return json.dumps(options())
+    if kind not in _HANDLERS:
+        raise ValueError(f"kind={kind!r} must be one of options, {', '.join(_HANDLERS)}")
+    settings = json.loads(settings_json or "{}")
+    if not isinstance(settings, dict):
+        return json.dumps({"ok": False, "errors": {"_": "settings must be a JSON object"}})
+    return json.dumps(_HANDLERS[kind](settings))

@@ -1,0 +1,213 @@
+"""The calculator and planner pages in headless Chromium, offline: parmem runs in the page on
+Pyodide, and every number the pages show equals CPython parmem's for the same inputs, computed
+here by calling the library directly (``estimate``, ``plan``, ``Plan.emit``).
+
+Each page is opened once (Pyodide starts once per page); the test then sets the form for one
+configuration after another. The calculator page is first opened with settings in its URL, so
+the query string is checked too. Bad input must show the library's own ``ValueError`` message
+next to its field. No request may leave the site. Speed is measured by
+``benchmarks/bench_web.py``, not here.
+"""
+
+from __future__ import annotations
+
+import json
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+from test_site import SITE, PageVisit, browser, origin  # noqa: F401 (fixtures)
+
+from parmem import Cluster, ModelSpec, ParallelConfig, TrainingSetup, estimate, plan
+from parmem.hardware import hardware_preset
+from parmem.units import GIB
+
+pytestmark = pytest.mark.browser
+
+PYODIDE_START_MS = 120_000  # generous: two shared cores; benchmarks/bench_web.py measures it
+
+CALC_DEFAULTS = {
+    "model": "llama-2-7b", "config": "", "gpu": "h100-sxm", "engine": "paper", "d": "1",
+    "t": "1", "p": "1", "e": "1", "cp": "1", "v": "1", "zero": "0", "sp": "0",
+    "recompute": "none", "seq": "4096", "b": "1", "m": "1", "precision": "bf16-mixed",
+    "flash": "0",
+}
+HF_CONFIG = {
+    "model_type": "mistral", "vocab_size": 32000, "hidden_size": 4096, "num_hidden_layers": 32,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336,
+    "max_position_embeddings": 32768, "tie_word_embeddings": False,
+}
+# the first one is opened from the URL; the rest are set in the form
+CONFIGS = [
+    {"model": "llama-2-7b", "d": "8", "t": "4", "p": "2", "sp": "1", "zero": "1", "m": "8",
+     "recompute": "selective", "engine": "megatron-core"},
+    {"model": "llama-3-70b", "d": "4", "t": "8", "p": "4", "sp": "1", "zero": "1",
+     "seq": "8192", "m": "16", "engine": "megatron-core"},
+    {"model": "mixtral-8x7b", "d": "8", "e": "8", "zero": "2", "seq": "2048",
+     "engine": "deepspeed"},
+    {"model": "gpt3-175b", "d": "2", "t": "8", "p": "8", "seq": "2048", "m": "8",
+     "recompute": "full", "gpu": "a100-80gb", "precision": "fp16-mixed"},
+    {"model": "llama-3-8b", "d": "8", "zero": "3", "engine": "fsdp2", "flash": "1", "b": "2"},
+    {"model": "gpt2", "engine": "hf", "precision": "fp32", "seq": "1024", "b": "8"},
+    {"model": "llama-2-7b", "p": "4", "v": "2", "m": "8"},
+    {"model": "llama-3-8b", "d": "2", "t": "2", "cp": "2", "sp": "1", "seq": "16384",
+     "flash": "1"},
+    {"config": json.dumps(HF_CONFIG), "t": "2", "zero": "1", "d": "2"},
+    {"model": "llama-3-70b", "gpu": "a100-40gb"},  # does not fit
+]
+PLANS = [
+    {"model": "llama-3-8b", "gpu": "h100-sxm", "gpn": "8", "nodes": "1", "batch": "64",
+     "seq": "4096", "top": "10", "emit": "megatron", "pick": "1"},
+    {"model": "llama-2-13b", "gpu": "a100-80gb", "gpn": "8", "nodes": "2", "batch": "128",
+     "seq": "4096", "top": "5", "emit": "deepspeed", "pick": "1"},
+]
+
+
+def reference(settings: dict):
+    """CPython parmem for the calculator's settings, built here from the library's own API."""
+    s = {**CALC_DEFAULTS, **settings}
+    spec = (ModelSpec.from_hf_config(json.loads(s["config"])) if s["config"]
+            else ModelSpec.preset(s["model"]))
+    par = ParallelConfig(dp=int(s["d"]), tp=int(s["t"]), pp=int(s["p"]), ep=int(s["e"]),
+                         cp=int(s["cp"]), vpp=int(s["v"]), zero=int(s["zero"]),
+                         sp=s["sp"] == "1")
+    setup = TrainingSetup(
+        seq_len=int(s["seq"]), micro_batch=int(s["b"]), num_microbatches=int(s["m"]),
+        precision=s["precision"], recompute=s["recompute"], engine=s["engine"],
+        flash_attention=s["flash"] == "1",
+        schedule="interleaved" if int(s["v"]) > 1 else "1f1b",
+    )
+    return estimate(spec, par, setup), hardware_preset(s["gpu"])
+
+
+SET_FORM = """([values, count]) => {
+    const root = document.querySelector('[data-parmem-tool]');
+    for (const [name, value] of Object.entries(values)) {
+        const input = root.querySelector(`[name="${name}"]`);
+        if (input.type === 'checkbox') input.checked = value === '1';
+        else input.value = value;
+    }
+    root.querySelector('form').dispatchEvent(new Event('change', {bubbles: true}));
+}"""
+SETTLED = """(count) => {
+    const root = document.querySelector('[data-parmem-tool]');
+    return Number(root.dataset.parmemResults || 0) > count && root.dataset.parmemBusy === '0';
+}"""
+
+
+def results(page) -> int:
+    return int(page.get_attribute("[data-parmem-tool]", "data-parmem-results") or 0)
+
+
+def submit(page, values: dict) -> None:
+    count = results(page)
+    page.evaluate(SET_FORM, [values, count])
+    page.wait_for_function(SETTLED, arg=count, timeout=60_000)
+
+
+def shown_stages(page) -> list[dict]:
+    return page.eval_on_selector_all(
+        ".parmem-table tbody tr",
+        """rows => rows.map(r => Object.fromEntries([...r.querySelectorAll('td[data-term]')]
+                .map(td => [td.dataset.term, [Number(td.dataset.bytes), td.textContent]])))""",
+    )
+
+
+def check_calculation(page, settings: dict) -> None:
+    est, hw = reference(settings)
+    name = json.dumps(settings)[:80]
+    errors = page.eval_on_selector_all(".parmem-error", "els => els.map(e => e.textContent)")
+    assert not any(errors), f"{name}: {errors}"
+    summary = page.locator(".parmem-summary")
+    assert int(summary.get_attribute("data-peak-bytes")) == est.peak_bytes, name
+    assert summary.get_attribute("data-fits") == str(est.peak_bytes <= hw.memory_bytes).lower()
+    assert f"peak {est.peak_bytes / GIB:.2f} GiB" in summary.inner_text(), name
+    stages = shown_stages(page)
+    assert len(stages) == len(est.stages), name
+    for got, ref in zip(stages, est.stages, strict=True):
+        for term in (*ref.FIELDS, "total"):
+            value = getattr(ref, term)
+            assert got[term] == [value, f"{value / GIB:.2f}"], (name, ref.stage, term)
+    bars = page.eval_on_selector_all(
+        ".parmem-chart svg rect[data-term]", "rs => rs.map(r => Number(r.dataset.bytes))"
+    )
+    assert sum(bars) == sum(s.total for s in est.stages), name  # the chart draws every byte
+
+
+def check_start(page) -> None:
+    """Python started from the memory snapshot when the site has one (a broken snapshot would
+    otherwise hide behind the slow fallback)."""
+    manifest = json.loads((SITE / "py" / "manifest.json").read_text())
+    expected = "snapshot" if "snapshot" in manifest else "start"
+    assert page.get_attribute("[data-parmem-tool]", "data-parmem-start") == expected
+
+
+def test_calculator(browser, origin):  # noqa: F811 (fixtures)
+    first = CONFIGS[0]
+    query = "&".join(f"{k}={v}" for k, v in first.items())
+    visit = PageVisit(browser, origin, f"chapters/tools/calculator.html?{query}")
+    page = visit.page
+    try:
+        page.wait_for_function(SETTLED, arg=0, timeout=PYODIDE_START_MS)
+        check_start(page)
+        check_calculation(page, first)  # settings from the URL
+        for settings in CONFIGS[1:]:
+            submit(page, {**CALC_DEFAULTS, **settings})
+            check_calculation(page, settings)
+            shared = parse_qs(urlsplit(page.url).query)
+            for key, value in settings.items():  # the address carries the settings
+                if key != "config" and value != CALC_DEFAULTS[key]:
+                    assert shared[key] == [value], (settings, page.url)
+
+        # bad input: the library's own message next to the field, the last result kept
+        with pytest.raises(ValueError) as bad:
+            estimate(ModelSpec.preset("llama-2-7b"), ParallelConfig(tp=3),
+                     TrainingSetup(seq_len=4096))
+        submit(page, {**CALC_DEFAULTS, "t": "3"})
+        assert page.locator('[data-error-for="t"]').inner_text() == str(bad.value)
+        assert page.locator('.parmem-field[data-field="t"]').get_attribute("class").count(
+            "parmem-invalid") == 1
+        submit(page, {**CALC_DEFAULTS, "t": "2"})
+        assert page.locator('[data-error-for="t"]').inner_text() == ""
+        check_calculation(page, {"t": "2"})
+        visit.screenshot("calculator")
+        assert not visit.external(), visit.external()
+        assert not visit.bad_responses, visit.bad_responses
+        assert not visit.errors, visit.errors
+    finally:
+        visit.close()
+
+
+def test_planner(browser, origin):  # noqa: F811 (fixtures)
+    visit = PageVisit(browser, origin, "chapters/tools/planner.html")
+    page = visit.page
+    try:
+        page.wait_for_function(SETTLED, arg=0, timeout=PYODIDE_START_MS)
+        check_start(page)
+        for i, settings in enumerate(PLANS):
+            if i:
+                submit(page, settings)
+            ref = plan(ModelSpec.preset(settings["model"]),
+                       Cluster(settings["gpu"], int(settings["gpn"]), int(settings["nodes"])),
+                       int(settings["batch"]), int(settings["seq"]), top=int(settings["top"]))
+            rows = page.eval_on_selector_all(
+                ".parmem-table tbody tr",
+                "rs => rs.map(r => [r.dataset.label, Number(r.dataset.peakBytes), "
+                "r.querySelector('[data-col=step_s]').textContent])",
+            )
+            assert rows == [[c.label(), c.peak_bytes, f"{c.step_time:.3f}"]
+                            for c in ref.candidates], settings
+            assert page.locator(".parmem-recipe").inner_text().strip() == ref.emit(
+                settings["emit"]).strip()
+        # choosing the second layout shows its recipe
+        count = results(page)
+        page.locator('.parmem-table tbody tr[data-rank="2"]').click()
+        page.wait_for_function(SETTLED, arg=count, timeout=60_000)
+        assert page.locator(".parmem-recipe").inner_text().strip() == ref.emit(
+            PLANS[-1]["emit"], 1).strip()
+        assert parse_qs(urlsplit(page.url).query)["pick"] == ["2"]
+        visit.screenshot("planner")
+        assert not visit.external(), visit.external()
+        assert not visit.bad_responses, visit.bad_responses
+        assert not visit.errors, visit.errors
+    finally:
+        visit.close()

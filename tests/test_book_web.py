@@ -1,0 +1,123 @@
+"""parmem.book.web, the Python the calculator and planner pages call (in Pyodide), in CPython:
+its numbers are parmem's own, its errors are the library's messages filed under the field they
+name, and its URL settings round-trip."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from parmem import Cluster, ModelSpec, ParallelConfig, TrainingSetup, estimate, plan
+from parmem.book import web
+from parmem.hardware import hardware_preset
+from parmem.units import GIB
+
+
+def test_calculate_is_estimate():
+    got = web.calculate({"model": "llama-2-7b", "d": "8", "t": "4", "p": "2", "sp": "1",
+                         "zero": "1", "m": "8", "recompute": "selective", "engine": "megatron-core"})
+    assert got["ok"]
+    ref = estimate(ModelSpec.preset("llama-2-7b"), ParallelConfig(dp=8, tp=4, pp=2, sp=True, zero=1),
+                   TrainingSetup(seq_len=4096, num_microbatches=8, recompute="selective",
+                                 engine="megatron-core"))
+    assert got["peak_bytes"] == ref.peak_bytes
+    assert [s["total"] for s in got["stages"]] == [s.total for s in ref.stages]
+    assert [s["activations"] for s in got["stages"]] == [s.activations for s in ref.stages]
+    assert got["stages"][0]["gib"]["optimizer"] == f"{ref.stages[0].optimizer / GIB:.2f}"
+    assert got["fits"] == (ref.peak_bytes <= hardware_preset("h100-sxm").memory_bytes)
+    assert got["text"] == str(ref)
+    assert got["svg"].startswith("<svg") and got["svg"].count("<rect") >= 2 * len(ref.stages)
+    json.dumps(got)  # JSON-ready
+
+
+def test_defaults_and_a_model_that_does_not_fit():
+    got = web.calculate({"model": "llama-3-70b", "gpu": "a100-40gb"})
+    ref = estimate(ModelSpec.preset("llama-3-70b"), ParallelConfig(), TrainingSetup(seq_len=4096))
+    assert got["peak_bytes"] == ref.peak_bytes and got["fits"] is False
+
+
+def test_interleaved_schedule_follows_v():
+    got = web.calculate({"model": "llama-2-7b", "p": "4", "v": "2", "m": "8"})
+    ref = estimate(ModelSpec.preset("llama-2-7b"), ParallelConfig(pp=4, vpp=2),
+                   TrainingSetup(seq_len=4096, num_microbatches=8, schedule="interleaved"))
+    assert got["peak_bytes"] == ref.peak_bytes
+
+
+def test_pasted_hf_config():
+    config = {"model_type": "llama", "vocab_size": 32000, "hidden_size": 4096,
+              "num_hidden_layers": 32, "num_attention_heads": 32, "intermediate_size": 11008,
+              "max_position_embeddings": 4096, "tie_word_embeddings": False}
+    got = web.calculate({"config": json.dumps(config), "t": "2"})
+    ref = estimate(ModelSpec.from_hf_config(config), ParallelConfig(tp=2), TrainingSetup(seq_len=4096))
+    assert got["ok"] and got["peak_bytes"] == ref.peak_bytes
+
+
+@pytest.mark.parametrize(("settings", "field", "message"), [
+    ({"t": "3"}, "t", "tp=3 must divide heads=32"),
+    ({"t": "two"}, "t", "t='two' must be a whole number"),
+    ({"e": "2"}, "e", "ep=2 must divide dp*cp=1"),
+    ({"sp": "1"}, "sp", "sp=True needs tp >= 2"),
+    ({"cp": "3"}, "cp", "cp=3 must divide seq_len=4096"),
+    ({"seq": "0"}, "seq", "seq_len=0 must be an integer >= 1"),
+    ({"v": "2"}, "v", "vpp=2 needs pp >= 2"),
+    ({"zero": "4"}, "zero", "zero=4"),
+    ({"sp": "maybe"}, "sp", "sp='maybe' must be 0 or 1"),
+    ({"model": "llama-9"}, "model", "model='llama-9' must be one of"),
+    ({"gpu": "b200"}, "gpu", "gpu='b200' must be one of"),
+    ({"config": "{"}, "config", "config is not valid JSON"),
+    ({"config": '{"hidden_size": 64.7}'}, "config", "config['hidden_size']=64.7"),
+    ({"colour": "red"}, "_", "unknown setting(s) ['colour']"),
+])
+def test_bad_input_names_its_field(settings, field, message):
+    got = web.calculate(settings)
+    assert got["ok"] is False
+    assert list(got["errors"]) == [field]
+    assert message in got["errors"][field]
+
+
+def test_plan_layouts_is_plan_and_emit():
+    got = web.plan_layouts({"model": "llama-3-8b", "gpu": "h100-sxm", "gpn": "8", "nodes": "2",
+                            "batch": "128", "seq": "4096", "top": "5", "emit": "deepspeed",
+                            "pick": "2"})
+    ref = plan(ModelSpec.preset("llama-3-8b"), Cluster("h100-sxm", 8, 2), 128, 4096, top=5)
+    assert [c["label"] for c in got["candidates"]] == [c.label() for c in ref.candidates]
+    assert [c["peak_bytes"] for c in got["candidates"]] == [c.peak_bytes for c in ref.candidates]
+    assert got["recipe"] == ref.emit("deepspeed", 1)
+    assert got["world_size"] == 16
+
+
+def test_plan_without_a_fit_is_an_answer_and_bad_plan_input_is_an_error():
+    got = web.plan_layouts({"model": "llama-3-70b", "gpu": "a100-40gb"})
+    assert got["ok"] and got["candidates"] == [] and got["message"].startswith("no layout fits")
+    assert got["recipe"] == ""
+    assert web.plan_layouts({"nodes": "0"})["errors"] == {"nodes": "nodes=0 must be an integer >= 1"}
+    assert "pick" in web.plan_layouts({"pick": "11"})["errors"]
+    assert "top" in web.plan_layouts({"top": "0"})["errors"]
+
+
+def test_query_round_trip():
+    settings = {"model": "mixtral-8x7b", "e": "8", "d": "8", "zero": "2", "seq": "2048"}
+    got = web.calculate(settings)
+    assert got["query"] == "model=mixtral-8x7b&d=8&e=8&zero=2&seq=2048"
+    assert web.parse_query("?" + got["query"]) == {k: settings[k] for k in
+                                                   ("model", "d", "e", "zero", "seq")}
+    assert web.calculate(web.parse_query(got["query"]))["peak_bytes"] == got["peak_bytes"]
+    assert web.calculate({})["query"] == ""
+
+
+def test_run_json_and_options():
+    opts = json.loads(web.run_json("options", ""))
+    assert "llama-2-7b" in opts["models"] and set(opts["calc_fields"]) == set(web.CALC_FIELDS)
+    assert set(opts["engines"]) == {"paper", "megatron-core", "deepspeed", "fsdp2", "hf"}
+    out = json.loads(web.run_json("calculate", json.dumps({"t": "2"})))
+    assert out["ok"] and out["stages"][0]["stage"] == 0
+    assert json.loads(web.run_json("calculate", "[1]"))["ok"] is False
+    with pytest.raises(ValueError, match="kind='x' must be one of"):
+        web.run_json("x", "{}")
+
+
+def test_every_documented_name_is_a_field():
+    doc = web.__doc__
+    for name in [*web.CALC_FIELDS, *web.PLAN_FIELDS]:
+        assert f"``{name}``" in doc, name
