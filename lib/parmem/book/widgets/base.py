@@ -114,8 +114,8 @@ def explorer(
 
 
 def _explorer_class():
+    import IPython.display as ipd  # looked up on each call (the class is built once)
     import ipywidgets as w
-    from IPython.display import display, update_display
 
     class Explorer(w.VBox):
         """The controls of an explorer; displaying it also displays its figure below."""
@@ -132,15 +132,15 @@ def _explorer_class():
         def redraw(self) -> None:
             self.figure = figure_bundle(self._draw())
             if self._display_id is not None:
-                update_display(self.figure, raw=True, display_id=self._display_id)
+                ipd.update_display(self.figure, raw=True, display_id=self._display_id)
 
         def _ipython_display_(self) -> None:
-            display(self._repr_mimebundle_(), raw=True)
+            ipd.display(self._repr_mimebundle_(), raw=True)
             if self._show:
                 import uuid
 
                 self._display_id = uuid.uuid4().hex
-                display(self.figure, raw=True, display_id=self._display_id)
+                ipd.display(self.figure, raw=True, display_id=self._display_id)
 
     return Explorer
 
