@@ -128,3 +128,35 @@ def test_explore_plan_builds_a_widget():
 
     box = explore_plan(model="llama-2-7b", nodes=2, global_batch=64, static=False)
     assert box.children
+
+
+def test_explore_estimate_links_the_calculator_with_its_own_settings():
+    """The explorer's hidden query string, read back by the calculator's own parser, gives the
+    estimate of the explorer's default settings (the figure the static site shows)."""
+    import html
+    import re
+
+    import ipywidgets
+
+    from parmem import ModelSpec, ParallelConfig, TrainingSetup, estimate
+    from parmem.book import web
+    from parmem.book.widgets import explore_estimate
+
+    box = explore_estimate(model="llama-2-7b", tp=2, dp=4, zero=1, seq_len=2048, flash=True)
+    carried = [c.value for c in box.children if isinstance(c, ipywidgets.HTML)]
+    assert len(carried) == 1 and 'class="parmem-calc-query"' in carried[0]
+    query = html.unescape(re.search(r">([^<]*)</span>", carried[0]).group(1))
+    assert "model=" not in query  # the calculator's default model is left out
+    got = web.calculate(web.parse_query(query))
+    assert got["ok"], got
+    want = estimate(ModelSpec.preset("llama-2-7b"), ParallelConfig(dp=4, tp=2, zero=1),
+                    TrainingSetup(seq_len=2048, num_microbatches=8, flash_attention=True))
+    assert got["peak_bytes"] == want.peak_bytes
+
+
+def test_calculator_query_names_an_unknown_setting():
+    from parmem.book import web
+
+    assert web.calculator_query({"t": 4, "sp": True, "d": 1}) == "t=4&sp=1"
+    with pytest.raises(ValueError, match="tp"):
+        web.calculator_query({"tp": 4})

@@ -277,6 +277,13 @@ def test_first_chapter(browser, origin):
             assert "mybinder.org" in (note.first.inner_html() or ""), (
                 f"{name}: the inactive controls do not link to Binder"
             )
+            if name.startswith("ch00"):  # explore_estimate carries its settings (issue 17)
+                link = note.first.locator("a.parmem-calculator-link")
+                href = link.evaluate("a => a.href")
+                page, _, query = href.partition("?")
+                assert (SITE / page.removeprefix(origin + "/")).is_file(), href
+                assert "model=llama-2-7b" not in query  # the default is left out
+                assert {"seq=2048", "flash=1", "m=8"} <= set(query.split("&")), query
         visit.screenshot(name)  # again, now that the widgets have rendered
     finally:
         visit.close()

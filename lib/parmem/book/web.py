@@ -73,6 +73,7 @@ __all__ = [
     "options",
     "parse_query",
     "to_query",
+    "calculator_query",
     "run_json",
 ]
 
@@ -377,6 +378,22 @@ def to_query(values: Mapping[str, str], fields: Mapping[str, tuple[str, str]]) -
         if k != "config" and values.get(k, fields[k][0]) != fields[k][0]
     ]
     return urlencode(kept)
+
+
+def calculator_query(settings: Mapping[str, Any]) -> str:
+    """The calculator's query string for ``settings`` (URL names of :data:`CALC_FIELDS`; values
+    as a form would send them: ints, bools as 0/1): what a chapter's explorer links to.
+
+    Raises:
+        ValueError: for a name the calculator does not have.
+    """
+    unknown = sorted(set(settings) - set(CALC_FIELDS))
+    if unknown:
+        raise ValueError(
+            f"calculator settings {unknown} are not fields; known: {', '.join(CALC_FIELDS)}"
+        )
+    form = {k: str(int(v)) if isinstance(v, bool) else str(v) for k, v in settings.items()}
+    return to_query(form, CALC_FIELDS)
 
 
 _HANDLERS: dict[str, Callable[[Mapping[str, Any]], dict[str, Any]]] = {

@@ -61,6 +61,8 @@ def show_static(fig) -> None:
 #: The CSS class of every explorer's controls: the site greys them out and says how to run them
 #: live (``_static/explore.css``, ``_static/explore.js``); a live kernel ignores it.
 EXPLORER_CLASS = "parmem-explorer"
+#: The CSS class of the hidden element that carries an explorer's calculator settings.
+CALC_QUERY_CLASS = "parmem-calc-query"
 
 
 def figure_bundle(result: object) -> dict[str, str]:
@@ -91,6 +93,7 @@ def explorer(
     render: Callable[..., object],
     static: bool = True,
     columns: int = 3,
+    calculator: Mapping[str, Any] | None = None,
 ):
     """A dashboard: ``controls`` (name → ipywidget) laid out in a grid, and below them one figure,
     ``render(**values)`` (a matplotlib Figure, or anything displayable), redrawn in place when a
@@ -100,12 +103,25 @@ def explorer(
     The figure is a plain display output with a display id, not an ``Output`` widget: executed
     headless (CI, the site) the cell leaves exactly one figure, for the default values, and a live
     kernel updates that same output (``update_display``), so no reader sees the figure twice.
-    ``static`` is kept for callers of the earlier API: ``False`` shows the controls only."""
+    ``static`` is kept for callers of the earlier API: ``False`` shows the controls only.
+
+    ``calculator``: the explorer's default settings in the calculator's URL names
+    (:data:`parmem.book.web.CALC_FIELDS`, e.g. ``{"model": "llama-2-7b", "t": 2}``). They are
+    carried as a hidden query string (class ``parmem-calc-query``); on the static site, where the
+    controls are inactive, ``_static/explore.js`` turns it into a link to the in-browser
+    calculator with the same settings."""
+    import html
+
     import ipywidgets as w
 
     boolean("static", static)
     items = list(controls.values())
     rows = [w.HBox(items[i : i + columns]) for i in range(0, len(items), columns)]
+    if calculator is not None:
+        from ..web import calculator_query
+
+        query = html.escape(calculator_query(calculator))
+        rows.append(w.HTML(f'<span class="{CALC_QUERY_CLASS}" hidden>{query}</span>'))
     box = _Explorer(rows, render=render, controls=dict(controls), show_figure=static)
     box.add_class(EXPLORER_CLASS)
     for c in items:

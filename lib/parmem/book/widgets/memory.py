@@ -79,7 +79,10 @@ def explore_estimate(
             return error_html(e)
         return plot_breakdown(est, capacity=int(gpu_gib * GIB))
 
-    return explorer(controls, render, static=static)
+    calc = {"model": model, "d": dp, "t": tp, "p": pp, "zero": zero, "sp": sp and tp > 1,
+            "recompute": recompute, "seq": seq_len, "b": micro_batch, "m": num_microbatches,
+            "flash": flash}  # fmt: skip
+    return explorer(controls, render, static=static, calculator=calc)
 
 
 def explore_remedies(
