@@ -73,6 +73,9 @@ $(WHEEL_MANIFEST): $(WHEEL_SOURCES) pyproject.toml scripts/build_wheel.py
 
 $(SNAPSHOT): $(WHEEL_MANIFEST) $(STAMP_NPM) scripts/pyodide_snapshot.mjs
 	node scripts/pyodide_snapshot.mjs
+	@# the script records the snapshot in the manifest, which would leave the manifest newer than
+	@# the snapshot (rebuilt on every make, raced by parallel sub-makes): mark the snapshot current
+	touch $@
 
 setup: $(STAMP_PY) $(STAMP_ASSETS) $(WHEEL_MANIFEST) $(if $(filter 1,$(WEB_SNAPSHOT)),$(SNAPSHOT))
 

@@ -315,7 +315,7 @@ class ModelSpec:
     def layer_param_counts(self) -> dict[str, int]:
         """Parameters of one transformer layer by component (:func:`parmem.sharding.param_counts`
         without the embedding, LM head and final norm, divided by L); an MoE layer for a model
-        with experts (its dense layers: :func:`parmem.sharding.layer_tensors` with
+        with experts (its dense layers: :func:`parmem.table.layer_tensors` with
         ``moe=False``)."""
         out = dict.fromkeys(("attention", "norms"), 0)
         for x in layer_tensors(self):

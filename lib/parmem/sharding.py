@@ -1,7 +1,7 @@
 """Every parameter tensor of a model, its shape, and how parallelism splits it: one table.
 
-This module is the one home of parameter counting. :func:`layer_tensors` and
-:func:`model_tensors` (their rows are written in :mod:`parmem.table` and re-exported here)
+This module is the one home of parameter counting. :func:`~parmem.table.layer_tensors` and
+:func:`~parmem.table.model_tensors` (their rows are written in :mod:`parmem.table` and re-exported here)
 describe a model as data, in the spirit of the tensor-parallel plans of
 picotron and torchtitan (``{"attention.wq": ColwiseParallel()}``): each :class:`Tensor` names its
 shape and its *split*:
@@ -189,7 +189,7 @@ def stage_params(
     """(dense, expert) parameters one GPU of a pipeline stage holds before ZeRO sharding.
 
     ``n_layers`` transformer layers (default: all) from layer ``start`` (default:
-    :func:`_stage_layers`), dense and MoE layers as :func:`layer_groups` counts them, plus the
+    :func:`_stage_layers`), dense and MoE layers as :func:`~parmem.table.layer_groups` counts them, plus the
     embedding on the ``first`` stage and the final norm and LM head on the ``last`` (a tied LM
     head counts once on a single stage and is copied on the last stage of a pipeline), and the
     MTP modules on the last stage unless ``mtp=False`` (serving without speculative decoding).
@@ -349,7 +349,7 @@ _GROUP_SPLIT = {
 def tp_param_counts(spec: ModelSpec, tp: int = 1, ep: int = 1) -> list[ShardCount]:
     """Parameters of the whole model (all layers) by component, and what one rank of a
     tensor-parallel group of ``tp`` (and expert-parallel group of ``ep``) holds: the table of
-    :func:`layer_tensors` and :func:`model_tensors` grouped as the book's TP chapters show it
+    :func:`~parmem.table.layer_tensors` and :func:`~parmem.table.model_tensors` grouped as the book's TP chapters show it
     (Megatron-LM's layout, Shoeybi et al. 2019 §3). The per-rank sum equals the parameters
     :func:`parmem.estimate` puts on a single-stage GPU."""
     if isinstance(spec, str) or not hasattr(spec, "head_dim"):

@@ -39,8 +39,8 @@ class Tensor:
     """One parameter tensor (or ``count`` identical ones) of a model.
 
     ``rows × cols`` is its full shape (out_features × in_features for a linear weight; ``cols``
-    is 1 for a vector). ``component`` is the key of :func:`param_counts` it adds to; ``group`` the
-    row of :func:`tp_param_counts`. ``kind`` says what it is: ``linear`` (a layer's weight matrix:
+    is 1 for a vector). ``component`` is the key of :func:`~parmem.sharding.param_counts` it adds to; ``group`` the
+    row of :func:`~parmem.sharding.tp_param_counts`. ``kind`` says what it is: ``linear`` (a layer's weight matrix:
     quantised for serving, multiplied by every token), ``router``, ``bias``, ``norm``,
     ``embedding``, ``positions`` or ``lm_head``. ``expert``: routed-expert tensor, one of
     ``count`` experts, divided over the expert-parallel ranks. ``place``: ``layer``, ``first`` or
