@@ -120,23 +120,41 @@ def _run_all(page) -> None:
                            "&& window.jupyterapp.shell.currentWidget.sessionContext.session "
                            "&& window.jupyterapp.shell.currentWidget.sessionContext.session.kernel",
                            timeout=60_000)
-    page.wait_for_function("() => window.jupyterapp.shell.currentWidget.sessionContext"
-                           ".session.kernel.status === 'idle'", timeout=60_000)
+    # null-safe: the session can be replaced while the kernel starts (a second notebook)
+    page.wait_for_function("() => window.jupyterapp.shell.currentWidget?.sessionContext"
+                           "?.session?.kernel?.status === 'idle'", timeout=60_000)
     page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
-    # done: no cell waits or runs ([*]) and every code cell has an execution count
-    page.wait_for_function(
-        """() => {
-            const nb = window.jupyterapp.shell.currentWidget.content;
-            const cells = nb.widgets.filter(c => c.model.type === 'code');
-            return cells.length > 0 && cells.every(c => c.model.executionCount !== null)
-                && nb.node.querySelectorAll('.jp-InputPrompt').length > 0
-                && ![...nb.node.querySelectorAll('.jp-InputPrompt')]
-                        .some(p => p.textContent.includes('*'))
-                && window.jupyterapp.shell.currentWidget.sessionContext.session.kernel
-                        .status === 'idle';
-        }""",
-        timeout=RUN_TIMEOUT_S * 1000, polling=500,
-    )
+    # done: no cell waits or runs ([*]) and every code cell has an execution count; or a cell
+    # failed (Run All then stops, and the cells after it never get a count): say which
+    try:
+        page.wait_for_function(
+            """() => {
+                const nb = window.jupyterapp.shell.currentWidget.content;
+                if (nb.node.querySelector(".jp-OutputArea-output[data-mime-type="
+                                          + "'application/vnd.jupyter.stderr']")
+                    && [...nb.node.querySelectorAll('.jp-OutputArea-output')]
+                         .some(o => o.innerText.includes('Traceback'))) return true;
+                const cells = nb.widgets.filter(c => c.model.type === 'code');
+                return cells.length > 0 && cells.every(c => c.model.executionCount !== null)
+                    && nb.node.querySelectorAll('.jp-InputPrompt').length > 0
+                    && ![...nb.node.querySelectorAll('.jp-InputPrompt')]
+                            .some(p => p.textContent.includes('*'))
+                    && window.jupyterapp.shell.currentWidget?.sessionContext?.session
+                            ?.kernel?.status === 'idle';
+            }""",
+            timeout=RUN_TIMEOUT_S * 1000, polling=500,
+        )
+    except Exception:
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(SHOTS / "live-run-all-timeout.png"))
+        state = page.evaluate(
+            """() => window.jupyterapp.shell.currentWidget.content.widgets
+                 .filter(c => c.model.type === 'code')
+                 .map((c, i) => `cell ${i}: count ${c.model.executionCount}, `
+                      + c.node.querySelector('.jp-InputPrompt').textContent.trim())
+                 .join('\\n')"""
+        )
+        raise AssertionError(f"Run All did not finish in {RUN_TIMEOUT_S} s:\n{state}") from None
 
 
 def _figure_after_slider(page) -> tuple[str, str]:
@@ -166,8 +184,15 @@ def test_chapter_runs_live(lab, browser, chapter):
     errors: list[str] = []
     page.on("pageerror", lambda e: errors.append(str(e)))
     try:
-        page.goto(f"{lab}/lab/tree/{chapter}", wait_until="load", timeout=60_000)
+        # a workspace of its own, reset: else JupyterLab restores the previous chapter's tab,
+        # which may be the current widget that Run All then runs (the other chapter never runs)
+        page.goto(f"{lab}/lab/workspaces/{name}/tree/{chapter}?reset", wait_until="load",
+                  timeout=60_000)
         page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
+        page.wait_for_function("() => window.jupyterapp?.shell.currentWidget?.context?.path",
+                               timeout=60_000)
+        current = page.evaluate("() => window.jupyterapp.shell.currentWidget.context.path")
+        assert current == chapter, f"the current notebook is {current}, not {chapter}"
         _run_all(page)
         notebook = page.locator(".jp-Notebook").first
         # every cell is rendered when the notebook is not windowed (virtual scrolling)
