@@ -26,9 +26,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from test_site import CHROMIUM, CHROMIUM_ARGS, SHOTS, _unavailable
+import test_site
+from test_site import SHOTS, _unavailable
 
 pytestmark = pytest.mark.browser
+browser = test_site.browser  # the site test's Chromium fixture, shared
 
 ROOT = Path(__file__).resolve().parents[2]
 #: one chapter with a torch.distributed pool demo, one with the pipeline schedules
@@ -101,17 +103,6 @@ def importlib_missing(name: str) -> bool:
     import importlib.util
 
     return importlib.util.find_spec(name) is None
-
-
-@pytest.fixture(scope="module")
-def browser():
-    if not Path(CHROMIUM).is_file():
-        _unavailable(f"{CHROMIUM} not found: apt-get install chromium (.ci/run does)")
-    sync_api = pytest.importorskip("playwright.sync_api")
-    with sync_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield browser
-        browser.close()
 
 
 def _run_all(page) -> None:

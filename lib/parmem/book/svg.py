@@ -11,28 +11,11 @@ from collections.abc import Mapping, Sequence
 from html import escape
 from typing import Any
 
-__all__ = ["COLORS", "LABELS", "stacked_bars"]
+# the colour and the name of each memory term are the book's figures' own (one home,
+# parmem.book.plots.base, which imports matplotlib only when it draws)
+from .plots.base import COLORS, LABELS
 
-#: One colour per term of :class:`~parmem.estimate.MemoryBreakdown` (colour-blind safe: Okabe-Ito).
-COLORS = {
-    "params": "#0072B2",
-    "grads": "#56B4E9",
-    "optimizer": "#009E73",
-    "activations": "#E69F00",
-    "logits": "#D55E00",
-    "comm_buffers": "#CC79A7",
-    "cuda_context": "#999999",
-}
-#: The terms' names as the charts and tables print them.
-LABELS = {
-    "params": "parameters",
-    "grads": "gradients",
-    "optimizer": "optimizer states",
-    "activations": "activations",
-    "logits": "logits",
-    "comm_buffers": "comm. buffers",
-    "cuda_context": "CUDA context",
-}
+__all__ = ["COLORS", "LABELS", "stacked_bars"]
 
 _LEFT, _RIGHT, _BAR, _GAP, _TOP = 70, 20, 22, 8, 10
 
