@@ -1,6 +1,8 @@
 # Parallelism & GPU Memory: build, test and explore the book.
 #
-#   make book    the site, in _build/html (executes every chapter; cached afterwards)
+#   make book    the site, in _build/html, and its Chinese edition in _build/html/zh (executes every
+#                chapter once; cached afterwards)
+#   make i18n    update the Chinese edition's catalogs (locales/) after changing English prose
 #   make test    lint, unit tests, every chapter as a test, the book with -W (the live notebooks
 #                in JupyterLab beside it), the browser tests of the site
 #   make lab     JupyterLab on the chapters, with parmem installed in the kernel
@@ -47,7 +49,7 @@ no_tests = { rc=$$?; [ $$rc -ne 5 ] || echo "$(1): pytest collected no tests (ex
 # Append "stage seconds" to $(BUILD)/stage-times.txt while running a stage: $(call timed,NAME) CMD
 timed = bash -c 's=$$SECONDS; "$$@"; rc=$$?; printf "  %-22s %5d s\n" "$(1)" $$((SECONDS - s)) >> $(BUILD)/stage-times.txt; exit $$rc' _
 
-.PHONY: help setup book execute build-html test lint unit notebooks nbval browser live lab bench clean distclean
+.PHONY: help setup book execute build-html i18n test lint unit notebooks nbval browser live lab bench clean distclean
 
 help:
 	@sed -n 's/^#   //p' Makefile
@@ -86,12 +88,22 @@ execute: setup
 
 # Sphinx re-reads only changed pages, so a warning from an unchanged page is not repeated: after
 # a failed build the next one re-reads everything (--all), so it cannot pass by forgetting.
+# Two editions from one execution cache (scripts/build_book.py): English in $(HTML), Chinese in
+# $(HTML)/zh from the catalogs in locales/ (a message missing from them is a warning: -W fails).
 build-html: setup
 	@mkdir -p $(BUILD)
-	$(BIN)/jupyter-book build . -W -n --keep-going --quiet $(if $(wildcard $(BUILD)/.build-failed),--all) \
+	$(PY) scripts/build_book.py -W -n --quiet $(if $(wildcard $(BUILD)/.build-failed),--all) \
 	  || { touch $(BUILD)/.build-failed; exit 1; }
 	@rm -f $(BUILD)/.build-failed
-	@echo "Site: $(HTML)/index.html"
+	$(PY) scripts/build_book.py --lang zh -W -n --quiet $(if $(wildcard $(BUILD)/.build-failed-zh),--all) \
+	  || { touch $(BUILD)/.build-failed-zh; exit 1; }
+	@rm -f $(BUILD)/.build-failed-zh
+
+# After changing English prose: update the Chinese catalogs (then translate what check lists)
+i18n: setup
+	$(PY) scripts/i18n.py extract
+	-$(PY) scripts/i18n.py check > $(BUILD)/i18n-todo.txt && echo "catalogs complete" \
+	  || echo "to translate: $(BUILD)/i18n-todo.txt"
 
 book: execute
 	@$(MAKE) --no-print-directory build-html

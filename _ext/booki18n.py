@@ -1,0 +1,153 @@
+"""The book's two editions: English (``_build/html``) and Chinese (``_build/html/zh``).
+
+Both are built from the same notebooks and the same execution cache by
+``scripts/build_book.py``; the Chinese one with ``language = "zh_CN"`` and the catalogs in
+``locales/`` (``scripts/i18n.py extract`` writes them). This extension
+
+* puts a language switch in every page's header, which leads to the same page in the other
+  edition (``lang-switch.html``);
+* turns each page's subtitle (the paragraph right under the title that is one emphasis: the
+  question in Chinese in the English edition, in English in the Chinese one) into an upright
+  ``<span class="book-subtitle" lang="...">``, so that a Chinese font is chosen for it and no
+  slanted fake italic is drawn;
+* in the Chinese edition, warns (an error under ``-W``) for every message of a page that its
+  catalog does not translate: a changed English sentence, or a changed number in a prose cell,
+  cannot slip into the Chinese edition in English. API docstrings are left in English on
+  purpose and are not checked.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from docutils import nodes
+from sphinx.application import Sphinx
+from sphinx.transforms import SphinxTransform
+from sphinx.util import logging
+from sphinx.util.i18n import docname_to_domain
+from sphinx.util.nodes import extract_messages, is_translatable
+
+logger = logging.getLogger(__name__)
+
+#: the Chinese edition's folder under the English one
+ZH_DIR = "zh"
+_CJK = re.compile(r"[\u3400-\u9fff]")
+
+
+def is_zh(app_or_config) -> bool:
+    config = getattr(app_or_config, "config", app_or_config)
+    return str(config.language or "").startswith("zh")
+
+
+class book_subtitle(nodes.inline):  # noqa: N801 (docutils node classes are lower case)
+    """The subtitle under a page's title, with its language."""
+
+
+def _visit_subtitle(self, node: book_subtitle) -> None:
+    self.body.append(self.starttag(node, "span", "", CLASS="book-subtitle", lang=node["lang"]))
+
+
+def _depart_subtitle(self, node: book_subtitle) -> None:
+    self.body.append("</span>")
+
+
+class MarkSubtitle(SphinxTransform):
+    """The first paragraph under a page's title, when it is a single emphasis, becomes an
+    upright subtitle marked with its language (after translation: priority 20 is Sphinx's)."""
+
+    default_priority = 30
+
+    def apply(self, **kwargs) -> None:
+        for section in self.document.findall(nodes.section):
+            if not isinstance(section.parent, nodes.document):
+                continue
+            body = [c for c in section.children if not isinstance(c, (nodes.title, nodes.target))]
+            first = body[0] if body else None
+            if not (isinstance(first, nodes.paragraph) and len(first.children) == 1
+                    and isinstance(first.children[0], nodes.emphasis)):
+                continue
+            text = first.astext()
+            span = book_subtitle("", *first.children[0].children)
+            span["lang"] = "zh-Hans" if _CJK.search(text) else "en"
+            first.replace(first.children[0], span)
+            first["classes"].append("book-subtitle")
+            break
+
+
+class FlagUntranslated(SphinxTransform):
+    """In the Chinese edition, a warning for each message its page's catalog lacks (or holds
+    fuzzy: Babel leaves fuzzy entries out of the compiled catalog)."""
+
+    default_priority = 21  # right after Sphinx's Locale transform (20)
+
+    def apply(self, **kwargs) -> None:
+        if not is_zh(self.config) or "docstring of" in str(self.document.get("source", "")):
+            return
+        catalog = _catalog(self.app, self.env.docname)
+        missing = 0
+        for node, msg in extract_messages(self.document):
+            if node.get("translated") or not is_translatable(node):
+                continue
+            source = str(node.source or "")
+            if "docstring of" in source or msg in catalog:
+                continue
+            missing += 1
+            if missing <= 5:
+                logger.warning("not in the Chinese catalog (run scripts/i18n.py extract, then "
+                               "translate): %r", msg[:120], location=node, type="i18n",
+                               subtype="untranslated")
+        if missing > 5:
+            logger.warning("%d messages of %s are not in the Chinese catalog", missing,
+                           self.env.docname, type="i18n", subtype="untranslated")
+
+
+_catalogs: dict[str, set[str]] = {}
+
+
+def _catalog(app: Sphinx, docname: str) -> set[str]:
+    """The msgids the compiled catalog of ``docname`` translates (identical ones included:
+    Sphinx's Locale transform skips a msgstr equal to its msgid, which is no omission)."""
+    from babel.messages.pofile import read_po
+
+    domain = docname_to_domain(docname, app.config.gettext_compact)
+    if domain not in _catalogs:
+        ids: set[str] = set()
+        for folder in app.config.locale_dirs:
+            po = Path(app.srcdir, folder, app.config.language, "LC_MESSAGES", domain + ".po")
+            if po.is_file():
+                with po.open("rb") as f:
+                    ids |= {str(m.id) for m in read_po(f) if m.id and m.string and not m.fuzzy}
+        _catalogs[domain] = ids
+    return _catalogs[domain]
+
+
+def _switch_context(app: Sphinx, pagename: str, templatename, context, doctree) -> None:
+    """``lang_switch``: the other edition's copy of this page, relative to this page."""
+    up = "../" * pagename.count("/")
+    if is_zh(app):
+        context["lang_switch"] = {"href": f"{up}../{pagename}.html", "label": "English",
+                                  "lang": "en", "title": "Read this page in English"}
+    else:
+        context["lang_switch"] = {"href": f"{up}{ZH_DIR}/{pagename}.html", "label": "中文",
+                                  "lang": "zh-Hans", "title": "阅读本页的中文版"}
+
+
+def _configure(app: Sphinx, config) -> None:
+    config.templates_path = [*config.templates_path, str(Path(__file__).parent / "templates")]
+    options = dict(config.html_theme_options or {})
+    end = list(options.get("article_header_end") or ["article-header-buttons.html"])
+    if "lang-switch.html" not in end:
+        options["article_header_end"] = ["lang-switch.html", *end]
+    config.html_theme_options = options
+    if is_zh(config):
+        config.html_search_language = "zh"
+
+
+def setup(app: Sphinx) -> dict:
+    app.add_node(book_subtitle, html=(_visit_subtitle, _depart_subtitle))
+    app.add_transform(MarkSubtitle)
+    app.add_transform(FlagUntranslated)
+    app.connect("config-inited", _configure)
+    app.connect("html-page-context", _switch_context)
+    return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -1,0 +1,97 @@
+"""Build the book: the English site, the Chinese edition, or the message catalogs' templates.
+
+    python scripts/build_book.py [--lang en|zh] [--builder html|gettext] [-W] [-n] [--all]
+
+* ``--lang en`` (default): the site in ``_build/html``, as ``jupyter-book build .`` builds it.
+* ``--lang zh``: the Chinese edition in ``_build/html/zh``: the same sources, the same
+  execution cache (nothing is executed again), with ``language = "zh_CN"`` and the catalogs of
+  ``locales/zh_CN/LC_MESSAGES`` (one per page). Its own doctrees (``_build/.doctrees-zh``).
+* ``--builder gettext``: the ``.pot`` templates of every page in ``_build/gettext`` (one per
+  page); ``scripts/i18n.py extract`` runs this, then updates the catalogs.
+
+Jupyter Book 1.x turns ``_config.yml`` into Sphinx's configuration; this calls the same
+function its command line does (``jupyter_book.sphinx.build_sphinx``), with the settings of the
+edition added. Exit status: Sphinx's (1 on a warning under ``-W``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BUILD = ROOT / "_build"
+LOCALES = "locales"
+ZH = "zh_CN"
+
+# The Chinese edition's settings; everything else is the English edition's (_config.yml).
+ZH_SETTINGS = {
+    "language": ZH,
+    "locale_dirs": [f"{LOCALES}/"],
+    "gettext_compact": False,  # one catalog per page
+    "html_title": "并行策略与 GPU 显存",
+    "html_search_language": "zh",
+}
+
+
+def write_search_dict() -> Path:
+    """The glossary's Chinese terms as jieba's user dictionary (the Chinese search's words)."""
+    sys.path.insert(0, str(ROOT / "lib"))
+    from parmem.book.i18n import glossary_terms, search_words
+
+    terms = glossary_terms((ROOT / "chapters" / "glossary.md").read_text(encoding="utf-8"))
+    path = BUILD / "zh-search-words.txt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = "".join(f"{word} 1000\n" for word in search_words(terms))
+    if not path.is_file() or path.read_text(encoding="utf-8") != text:
+        path.write_text(text, encoding="utf-8")
+    return path
+
+
+def build(lang: str, builder: str, strict: bool, nitpick: bool, fresh: bool, quiet: bool) -> int:
+    from jupyter_book.sphinx import build_sphinx
+
+    overrides: dict[str, object] = {
+        "external_toc_path": str(ROOT / "_toc.yml"),
+        "latex_individualpages": False,
+        "gettext_compact": False,
+    }
+    if nitpick:
+        overrides["nitpicky"] = True
+    if builder == "gettext":
+        out, doctrees = BUILD / "gettext", BUILD / ".doctrees-gettext"
+    elif lang == "zh":
+        overrides.update(ZH_SETTINGS)
+        overrides["html_search_options"] = {"dict": str(write_search_dict())}
+        out, doctrees = BUILD / "html" / "zh", BUILD / ".doctrees-zh"
+    else:
+        out, doctrees = BUILD / "html", BUILD / ".doctrees"
+    result = build_sphinx(
+        ROOT, out, noconfig=True, path_config=ROOT / "_config.yml", confoverrides=overrides,
+        doctreedir=doctrees, builder=builder, warningiserror=strict, keep_going=strict,
+        freshenv=fresh, quiet=quiet,
+    )
+    if isinstance(result, Exception):
+        print(f"build failed: {result}", file=sys.stderr)
+        return 1
+    if result == 0 and builder == "html":
+        print(f"Site ({lang}): {(out / 'index.html').relative_to(ROOT)}")
+    return int(result)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--lang", choices=("en", "zh"), default="en")
+    parser.add_argument("--builder", choices=("html", "gettext"), default="html")
+    parser.add_argument("-W", dest="strict", action="store_true", help="warnings are errors "
+                        "(the build goes on and reports them all)")
+    parser.add_argument("-n", dest="nitpick", action="store_true", help="nit-picky references")
+    parser.add_argument("--all", dest="fresh", action="store_true", help="re-read every page")
+    parser.add_argument("--quiet", action="store_true")
+    args = parser.parse_args(argv)
+    return build(args.lang, args.builder, args.strict, args.nitpick, args.fresh, args.quiet)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,203 @@
+"""The Chinese edition's catalogs are complete, current and consistent (issue 18).
+
+* The checker itself (``parmem.book.i18n``), on messages written here by hand: it flags an
+  untranslated or fuzzy message, a number, code span, math, role or link target the
+  translation lost, and a glossary term translated otherwise or two ways; it passes a correct
+  translation, a retitled cross-reference and a kept abbreviation.
+* The committed catalogs (``locales/zh_CN/LC_MESSAGES``): one per page of ``_toc.yml`` and
+  none for a page that is gone; no message untranslated or fuzzy; nothing of the English lost;
+  every glossary term as the glossary writes it.
+
+That a catalog is *current* (holds every message the pages have now) is checked by the
+Chinese build itself: ``_ext/booki18n.py`` warns for each message a page's catalog lacks, and
+``make book`` builds with ``-W``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+babel = pytest.importorskip("babel.messages.catalog")
+
+from parmem.book import i18n  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+LOCALE_DIR = ROOT / "locales" / "zh_CN" / "LC_MESSAGES"
+GLOSSARY = ROOT / "chapters" / "glossary.md"
+
+
+def catalog(*pairs: tuple[str, str], fuzzy: bool = False):
+    c = babel.Catalog(locale="zh_CN")
+    for msgid, msgstr in pairs:
+        c.add(msgid, msgstr, flags=("fuzzy",) if fuzzy else ())
+    return {"page": c}
+
+
+def whats(problems) -> list[str]:
+    return [p.what for p in problems]
+
+
+# ------------------------------------------------------------------------------------ the checker
+def test_a_faithful_translation_has_no_problem():
+    c = catalog((
+        "For Llama-2-7B that is 100.4 GiB, or 16 bytes per parameter ({cite:t}`ren2021zero`, "
+        "`parmem.estimate`, $16\\Psi$, see [the run](https://example.org/x)).",
+        "Llama-2-7B 需要 100.4 GiB，即每个参数 16 字节（{cite:t}`ren2021zero`，"
+        "`parmem.estimate`，$16\\Psi$，见[这次运行](https://example.org/x)）。",
+    ))
+    assert i18n.catalog_problems(c) == []
+
+
+def test_untranslated_and_fuzzy_are_problems():
+    assert whats(i18n.catalog_problems(catalog(("Why", "")))) == ["untranslated"]
+    assert whats(i18n.catalog_problems(catalog(("Why", "原理"), fuzzy=True))) == ["fuzzy"]
+
+
+@pytest.mark.parametrize(("msgid", "msgstr", "lost"), [
+    ("It takes 4,096 tokens.", "它需要 4096 个 token。", "lost number 4,096"),
+    ("At 100.4 GiB.", "为 100.5 GiB。", "lost number 100.4"),
+    ("Call `estimate()` now.", "现在调用 estimate()。", "lost code `estimate()`"),
+    ("It is $2\\Psi$ bytes.", "它是 2Ψ 字节。", "lost math $2\\Psi$"),
+    ("As {cite:t}`ren2021zero` says.", "正如 {cite:t}`rajbhandari2020zero` 所说。",
+     "lost role {cite:t}`ren2021zero`"),
+    ("See [the list](https://a.org/x).", "见[列表](https://a.org/y)。",
+     "lost link target https://a.org/x"),
+    ("It is {glue:text}`ch00_x:.1f` GiB.", "为 100.4 GiB。", "lost role {glue:text}`ch00_x:.1f`"),
+])
+def test_what_must_stay_verbatim_is_checked(msgid, msgstr, lost):
+    assert lost in whats(i18n.catalog_problems(catalog((msgid, msgstr))))
+
+
+def test_a_cross_reference_may_be_retitled_but_keeps_its_target():
+    ok = catalog(("See {doc}`notation`.", "见 {doc}`符号表 <notation>`。"))
+    assert i18n.catalog_problems(ok) == []
+    moved = catalog(("See {doc}`notation`.", "见 {doc}`符号表 <glossary>`。"))
+    assert whats(i18n.catalog_problems(moved)) == ["lost role {doc}`notation`"]
+
+
+def test_a_number_inside_a_name_is_not_a_number_to_keep():
+    # "3D" and "7B" are names; the translation keeps them anyway, but a check on "3" alone
+    # would flag "三维" wrongly
+    assert i18n.catalog_problems(catalog(("3D layouts.", "3D 布局。"))) == []
+
+
+@pytest.mark.parametrize(("msgid", "needs"), [
+    ("Why", True), ("2Ψ", False), ("∝ s·b·h·L (+ s²·b·a·L)", False), ("数据并行", False),
+    ("`parmem.estimate`", False), ("4·s·b·V", False),
+    ("\nT = m\\, t_{\\max} + \\frac{\\sum_i t_i}{v} + \\text{DP}_{\\text{exposed}}\n", False),
+    ("the optimizer states", True),
+])
+def test_needs_translation(msgid, needs):
+    assert i18n.needs_translation(msgid) is needs
+
+
+def test_docstring_messages_are_recognised():
+    assert i18n.is_docstring_only([("../../lib/parmem/x.py:docstring", None), ("of", None)])
+    assert not i18n.is_docstring_only([("../../chapters/api.md", 3)])
+    assert not i18n.is_docstring_only([("of", None), ("../../chapters/api.md", 3)])
+
+
+GLOSSARY_SAMPLE = """
+| English | 中文 | Meaning |
+|---|---|---|
+| pipeline parallelism (PP) | 流水线并行 | stages |
+| 3D parallelism | 3D 并行 / 三维并行 | all three |
+| activations | 激活值 | saved tensors |
+| activation recomputation / gradient checkpointing | 激活重计算 / 梯度检查点 | recompute |
+| NCCL | NCCL | the library |
+"""
+
+
+def test_glossary_rows_are_read_with_their_alternatives():
+    terms = {t.english[0]: t for t in i18n.glossary_terms(GLOSSARY_SAMPLE)}
+    assert set(terms) == {"pipeline parallelism", "3D parallelism", "activations",
+                          "activation recomputation"}  # NCCL is written as in English
+    assert terms["3D parallelism"].canonical == "3D 并行"
+    assert terms["3D parallelism"].alternatives == ("三维并行",)
+    assert "PP" in terms["pipeline parallelism"].keep
+    assert terms["activation recomputation"].chinese_for(1) == "梯度检查点"
+    assert terms["activation recomputation"].alternatives == ()
+
+
+@pytest.mark.parametrize(("msgid", "msgstr", "flagged"), [
+    ("Pipeline parallelism splits layers.", "流水线并行切分层。", False),
+    ("Pipeline parallelism splits layers.", "PP 切分层。", False),  # the abbreviation
+    ("Pipeline parallelism splits layers.", "管道并行切分层。", True),  # another translation
+    ("3D parallelism combines them.", "三维并行把它们结合起来。", True),  # the alternative
+    ("3D parallelism combines them.", "3D 并行把它们结合起来。", False),
+    ("Activation recomputation saves activations.", "激活重计算节省激活值。", False),
+    ("Activation recomputation saves memory.", "激活重计算节省显存。", False),  # the longer term
+    ("Gradient checkpointing saves memory.", "梯度检查点节省显存。", False),
+    ("The activations grow.", "激活显存随之增长。", False),  # 激活值 without its suffix
+    ("The activations grow.", "中间结果随之增长。", True),
+    ("Use `pipeline parallelism` here.", "这里用 `pipeline parallelism`。", False),  # code
+])
+def test_terms_are_translated_as_the_glossary_says(msgid, msgstr, flagged):
+    terms = i18n.glossary_terms(GLOSSARY_SAMPLE)
+    assert bool(i18n.term_problems(catalog((msgid, msgstr)), terms)) is flagged
+
+
+def test_search_words_are_the_glossarys_chinese_terms():
+    words = i18n.search_words(i18n.glossary_terms(GLOSSARY_SAMPLE))
+    assert words == sorted(["流水线并行", "三维并行", "激活值", "激活重计算", "梯度检查点"])
+
+
+# ---------------------------------------------------------------------------- the real catalogs
+def toc_pages() -> set[str]:
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    found = {str(toc["root"])}
+
+    def walk(node) -> None:
+        if isinstance(node, dict):
+            if "file" in node:
+                found.add(str(node["file"]))
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(toc.get("parts", []))
+    return found
+
+
+@pytest.fixture(scope="module")
+def catalogs():
+    return i18n.read_catalogs(LOCALE_DIR)
+
+
+def test_every_page_has_a_catalog_and_no_catalog_outlives_its_page(catalogs):
+    assert set(catalogs) == toc_pages()
+
+
+def test_every_message_is_translated_and_keeps_what_it_must(catalogs):
+    problems = i18n.catalog_problems(catalogs)
+    assert not problems, f"{len(problems)} problem(s), first:\n" + "\n".join(
+        map(str, problems[:20]))
+
+
+def test_every_glossary_term_is_translated_one_way(catalogs):
+    terms = i18n.glossary_terms(GLOSSARY.read_text(encoding="utf-8"))
+    assert len(terms) >= 60, "the glossary's tables were not read"
+    problems = i18n.term_problems(catalogs, terms)
+    assert not problems, f"{len(problems)} problem(s), first:\n" + "\n".join(
+        map(str, problems[:20]))
+
+
+def test_the_term_check_catches_a_planted_inconsistency(catalogs):
+    """Mutation: in a real translated message naming pipeline parallelism, write it as
+    管道并行 (a translation seen elsewhere); the check must flag exactly that page."""
+    terms = i18n.glossary_terms(GLOSSARY.read_text(encoding="utf-8"))
+    for domain, cat in catalogs.items():
+        for m in cat:
+            if m.id and "pipeline parallelism" in str(m.id).lower() and "流水线并行" in str(
+                    m.string) and domain != "chapters/glossary":
+                planted = catalog((str(m.id), str(m.string).replace("流水线并行", "管道并行")))
+                if "PP" in str(m.string):
+                    continue
+                assert i18n.term_problems(planted, terms)
+                return
+    pytest.fail("no translated message names pipeline parallelism")

@@ -1,0 +1,142 @@
+"""The Chinese edition (``_build/html/zh``) in a real browser (issue 18).
+
+* Its index and first chapter render in Chinese (``<html lang="zh-CN">``, a Chinese title and
+  heading, the English question as an upright subtitle marked ``lang="en"``), typeset their
+  math, load their figures and nothing from outside the site, with no script error; screenshots
+  go to ``_build/screenshots/zh-*.png``.
+* The language switch on every page leads to the same page in the other edition, both ways.
+* In the English edition the Chinese subtitle is upright and marked ``lang="zh-Hans"``.
+* The Chinese search finds words inside Chinese text: for 显存, 张量 and 流水线 the results
+  hold every chapter whose Chinese text uses the word. Which chapters use it is read from the
+  catalogs (``locales/``), not from the search index, so the two are independent.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import test_site
+from test_site import ROOT, SITE, TIMEOUT_MS, PageVisit, _unavailable, first_chapter
+
+from parmem.book import i18n
+
+pytestmark = pytest.mark.browser
+browser = test_site.browser  # the site test's fixtures, shared
+origin = test_site.origin
+
+ZH = SITE / "zh"
+LOCALE_DIR = ROOT / "locales" / "zh_CN" / "LC_MESSAGES"
+CJK = re.compile(r"[\u4e00-\u9fff]")
+
+
+@pytest.fixture(scope="module")
+def zh_built():
+    if not (ZH / "index.html").is_file():
+        _unavailable("_build/html/zh/index.html does not exist: run `make book` first")
+
+
+def check_zh_page(visit: PageVisit, name: str) -> None:
+    assert visit.response is not None and visit.response.status == 200
+    assert visit.page.evaluate("document.documentElement.lang") == "zh-CN"
+    assert "并行策略与 GPU 显存" in visit.page.title()
+    heading = visit.page.locator("article h1").first
+    assert heading.is_visible() and CJK.search(heading.inner_text()), (
+        f"{name}: the heading is not in Chinese: {heading.inner_text()!r}")
+    broken = [img["src"] for img in visit.images() if not img["done"] or img["w"] == 0]
+    assert not broken, f"{name}: images that did not load: {broken}"
+    visit.screenshot(name)
+    assert not visit.external(), f"{name}: requests left the site: {visit.external()}"
+    assert not visit.errors, f"{name}: script errors: {visit.errors}"
+    assert not visit.bad_responses, f"{name}: failed requests: {visit.bad_responses}"
+
+
+def switch_href(visit: PageVisit) -> str:
+    link = visit.page.locator("a.book-lang-switch").first
+    assert link.count() == 1 and link.is_visible(), "no visible language switch"
+    return link.evaluate("a => a.href")
+
+
+def test_chinese_index(browser, origin, zh_built):
+    visit = PageVisit(browser, origin, "zh/index.html")
+    try:
+        check_zh_page(visit, "zh-index")
+        assert visit.page.url.endswith("/zh/intro.html")
+        assert switch_href(visit) == f"{origin}/intro.html"
+        nav = visit.page.locator("nav.bd-docs-nav").inner_text()
+        assert "数据并行" in nav and "流水线并行" in nav, "the part captions are not translated"
+    finally:
+        visit.close()
+
+
+def test_chinese_chapter_and_the_switch_both_ways(browser, origin, zh_built):
+    chapter = first_chapter()
+    visit = PageVisit(browser, origin, f"zh/{chapter}")
+    try:
+        check_zh_page(visit, "zh-chapter")
+        visit.wait_for_mathjax()
+        assert visit.page.locator("mjx-container").count() >= 1
+        subtitle = visit.page.locator("article span.book-subtitle").first
+        assert subtitle.get_attribute("lang") == "en"
+        assert subtitle.evaluate("e => getComputedStyle(e).fontStyle") == "normal"
+        assert switch_href(visit) == f"{origin}/{chapter}"
+        visit.page.locator("a.book-lang-switch").first.click()
+        visit.page.wait_for_load_state("load", timeout=TIMEOUT_MS)
+        assert visit.page.url == f"{origin}/{chapter}"
+        assert visit.page.evaluate("document.documentElement.lang") == "en"
+        assert switch_href(visit) == f"{origin}/zh/{chapter}"
+        english = visit.page.locator("article span.book-subtitle").first
+        assert english.get_attribute("lang") == "zh-Hans"
+        assert english.evaluate("e => getComputedStyle(e).fontStyle") == "normal"
+        assert CJK.search(english.inner_text())
+        visit.page.screenshot(path=str(ROOT / "_build" / "screenshots" / "en-subtitle-top.png"))
+    finally:
+        visit.close()
+
+
+def chapters_using(word: str) -> set[str]:
+    """Chapter pages whose Chinese text holds ``word``, from the catalogs."""
+    found = set()
+    for domain, cat in i18n.read_catalogs(LOCALE_DIR).items():
+        if "/ch" in domain and any(word in str(m.string) for m in cat if m.id):
+            found.add(f"{domain}.html")
+    return found
+
+
+@pytest.mark.parametrize("word", ["显存", "张量", "流水线"])
+def test_chinese_search_finds_the_chapters_that_use_a_word(browser, origin, zh_built, word):
+    expected = chapters_using(word)
+    assert len(expected) >= 3, f"only {len(expected)} chapters use {word}: a bad oracle"
+    visit = PageVisit(browser, origin, f"zh/search.html?q={word}")
+    try:
+        visit.page.wait_for_function(
+            "() => document.querySelector('#search-results') && "
+            "document.querySelector('#search-results').innerText.match(/搜索完成|Search finished|"
+            "找到|found/)", timeout=TIMEOUT_MS)
+        hrefs = visit.page.eval_on_selector_all(
+            "#search-results ul.search li a", "els => els.map(a => a.getAttribute('href'))")
+        found = {h.split("?")[0].split("#")[0] for h in hrefs}
+        missing = expected - found
+        assert not missing, f"search for {word}: {len(found)} results, missing {sorted(missing)}"
+        if word == "显存":
+            visit.screenshot("zh-search")
+    finally:
+        visit.close()
+
+
+def test_no_page_of_the_chinese_edition_is_left_in_english(zh_built):
+    """Every chapter page of the Chinese edition has a Chinese h1 (not a fallback)."""
+    english = []
+    for page in sorted(ZH.glob("chapters/**/*.html")):
+        html = page.read_text(encoding="utf-8")
+        h1 = re.search(r"<h1>(.*?)<a class=\"headerlink\"", html, re.S)
+        if h1 and not CJK.search(h1.group(1)) and "api" not in page.name:
+            english.append(str(page.relative_to(ZH)))
+    assert not english, f"pages with an English title in the Chinese edition: {english}"
+
+
+def test_switch_targets_exist_for_every_page(zh_built):
+    for page in [*SITE.glob("chapters/**/*.html"), SITE / "intro.html"]:
+        rel = page.relative_to(SITE)
+        if not rel.parts[0] == "zh":
+            assert (ZH / rel).is_file(), f"{rel} has no Chinese page"
