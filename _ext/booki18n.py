@@ -22,6 +22,7 @@ import re
 from pathlib import Path
 
 from docutils import nodes
+from sphinx import addnodes
 from sphinx.application import Sphinx
 from sphinx.transforms import SphinxTransform
 from sphinx.util import logging
@@ -87,7 +88,7 @@ class FlagUntranslated(SphinxTransform):
         catalog = _catalog(self.app, self.env.docname)
         missing = 0
         for node, msg in extract_messages(self.document):
-            if node.get("translated") or not is_translatable(node):
+            if node.get("translated") or not is_translatable(node) or _in_api_entry(node):
                 continue
             source = str(node.source or "")
             if "docstring of" in source or msg in catalog:
@@ -100,6 +101,17 @@ class FlagUntranslated(SphinxTransform):
         if missing > 5:
             logger.warning("%d messages of %s are not in the Chinese catalog", missing,
                            self.env.docname, type="i18n", subtype="untranslated")
+
+
+def _in_api_entry(node: nodes.Node) -> bool:
+    """Whether ``node`` is part of an autodoc entry (a docstring, or the field labels Sphinx
+    translates itself: "Parameters" is "参数" already)."""
+    parent = node.parent
+    while parent is not None:
+        if isinstance(parent, addnodes.desc):
+            return True
+        parent = parent.parent
+    return False
 
 
 _catalogs: dict[str, set[str]] = {}

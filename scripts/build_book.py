@@ -5,7 +5,8 @@
 * ``--lang en`` (default): the site in ``_build/html``, as ``jupyter-book build .`` builds it.
 * ``--lang zh``: the Chinese edition in ``_build/html/zh``: the same sources, the same
   execution cache (nothing is executed again), with ``language = "zh_CN"`` and the catalogs of
-  ``locales/zh_CN/LC_MESSAGES`` (one per page). Its own doctrees (``_build/.doctrees-zh``).
+  ``locales/zh_CN/LC_MESSAGES`` (one per page). Built in ``_build/zh/html`` (its doctrees in
+  ``_build/zh/.doctrees``), then hard-linked into the site.
 * ``--builder gettext``: the ``.pot`` templates of every page in ``_build/gettext`` (one per
   page); ``scripts/i18n.py extract`` runs this, then updates the catalogs.
 
@@ -23,6 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "_build"
 LOCALES = "locales"
+ZH_OUT = BUILD / "zh" / "html"  # then linked into the site as _build/html/zh (publish_zh)
 ZH = "zh_CN"
 
 # The Chinese edition's settings; everything else is the English edition's (_config.yml).
@@ -56,6 +58,8 @@ def build(lang: str, builder: str, strict: bool, nitpick: bool, fresh: bool, qui
         "external_toc_path": str(ROOT / "_toc.yml"),
         "latex_individualpages": False,
         "gettext_compact": False,
+        # one execution cache for every build (myst-nb's default is next to each output folder)
+        "nb_execution_cache_path": str(BUILD / ".jupyter_cache"),
     }
     if nitpick:
         overrides["nitpicky"] = True
@@ -64,7 +68,7 @@ def build(lang: str, builder: str, strict: bool, nitpick: bool, fresh: bool, qui
     elif lang == "zh":
         overrides.update(ZH_SETTINGS)
         overrides["html_search_options"] = {"dict": str(write_search_dict())}
-        out, doctrees = BUILD / "html" / "zh", BUILD / ".doctrees-zh"
+        out, doctrees = ZH_OUT, BUILD / "zh" / ".doctrees"
     else:
         out, doctrees = BUILD / "html", BUILD / ".doctrees"
     result = build_sphinx(
@@ -75,9 +79,27 @@ def build(lang: str, builder: str, strict: bool, nitpick: bool, fresh: bool, qui
     if isinstance(result, Exception):
         print(f"build failed: {result}", file=sys.stderr)
         return 1
+    if result == 0 and builder == "html" and lang == "zh":
+        out = publish_zh()
     if result == 0 and builder == "html":
         print(f"Site ({lang}): {(out / 'index.html').relative_to(ROOT)}")
     return int(result)
+
+
+def publish_zh() -> Path:
+    """Link the Chinese build into the English site, as its ``zh/`` folder (hard links: no
+    copy). It is built in ``_build/zh/html``, not in place, because myst-nb keeps its executed
+    notebooks next to the output folder, which would put them inside the site."""
+    import os
+    import shutil
+
+    site = BUILD / "html" / "zh"
+    if site.is_symlink() or site.is_file():
+        site.unlink()
+    elif site.exists():
+        shutil.rmtree(site)
+    shutil.copytree(ZH_OUT, site, copy_function=os.link)
+    return site
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -73,8 +73,11 @@ def extract() -> int:
             continue
         catalog = _read(po)
         for message in catalog:
-            if message.id and not message.string and not i18n.needs_translation(str(message.id)):
-                message.string = message.id
+            if message.id and (not message.string or message.fuzzy) and not (
+                i18n.needs_translation(str(message.id))
+            ):
+                message.string = message.id  # nothing to translate (a fuzzy match's guess)
+                message.flags.discard("fuzzy")
         _write(po, catalog)
     return status()
 

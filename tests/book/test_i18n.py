@@ -84,6 +84,27 @@ def test_a_number_inside_a_name_is_not_a_number_to_keep():
     assert i18n.catalog_problems(catalog(("3D layouts.", "3D 布局。"))) == []
 
 
+@pytest.mark.parametrize(("msgid", "msgstr"), [
+    ("With t = 8, 16 or 32, because", "t = 8、16 或 32 时，因为"),  # a comma ends a number
+    ("A 7-billion-parameter model: 47 billion, 131 million, 266 thousand.",
+     "70 亿参数的模型：470 亿、1.31 亿、26.6 万。"),  # 亿 and 万 for billions and thousands
+    ("A 7-billion-parameter model.", "7B 模型。"),
+    ("The 16th of 246.", "246 个中的第 16 个。"),
+    ("Ψ = 7.5B; they agree to 6.0e-08.", "Ψ = 7.5B；二者相差 6.0e-08。"),  # no "7" in "7.5B"
+])
+def test_numbers_may_be_written_the_chinese_way(msgid, msgstr):
+    assert i18n.catalog_problems(catalog((msgid, msgstr))) == []
+
+
+@pytest.mark.parametrize(("msgid", "msgstr"), [
+    ("A 7-billion-parameter model.", "80 亿参数的模型。"),
+    ("With t = 8, 16 or 32.", "t = 8 或 32 时。"),
+])
+def test_a_changed_number_is_still_caught(msgid, msgstr):
+    assert any(w.startswith("lost number") for w in whats(
+        i18n.catalog_problems(catalog((msgid, msgstr)))))
+
+
 @pytest.mark.parametrize(("msgid", "needs"), [
     ("Why", True), ("2Ψ", False), ("∝ s·b·h·L (+ s²·b·a·L)", False), ("数据并行", False),
     ("`parmem.estimate`", False), ("4·s·b·V", False),
@@ -108,13 +129,15 @@ GLOSSARY_SAMPLE = """
 | activations | 激活值 | saved tensors |
 | activation recomputation / gradient checkpointing | 激活重计算 / 梯度检查点 | recompute |
 | NCCL | NCCL | the library |
+| ZeRO (Zero Redundancy Optimizer) | ZeRO / 零冗余优化器 | sharding |
+| rank | 进程序号（rank） | a process |
 """
 
 
 def test_glossary_rows_are_read_with_their_alternatives():
     terms = {t.english[0]: t for t in i18n.glossary_terms(GLOSSARY_SAMPLE)}
     assert set(terms) == {"pipeline parallelism", "3D parallelism", "activations",
-                          "activation recomputation"}  # NCCL is written as in English
+                          "activation recomputation", "ZeRO", "rank"}  # not NCCL: as in English
     assert terms["3D parallelism"].canonical == "3D 并行"
     assert terms["3D parallelism"].alternatives == ("三维并行",)
     assert "PP" in terms["pipeline parallelism"].keep
@@ -134,6 +157,9 @@ def test_glossary_rows_are_read_with_their_alternatives():
     ("The activations grow.", "激活显存随之增长。", False),  # 激活值 without its suffix
     ("The activations grow.", "中间结果随之增长。", True),
     ("Use `pipeline parallelism` here.", "这里用 `pipeline parallelism`。", False),  # code
+    ("It writes zeros elsewhere.", "其余位置写 0。", False),  # zero is not ZeRO
+    ("ZeRO shards the states.", "它切分状态。", True),
+    ("The planner ranks the layouts.", "规划器给并行配置排名。", False),  # rank: ambiguous
 ])
 def test_terms_are_translated_as_the_glossary_says(msgid, msgstr, flagged):
     terms = i18n.glossary_terms(GLOSSARY_SAMPLE)
@@ -142,7 +168,8 @@ def test_terms_are_translated_as_the_glossary_says(msgid, msgstr, flagged):
 
 def test_search_words_are_the_glossarys_chinese_terms():
     words = i18n.search_words(i18n.glossary_terms(GLOSSARY_SAMPLE))
-    assert words == sorted(["流水线并行", "三维并行", "激活值", "激活重计算", "梯度检查点"])
+    assert words == sorted(["流水线并行", "三维并行", "激活值", "激活重计算", "梯度检查点",
+                            "零冗余优化器", "进程序号"])
 
 
 # ---------------------------------------------------------------------------- the real catalogs
@@ -185,6 +212,22 @@ def test_every_glossary_term_is_translated_one_way(catalogs):
     problems = i18n.term_problems(catalogs, terms)
     assert not problems, f"{len(problems)} problem(s), first:\n" + "\n".join(
         map(str, problems[:20]))
+
+
+def test_each_subtitle_is_the_english_title_in_italics(catalogs):
+    """Under each title the English edition has the question in Chinese (one emphasis); the
+    Chinese edition shows the English title there instead (locales/README.md)."""
+    wrong = []
+    for domain, cat in catalogs.items():
+        messages = [m for m in cat if m.id]
+        for before, m in zip(messages, messages[1:], strict=False):
+            mid = str(m.id)
+            if mid.startswith("*") and mid.endswith("*") and i18n.has_cjk(mid) and (
+                    m.locations and before.locations
+                    and m.locations[0][1] == before.locations[0][1] + 2):
+                if str(m.string) != f"*{before.id}*":
+                    wrong.append(f"{domain}: {m.string!r} under {before.id!r}")
+    assert not wrong, "\n".join(wrong)
 
 
 def test_the_term_check_catches_a_planted_inconsistency(catalogs):

@@ -49,7 +49,21 @@ _CODE = re.compile(r"``[^`]+``|`[^`]+`")
 _ROLE = re.compile(r"\{([\w:-]+)\}`([^`]*)`")
 _MATH = re.compile(r"\$\$.+?\$\$|\$[^$\s](?:[^$]*?[^$\s])?\$")
 _LINK = re.compile(r"\]\(([^)\s]+)\)")
-_NUMBER = re.compile(r"(?<![\w.])[-−]?\d[\d,]*(?:\.\d+)?(?![A-Za-z])")
+# a number ends with a digit ("t = 8, 16": 8 and 16; "4,096": one number); in the English a
+# digit glued to letters is a name ("3D", "7B"), in the Chinese it may carry the number ("7B")
+_NUMBER_TEXT = r"(?<![\w.])[-−]?\d(?:[\d,]*\d)?(?:\.\d+)?"
+_NUMBER = re.compile(_NUMBER_TEXT + r"(?![\dA-Za-z]|\.\d)")
+_NUMBER_ANY = re.compile(_NUMBER_TEXT + r"(?!\d|\.\d)")
+# "47 billion", "46.7 and 12.9 billion", "7-billion-parameter": numbers in a scale word
+_SCALE = re.compile(
+    rf"{_NUMBER_TEXT}(?:\s*(?:,|and|or|to|–)\s*{_NUMBER_TEXT})*(?:\s|-)(billion|million|thousand)\b"
+)
+#: how Chinese writes a count given in English thousands, millions or billions
+_SCALES = {
+    "billion": (("亿", 10),),
+    "million": (("亿", 0.01), ("万", 100)),
+    "thousand": (("万", 0.1),),
+}
 _WORD = re.compile(r"[A-Za-z]{3,}")
 
 
@@ -102,38 +116,58 @@ def _role_targets(text: str) -> list[str]:
 
 def _keeps(msgid: str, msgstr: str) -> list[str]:
     """What of ``msgid`` that must be kept verbatim is missing from ``msgstr``."""
-    missing: list[str] = []
-    src_roles, dst_roles = _role_targets(msgid), _role_targets(msgstr)
-    titled = {r for r in src_roles if r.startswith(("{doc}", "{ref}", "{numref}"))}
-    for role in src_roles:
+    return _lost_roles(msgid, msgstr) + _lost_verbatim(msgid, msgstr) + _lost_numbers(msgid, msgstr)
+
+
+def _lost_roles(msgid: str, msgstr: str) -> list[str]:
+    missing, dst_roles = [], _role_targets(msgstr)
+    for role in _role_targets(msgid):
         if role in dst_roles:
             dst_roles.remove(role)
-        elif role in titled and any(
-            d.split("`")[0] == role.split("`")[0] and d.endswith(role.split("`")[1] + "`")
-            for d in dst_roles
-        ):
-            continue
         else:
             missing.append(f"role {role}")
+    return missing
+
+
+def _lost_verbatim(msgid: str, msgstr: str) -> list[str]:
+    """Inline code, math and link targets of ``msgid`` that ``msgstr`` lacks."""
     bare_src, bare_dst = _ROLE.sub(" ", msgid), _ROLE.sub(" ", msgstr)
-    for code in _CODE.findall(bare_src):
-        if code not in bare_dst:
-            missing.append(f"code {code}")
-    for math in _MATH.findall(_CODE.sub(" ", bare_src)):
-        if math not in bare_dst:
-            missing.append(f"math {math}")
-    for link in _LINK.findall(msgid):
-        if f"]({link})" not in msgstr:
-            missing.append(f"link target {link}")
+    missing = [f"code {c}" for c in _CODE.findall(bare_src) if c not in bare_dst]
+    missing += [f"math {m}" for m in _MATH.findall(_CODE.sub(" ", bare_src)) if m not in bare_dst]
+    return missing + [f"link target {u}" for u in _LINK.findall(msgid) if f"]({u})" not in msgstr]
+
+
+def _lost_numbers(msgid: str, msgstr: str) -> list[str]:
+    """Numbers of ``msgid`` (outside code, math and roles) that ``msgstr`` does not give."""
+    plain_src = _strip_markup(msgid).replace("−", "-")
     plain_dst = _strip_markup(msgstr).replace("−", "-")
-    numbers = [n.replace("−", "-") for n in _NUMBER.findall(_strip_markup(msgid))]
-    have = _NUMBER.findall(plain_dst)
-    for number in numbers:
+    have = _NUMBER_ANY.findall(plain_dst)
+    scaled = {
+        m.start() + n.start(): m.group(1)
+        for m in _SCALE.finditer(plain_src)
+        for n in _NUMBER_ANY.finditer(m.group(0))
+    }
+    missing = []
+    for match in _NUMBER.finditer(plain_src):
+        number, scale = match.group(0), scaled.get(match.start())
         if number in have:
             have.remove(number)
-        else:
+        elif not (scale and _in_chinese_units(number, scale, plain_dst)):
             missing.append(f"number {number}")
     return missing
+
+
+def _in_chinese_units(number: str, scale: str, text: str) -> bool:
+    """Whether ``text`` gives "``number`` billion/million/thousand" in 亿 or 万 (47 billion =
+    470 亿), to the digits the English gives."""
+    value = float(number.replace(",", ""))
+    decimals = len(number.split(".")[1]) if "." in number else 0
+    for unit, factor in _SCALES[scale]:
+        for m in re.finditer(_NUMBER_TEXT + r"\s*" + unit, text):
+            got = float(m.group(0)[: -len(unit)].strip().replace(",", ""))
+            if abs(got - value * factor) <= 0.5 * 10**-decimals * factor + 1e-9:
+                return True
+    return False
 
 
 @dataclass(frozen=True)
@@ -253,9 +287,17 @@ def _stems(chinese: str) -> tuple[str, ...]:
 
 
 def _english_pattern(form: str) -> re.Pattern[str]:
+    """The English form in running text, any case unless it is written with capitals inside
+    (ZeRO is not "zero", Ring Attention not "a ring")."""
     words = [re.escape(w) for w in re.split(r"[\s-]+", form)]
     body = r"[\s-]+".join(words)
-    return re.compile(rf"(?<![\w-]){body}(?:s|es)?(?![\w-])", re.IGNORECASE)
+    flags = 0 if any(c.isupper() for c in form[1:]) else re.IGNORECASE
+    return re.compile(rf"(?<![\w-]){body}(?:s|es)?(?![\w-])", flags)
+
+
+#: English forms too ambiguous to require their Chinese term: "rank" is also a place in a
+#: ranking (the planner ranks layouts)
+AMBIGUOUS = frozenset({"rank"})
 
 
 def _keep_pattern(form: str) -> re.Pattern[str]:
@@ -277,6 +319,8 @@ def term_problems(
         src, dst = _strip_markup(str(m.id)), _strip_markup(str(m.string))
         for term in terms:
             for i, form in enumerate(term.english):
+                if form in AMBIGUOUS:
+                    continue
                 pattern = _english_pattern(form)
                 if not pattern.search(src):
                     continue
