@@ -79,11 +79,27 @@ def build(lang: str, builder: str, strict: bool, nitpick: bool, fresh: bool, qui
     if isinstance(result, Exception):
         print(f"build failed: {result}", file=sys.stderr)
         return 1
+    if result == 0 and builder == "html":
+        refresh_static(out)
     if result == 0 and builder == "html" and lang == "zh":
         out = publish_zh()
     if result == 0 and builder == "html":
         print(f"Site ({lang}): {(out / 'index.html').relative_to(ROOT)}")
     return int(result)
+
+
+def refresh_static(out: Path) -> None:
+    """Sphinx 7.4 does not overwrite a static file already in the output (and copies none when
+    no page is out of date): an edited ``_static`` stylesheet or script would stay stale until
+    a clean build. Copy the book's own ones that differ."""
+    import filecmp
+    import shutil
+
+    for own in (ROOT / "_static").iterdir():
+        dest = out / "_static" / own.name
+        if own.is_file() and not (dest.is_file() and filecmp.cmp(own, dest, shallow=False)):
+            dest.unlink(missing_ok=True)  # a hard link into the other edition: replace, not edit
+            shutil.copy2(own, dest)
 
 
 def publish_zh() -> Path:

@@ -244,3 +244,46 @@ def test_the_term_check_catches_a_planted_inconsistency(catalogs):
                 assert i18n.term_problems(planted, terms)
                 return
     pytest.fail("no translated message names pipeline parallelism")
+
+
+# ------------------------------------------------------------------- numbers that change later
+def test_a_message_with_other_numbers_has_the_same_template():
+    a = "Peak 16.4 MiB, drops to 13.1 MiB with the split (2, 6, 7, 1); `x = 3` and $2\\Psi$."
+    b = "Peak 16.4 MiB, drops to 12.9 MiB with the split (2, 6, 7, 1); `x = 3` and $2\\Psi$."
+    (ta, na), (tb, nb) = i18n.number_template(a), i18n.number_template(b)
+    assert ta == tb and na != nb
+    assert na == ("16.4", "13.1", "2", "6", "7", "1")  # not the 3 in code, not the 2 in math
+    assert i18n.number_template("Peak 16.4 GiB.")[0] != i18n.number_template("Peak 16.4 MiB.")[0]
+
+
+def test_renumber_puts_the_new_numbers_into_the_translation():
+    old = ("16.4", "13.1", "2")
+    assert i18n.renumber("峰值 16.4 MiB，降到 13.1 MiB（划分 2）", old, ("16.4", "12.9", "2")) == (
+        "峰值 16.4 MiB，降到 12.9 MiB（划分 2）")
+    # an old number that became two different ones is ambiguous
+    assert i18n.renumber("a 2 b 2", ("2", "2"), ("3", "4")) is None
+    # a changed number the translation writes otherwise (470 亿 for 47 billion) cannot be moved
+    assert i18n.renumber("470 亿", ("47",), ("48",)) is None
+
+
+def test_the_chinese_build_translates_a_message_whose_numbers_changed(tmp_path):
+    """The extension's catalog (what Sphinx's Locale transform reads) finds the translation of
+    the message with the old numbers and gives it the new ones; other messages stay unknown."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "_ext"))
+    booki18n = pytest.importorskip("booki18n")
+    po = tmp_path / "page.po"
+    c = babel.Catalog(locale="zh_CN")
+    c.add("The curves agree to 6.0e-08.", "各曲线的差异在 6.0e-08 以内。")
+    c.add("Why", "原理")
+    from babel.messages.pofile import write_po
+
+    with po.open("wb") as f:
+        write_po(f, c)
+    catalog = booki18n.Catalog([po])
+    catalog.prepare(["The curves agree to 1.2e-07.", "Why", "Something else."])
+    assert catalog._catalog["The curves agree to 1.2e-07."] == "各曲线的差异在 1.2e-07 以内。"
+    assert catalog._catalog["Why"] == "原理"
+    assert "Something else." not in catalog._catalog
+    assert catalog.lookup("The curves differ by 1.2e-07.") is None  # other words: not found

@@ -63,8 +63,16 @@ def test_chinese_index(browser, origin, zh_built):
         check_zh_page(visit, "zh-index")
         assert visit.page.url.endswith("/zh/intro.html")
         assert switch_href(visit) == f"{origin}/intro.html"
-        nav = visit.page.locator("nav.bd-docs-nav").inner_text()
-        assert "数据并行" in nav and "流水线并行" in nav, "the part captions are not translated"
+        captions = visit.page.eval_on_selector_all(
+            "nav.bd-docs-nav p.caption", "els => els.map(e => e.innerText.trim())")
+        assert captions and all(CJK.search(c) for c in captions), (
+            f"part captions not in Chinese: {captions}")
+        # the switch sits in the header's row of buttons, not above it
+        switch = visit.page.locator("a.book-lang-switch").first.bounding_box()
+        buttons = visit.page.locator(".article-header-buttons").first.bounding_box()
+        assert switch and buttons and abs(
+            (switch["y"] + switch["height"] / 2) - (buttons["y"] + buttons["height"] / 2)) < 8, (
+            f"the language switch is not in line with the header buttons: {switch} {buttons}")
     finally:
         visit.close()
 

@@ -41,6 +41,8 @@ __all__ = [
     "is_docstring_only",
     "has_cjk",
     "search_words",
+    "number_template",
+    "renumber",
 ]
 
 _CJK = re.compile(r"[\u3400-\u9fff\uf900-\ufaff]")
@@ -349,3 +351,49 @@ def search_words(terms: list[Term]) -> list[str]:
     dictionary: one word per line), so that "张量并行" is indexed as a word as well as its parts."""
     words = {c for t in terms for c in t.chinese if " " not in c and not _WORD.search(c)}
     return sorted(w for w in words if has_cjk(w) and len(w) >= 2)
+
+
+# ------------------------------------------------------------------- numbers that change later
+def _masked(text: str) -> str:
+    """``text`` with roles, inline code and math blanked out (same length), so that the
+    numbers found in it are the prose's own."""
+    out = text
+    for pattern in (_ROLE, _CODE, _MATH):
+        out = pattern.sub(lambda m: "\0" * len(m.group(0)), out)
+    return out
+
+
+def number_template(message: str) -> tuple[str, tuple[str, ...]]:
+    """``message`` with each number of its prose replaced by a placeholder, and the numbers.
+    Two messages with the same template say the same thing about different numbers: a prose
+    cell's message after the computation it quotes changed."""
+    masked, parts, numbers, last = _masked(message), [], [], 0
+    for m in _NUMBER_ANY.finditer(masked):
+        parts.append(message[last : m.start()])
+        numbers.append(m.group(0))
+        last = m.end()
+    parts.append(message[last:])
+    return "\ufffc".join(parts), tuple(numbers)
+
+
+def renumber(msgstr: str, old: tuple[str, ...], new: tuple[str, ...]) -> str | None:
+    """The translation ``msgstr`` of a message whose numbers were ``old``, for the same message
+    with the numbers ``new``: each number of ``msgstr`` that was one of ``old`` becomes its new
+    value. None when that is not well defined: an old number that became two different ones,
+    or a changed number the translation does not show as written (in 亿, say)."""
+    if len(old) != len(new):
+        return None
+    mapping: dict[str, str] = {}
+    for o, n in zip(old, new, strict=True):
+        if mapping.setdefault(o, n) != n:
+            return None
+    changed = {o for o, n in mapping.items() if o != n}
+    masked, out, last, seen = _masked(msgstr), [], 0, set()
+    for m in _NUMBER_ANY.finditer(masked):
+        if m.group(0) in changed:
+            out += [msgstr[last : m.start()], mapping[m.group(0)]]
+            last = m.end()
+            seen.add(m.group(0))
+    if seen != changed:
+        return None
+    return "".join([*out, msgstr[last:]])
