@@ -90,14 +90,21 @@ execute: setup
 # a failed build the next one re-reads everything (--all), so it cannot pass by forgetting.
 # Two editions from one execution cache (scripts/build_book.py): English in $(HTML), Chinese in
 # $(HTML)/zh from the catalogs in locales/ (a message missing from them is a warning: -W fails).
+# Sphinx builds on one core: the two editions build at the same time.
 build-html: setup
 	@mkdir -p $(BUILD)
-	$(PY) scripts/build_book.py -W -n --quiet $(if $(wildcard $(BUILD)/.build-failed),--all) \
-	  || { touch $(BUILD)/.build-failed; exit 1; }
-	@rm -f $(BUILD)/.build-failed
-	$(PY) scripts/build_book.py --lang zh -W -n --quiet $(if $(wildcard $(BUILD)/.build-failed-zh),--all) \
-	  || { touch $(BUILD)/.build-failed-zh; exit 1; }
-	@rm -f $(BUILD)/.build-failed-zh
+	@echo "building the English and the Chinese edition (logs: $(BUILD)/book-en.log, book-zh.log)"
+	@s=$$SECONDS; en=0; zh=0; \
+	  $(PY) scripts/build_book.py -W -n --quiet $(if $(wildcard $(BUILD)/.build-failed),--all) \
+	    > $(BUILD)/book-en.log 2>&1 & pid=$$!; \
+	  $(PY) scripts/build_book.py --lang zh -W -n --quiet \
+	    $(if $(wildcard $(BUILD)/.build-failed-zh),--all) > $(BUILD)/book-zh.log 2>&1 || zh=$$?; \
+	  wait $$pid || en=$$?; \
+	  echo "-- English edition:"; cat $(BUILD)/book-en.log; echo "-- Chinese edition:"; cat $(BUILD)/book-zh.log; \
+	  echo "both editions in $$((SECONDS - s)) s"; \
+	  if [ $$en -eq 0 ]; then rm -f $(BUILD)/.build-failed; else touch $(BUILD)/.build-failed; fi; \
+	  if [ $$zh -eq 0 ]; then rm -f $(BUILD)/.build-failed-zh; else touch $(BUILD)/.build-failed-zh; fi; \
+	  [ $$en -eq 0 ] && [ $$zh -eq 0 ]
 
 # After changing English prose: update the Chinese catalogs (then translate what check lists)
 i18n: setup
@@ -143,7 +150,7 @@ test: setup
 	@echo "== unit tests" && $(call timed,unit tests) $(MAKE) --no-print-directory unit
 	@echo "== chapters" && $(call timed,chapters) $(MAKE) --no-print-directory notebooks
 	@# Sphinx builds on one core: the live-notebook test (JupyterLab, no site needed) runs beside it
-	@echo "== book (execute + build -W), and beside it the live notebooks in JupyterLab"
+	@echo "== book (execute + both editions with -W), and beside it the live notebooks in JupyterLab"
 	@$(call timed,book build) $(MAKE) --no-print-directory book > $(BUILD)/book.log 2>&1 & book=$$!; \
 	  live=0; $(call timed,live notebooks) $(MAKE) --no-print-directory live || live=$$?; \
 	  rc=0; wait $$book || rc=$$?; echo "-- book build output:"; cat $(BUILD)/book.log; \

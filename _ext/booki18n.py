@@ -230,6 +230,8 @@ class ChineseSearch(SearchChinese):
     stems, which took 81 of the Chinese build's 256 s (profiled); the index is the same."""
 
     def init(self, options: dict[str, str]) -> None:
+        if JIEBA:
+            zh_search.jieba.setLogLevel(30)  # not its "Building prefix dict" lines on stderr
         super().init(options)
         self.latin_terms: set[str] = set()  # type: ignore[assignment]
 
