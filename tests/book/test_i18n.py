@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import yaml
+from test_structure import toc_files
 
 babel = pytest.importorskip("babel.messages.catalog")
 
@@ -173,31 +173,13 @@ def test_search_words_are_the_glossarys_chinese_terms():
 
 
 # ---------------------------------------------------------------------------- the real catalogs
-def toc_pages() -> set[str]:
-    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
-    found = {str(toc["root"])}
-
-    def walk(node) -> None:
-        if isinstance(node, dict):
-            if "file" in node:
-                found.add(str(node["file"]))
-            for value in node.values():
-                walk(value)
-        elif isinstance(node, list):
-            for value in node:
-                walk(value)
-
-    walk(toc.get("parts", []))
-    return found
-
-
 @pytest.fixture(scope="module")
 def catalogs():
     return i18n.read_catalogs(LOCALE_DIR)
 
 
 def test_every_page_has_a_catalog_and_no_catalog_outlives_its_page(catalogs):
-    assert set(catalogs) == toc_pages()
+    assert set(catalogs) == set(toc_files())
 
 
 def test_every_message_is_translated_and_keeps_what_it_must(catalogs):
