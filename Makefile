@@ -109,7 +109,7 @@ build-html: setup
 # After changing English prose: update the Chinese catalogs (then translate what check lists)
 i18n: setup
 	$(PY) scripts/i18n.py extract
-	-$(PY) scripts/i18n.py check > $(BUILD)/i18n-todo.txt && echo "catalogs complete" \
+	$(PY) scripts/i18n.py check > $(BUILD)/i18n-todo.txt && echo "catalogs complete" \
 	  || echo "to translate: $(BUILD)/i18n-todo.txt"
 
 book: execute

@@ -36,7 +36,7 @@ from sphinx.util import logging
 from sphinx.util.i18n import docname_to_domain
 from sphinx.util.nodes import extract_messages, is_translatable
 
-from parmem.book.i18n import number_template, renumber
+from parmem.book.i18n import Translations
 
 logger = logging.getLogger(__name__)
 
@@ -87,39 +87,24 @@ class MarkSubtitle(SphinxTransform):
 
 class Catalog(gettext.NullTranslations):
     """A page's catalog, as Sphinx's Locale transform reads it, that also translates a message
-    whose numbers changed since it was translated: a prose cell's message holds the numbers
-    the chapter computed, and the Chinese edition must show the same numbers as the English
-    one, not the ones of the day it was translated. The translation of the message with the
-    old numbers gets the new ones (parmem.book.i18n.renumber); the words must be the same."""
+    whose numbers changed since it was translated (:class:`parmem.book.i18n.Translations`):
+    the Chinese edition shows the numbers of the execution it is built from, as the English
+    one does, not those of the day it was translated; the words must be the same."""
 
     def __init__(self, po_files: list[Path]) -> None:
         super().__init__()
         from babel.messages.pofile import read_po
 
-        self.exact: dict[str, str] = {}
+        pairs: list[tuple[str, str]] = []
         for po in po_files:
             with po.open("rb") as f:
-                self.exact |= {str(m.id): str(m.string) for m in read_po(f)
-                               if m.id and m.string and not m.fuzzy}
-        self.templates: dict[str, list[tuple[tuple[str, ...], str]]] = {}
-        for msgid, msgstr in self.exact.items():
-            template, numbers = number_template(msgid)
-            if numbers:
-                self.templates.setdefault(template, []).append((numbers, msgstr))
-        self.renumbered: list[str] = []
+                pairs += Translations.of(read_po(f)).exact.items()
+        self.translations = Translations(pairs)
         # what Sphinx's Locale transform reads: it merges the ``_catalog`` of each translator
-        self._catalog: dict[str, str] = dict(self.exact)
+        self._catalog: dict[str, str] = dict(self.translations.exact)
 
     def lookup(self, message: str) -> str | None:
-        if message in self.exact:
-            return self.exact[message]
-        template, numbers = number_template(message)
-        for old, msgstr in self.templates.get(template, []):
-            found = renumber(msgstr, old, numbers)
-            if found is not None:
-                self.renumbered.append(message)
-                return found
-        return None
+        return self.translations.lookup(message)
 
     def gettext(self, message: str) -> str:
         found = self.lookup(message)

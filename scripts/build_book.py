@@ -51,8 +51,7 @@ def write_search_dict() -> Path:
     return path
 
 
-def build(lang: str, builder: str, strict: bool, nitpick: bool, fresh: bool, quiet: bool,
-          jobs: int = 1) -> int:
+def build(lang: str, builder: str, strict: bool, nitpick: bool, fresh: bool, quiet: bool) -> int:
     from jupyter_book.sphinx import build_sphinx
 
     overrides: dict[str, object] = {
@@ -75,7 +74,7 @@ def build(lang: str, builder: str, strict: bool, nitpick: bool, fresh: bool, qui
     result = build_sphinx(
         ROOT, out, noconfig=True, path_config=ROOT / "_config.yml", confoverrides=overrides,
         doctreedir=doctrees, builder=builder, warningiserror=strict, keep_going=strict,
-        freshenv=fresh, quiet=quiet, jobs=jobs,
+        freshenv=fresh, quiet=quiet,
     )
     if isinstance(result, Exception):
         print(f"build failed: {result}", file=sys.stderr)
@@ -128,10 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-n", dest="nitpick", action="store_true", help="nit-picky references")
     parser.add_argument("--all", dest="fresh", action="store_true", help="re-read every page")
     parser.add_argument("--quiet", action="store_true")
-    parser.add_argument("-j", dest="jobs", type=int, default=1, help="Sphinx processes")
     args = parser.parse_args(argv)
-    return build(args.lang, args.builder, args.strict, args.nitpick, args.fresh, args.quiet,
-                 args.jobs)
+    return build(args.lang, args.builder, args.strict, args.nitpick, args.fresh, args.quiet)
 
 
 if __name__ == "__main__":

@@ -63,7 +63,7 @@ def extract() -> int:
             if message.id and i18n.is_docstring_only(message.locations):
                 del catalog[message.id]
         _write(BOOK_POT_DIR / pot.relative_to(POT_DIR), catalog)
-    before = _translations_by_template()
+    before = {d: i18n.Translations.of(c) for d, c in i18n.read_catalogs(LOCALE_DIR).items()}
     rc = subprocess.call([sys.executable, "-m", "sphinx_intl", "update", "-p", str(BOOK_POT_DIR),
                           "-d", str(LOCALE_DIR.parent.parent), "-l", "zh_CN", "-w", "0"])
     if rc:
@@ -75,7 +75,7 @@ def extract() -> int:
         catalog = _read(po)
         domain = po.relative_to(LOCALE_DIR).with_suffix("").as_posix()
         for message in catalog:
-            _renumber(message, before.get(domain, {}))
+            _renumber(message, before.get(domain, i18n.Translations(())))
             if message.id and (not message.string or message.fuzzy) and not (
                 i18n.needs_translation(str(message.id))
             ):
@@ -85,31 +85,16 @@ def extract() -> int:
     return status()
 
 
-def _translations_by_template() -> dict[str, dict[str, list[tuple[tuple[str, ...], str]]]]:
-    """The current translations of each catalog, keyed by their message's number template."""
-    out: dict[str, dict[str, list[tuple[tuple[str, ...], str]]]] = {}
-    for domain, catalog in i18n.read_catalogs(LOCALE_DIR).items():
-        table = out.setdefault(domain, {})
-        for m in catalog:
-            if m.id and m.string and not m.fuzzy:
-                template, numbers = i18n.number_template(str(m.id))
-                table.setdefault(template, []).append((numbers, str(m.string)))
-    return out
-
-
-def _renumber(message, old: dict[str, list[tuple[tuple[str, ...], str]]]) -> None:
+def _renumber(message, old: i18n.Translations) -> None:
     """A message that changed only in the numbers it quotes (a measured value, a corrected
     estimate) keeps its translation, with the new numbers: the words are the same. (The
     Chinese build does the same for a number that changes later: booki18n.Catalog.)"""
     if not message.id or (message.string and not message.fuzzy):
         return
-    template, numbers = i18n.number_template(str(message.id))
-    for old_numbers, msgstr in old.get(template, []):
-        renumbered = i18n.renumber(msgstr, old_numbers, numbers)
-        if renumbered is not None:
-            message.string = renumbered
-            message.flags.discard("fuzzy")
-            return
+    renumbered = old.lookup(str(message.id))
+    if renumbered is not None:
+        message.string = renumbered
+        message.flags.discard("fuzzy")
 
 
 def status() -> int:

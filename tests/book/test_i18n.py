@@ -269,3 +269,12 @@ def test_the_chinese_build_translates_a_message_whose_numbers_changed(tmp_path):
     assert catalog._catalog["Why"] == "原理"
     assert "Something else." not in catalog._catalog
     assert catalog.lookup("The curves differ by 1.2e-07.") is None  # other words: not found
+
+
+def test_translations_find_a_message_whose_numbers_changed():
+    t = i18n.Translations([("Idle share from 44% to 17%.", "空闲占比从 44% 降到 17%。"),
+                           ("Why", "原理")])
+    assert t.lookup("Why") == "原理"
+    assert t.lookup("Idle share from 34% to 13%.") == "空闲占比从 34% 降到 13%。"
+    assert t.lookup("Busy share from 34% to 13%.") is None  # other words
+    assert i18n.Translations.of(catalog(("Why", "原理"), fuzzy=True)["page"]).lookup("Why") is None

@@ -43,6 +43,7 @@ __all__ = [
     "search_words",
     "number_template",
     "renumber",
+    "Translations",
 ]
 
 _CJK = re.compile(r"[\u3400-\u9fff\uf900-\ufaff]")
@@ -110,8 +111,6 @@ def _role_targets(text: str) -> list[str]:
     for name, body in _ROLE.findall(text):
         inner = re.search(r"<([^>]+)>\s*$", body)
         target = inner.group(1) if inner and name not in ("math", "sup", "sub") else body
-        if name in ("doc", "ref", "numref", "term") and not inner:
-            target = body
         out.append(f"{{{name}}}`{target}`")
     return sorted(out)
 
@@ -397,3 +396,34 @@ def renumber(msgstr: str, old: tuple[str, ...], new: tuple[str, ...]) -> str | N
     if seen != changed:
         return None
     return "".join([*out, msgstr[last:]])
+
+
+class Translations:
+    """The translations of one catalog (``msgid`` → ``msgstr``), which also translate a message
+    whose words are those of a translated one but whose numbers changed since: a prose cell's
+    message holds the numbers its chapter computed, and some are measured (they differ from
+    run to run). The old translation gets the new numbers (:func:`renumber`)."""
+
+    def __init__(self, pairs: Iterable[tuple[str, str]]) -> None:
+        self.exact: dict[str, str] = dict(pairs)
+        self.templates: dict[str, list[tuple[tuple[str, ...], str]]] = {}
+        for msgid, msgstr in self.exact.items():
+            template, numbers = number_template(msgid)
+            if numbers:
+                self.templates.setdefault(template, []).append((numbers, msgstr))
+
+    @classmethod
+    def of(cls, catalog: Any) -> Translations:
+        """From a Babel catalog: its translated, not fuzzy messages."""
+        return cls((str(m.id), str(m.string)) for m in catalog if m.id and m.string and not m.fuzzy)
+
+    def lookup(self, message: str) -> str | None:
+        """The translation of ``message``, renumbered if need be; None if there is none."""
+        if message in self.exact:
+            return self.exact[message]
+        template, numbers = number_template(message)
+        for old, msgstr in self.templates.get(template, []):
+            found = renumber(msgstr, old, numbers)
+            if found is not None:
+                return found
+        return None
