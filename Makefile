@@ -4,7 +4,9 @@
 #                chapter once; cached afterwards)
 #   make i18n    update the Chinese edition's catalogs (locales/) after changing English prose
 #   make test    lint, unit tests, every chapter as a test, the book with -W (the live notebooks
-#                in JupyterLab beside it), the browser tests of the site
+#                in JupyterLab beside it), the browser tests of the site (they need Chromium and a
+#                CJK font: make test fails at its start without them; BROWSER=0 skips them)
+#   make stress  the pool and distributed tests 5 times (RUNS=N) while busy loops load every core
 #   make lab     JupyterLab on the chapters, with parmem installed in the kernel
 #   make bench   run every benchmarks/bench_*.py
 #   make clean   remove the build (keeps .venv and node_modules); make distclean removes those too
@@ -36,6 +38,9 @@ WHEEL_MANIFEST := _assets/py/manifest.json
 WEB_SNAPSHOT ?= 1
 SNAPSHOT := _assets/py/snapshot.bin
 WHEEL_SOURCES := $(shell find lib/parmem -name '*.py' -not -path '*/__pycache__/*') $(wildcard data/*.toml)
+# BROWSER=0 skips the browser and live stages (and says so); otherwise they need Chromium,
+# Playwright and a CJK font, and `make test` stops at its start, in one line, when one is missing
+BROWSER ?= 1
 
 # The chapters' torch.distributed demos start this many ranks; one BLAS thread per process keeps
 # two notebooks of two ranks each from fighting over two cores.
@@ -49,7 +54,7 @@ no_tests = { rc=$$?; [ $$rc -ne 5 ] || echo "$(1): pytest collected no tests (ex
 # Append "stage seconds" to $(BUILD)/stage-times.txt while running a stage: $(call timed,NAME) CMD
 timed = bash -c 's=$$SECONDS; "$$@"; rc=$$?; printf "  %-22s %5d s\n" "$(1)" $$((SECONDS - s)) >> $(BUILD)/stage-times.txt; exit $$rc' _
 
-.PHONY: help setup book execute build-html i18n test lint unit notebooks nbval browser live lab bench clean distclean
+.PHONY: help setup book execute build-html i18n test lint unit notebooks nbval browser-check browser live lab bench clean distclean
 
 help:
 	@sed -n 's/^#   //p' Makefile
@@ -70,8 +75,9 @@ $(STAMP_ASSETS): $(STAMP_NPM) scripts/vendor_assets.py
 	$(PYTHON) scripts/vendor_assets.py
 	touch $@
 
-$(WHEEL_MANIFEST): $(WHEEL_SOURCES) pyproject.toml scripts/build_wheel.py
-	$(PYTHON) scripts/build_wheel.py
+# pip wheel with the pinned hatchling of .venv (hence after it; README.md is the wheel's description)
+$(WHEEL_MANIFEST): $(WHEEL_SOURCES) pyproject.toml README.md scripts/build_wheel.py | $(STAMP_PY)
+	$(PY) scripts/build_wheel.py
 
 $(SNAPSHOT): $(WHEEL_MANIFEST) $(STAMP_NPM) scripts/pyodide_snapshot.mjs
 	node scripts/pyodide_snapshot.mjs
@@ -122,7 +128,14 @@ lint: setup
 	$(BIN)/mypy
 
 unit: setup
-	$(PY) -m pytest tests -m "not browser and not chapters" -n $(JOBS) -q || $(call no_tests,unit)
+	$(PY) -m pytest tests -m "not browser and not chapters" -n $(JOBS) -q --durations=15 \
+	  || $(call no_tests,unit)
+
+# The pool and distributed tests $(RUNS) times in a row beside one busy loop per core: they wait
+# on events with deadlines, never on fixed delays, so a starved machine makes them slower, not red
+RUNS ?= 5
+stress: setup
+	$(PY) scripts/stress.py --runs $(RUNS)
 
 # Every chapter is a test: executed once, as the book's build executes it, into the build's
 # execution cache, so that the book stage only renders (tests/book/test_chapters.py). One
@@ -136,15 +149,33 @@ notebooks: setup
 nbval: setup
 	$(PY) -m pytest --nbval-lax --nbval-cell-timeout=120 -n $(JOBS) --dist loadfile chapters
 
+# What the browser stages need from the machine (tests/browser/preflight.py): one line and exit 1
+# if Chromium, Playwright or a CJK font is missing; with BROWSER=0 one line (from the top-level
+# make only) that they are skipped
+browser-check: $(STAMP_PY)
+ifeq ($(BROWSER),0)
+	@$(if $(filter 0,$(MAKELEVEL)),$(PY) tests/browser/preflight.py --skipped,:)
+else
+	@$(PY) tests/browser/preflight.py
+endif
+
 # the site in Chromium (needs the built site); `make live`: the chapters in JupyterLab (needs none)
-browser: setup
+browser: setup browser-check
+ifeq ($(BROWSER),0)
+	@:
+else
 	$(PY) -m pytest tests/browser -m browser -q --ignore=tests/browser/test_live.py \
 	  || $(call no_tests,browser)
+endif
 
-live: setup
+live: setup browser-check
+ifeq ($(BROWSER),0)
+	@:
+else
 	$(PY) -m pytest tests/browser/test_live.py -m browser -q -s || $(call no_tests,live)
+endif
 
-test: setup
+test: setup browser-check
 	@mkdir -p $(BUILD) && : > $(BUILD)/stage-times.txt
 	@echo "== lint" && $(call timed,lint (ruff)) $(MAKE) --no-print-directory lint
 	@echo "== unit tests" && $(call timed,unit tests) $(MAKE) --no-print-directory unit

@@ -13,8 +13,16 @@ from multiprocessing.connection import Connection
 from parmem.dist.launcher import rank
 
 
-def allreduce_loop(seconds: float = 60.0) -> dict:
-    """All-reduce a small tensor again and again for ``seconds``."""
+def _mark(started: str | None) -> None:
+    """Create ``started.<rank>``: the test waits for these files, not for a fixed delay."""
+    if started:
+        with open(f"{started}.{rank()}", "w") as f:
+            f.write(str(os.getpid()))
+
+
+def allreduce_loop(seconds: float = 60.0, started: str | None = None) -> dict:
+    """All-reduce a small tensor again and again for ``seconds``; after the first all-reduce,
+    mark ``started`` (see :func:`_mark`)."""
     import torch
     import torch.distributed as dist
 
@@ -22,8 +30,41 @@ def allreduce_loop(seconds: float = 60.0) -> dict:
     n = 0
     while time.monotonic() < end:
         dist.all_reduce(torch.ones(16))
+        if n == 0:
+            _mark(started)
         n += 1
     return {"rank": rank(), "iterations": n}
+
+
+def sleep_marked(seconds: float = 60.0, started: str | None = None) -> dict:
+    """Mark ``started``, then sleep ``seconds``."""
+    _mark(started)
+    time.sleep(seconds)
+    return {"rank": rank()}
+
+
+def exit_in_collective(which: int = 1, code: int = 3) -> dict:
+    """Rank ``which`` exits its process (``os._exit``) while the others wait in an all-reduce
+    for it: their collective fails because it is gone."""
+    import torch
+    import torch.distributed as dist
+
+    if rank() == which:
+        os._exit(code)
+    dist.all_reduce(torch.ones(1))
+    return {"rank": rank()}
+
+
+def hang_in_collective(which: int = 1, seconds: float = 60.0) -> dict:
+    """Rank ``which`` sleeps ``seconds`` while the others wait in an all-reduce for it: they
+    fail at the group timeout, and rank ``which`` is the one that hung."""
+    import torch
+    import torch.distributed as dist
+
+    if rank() == which:
+        time.sleep(seconds)
+    dist.all_reduce(torch.ones(1))
+    return {"rank": rank()}
 
 
 def hang_ignoring_sigterm(seconds: float = 60.0) -> dict:

@@ -23,6 +23,7 @@ from parmem.dist.launcher import (
     MAX_WORLD_SIZE,
     Pool,
     RankError,
+    RankHung,
     RunTimeout,
     WorkerDied,
     default_world_size,
@@ -50,5 +51,5 @@ DEMOS: dict[str, str] = {
     "dp-activation-sharding": "parmem.dist.dp:demo_activation_sharding",
 }
 
-__all__ = ["Pool", "RankError", "WorkerDied", "RunTimeout", "default_world_size",
+__all__ = ["Pool", "RankError", "WorkerDied", "RankHung", "RunTimeout", "default_world_size",
            "format_results", "DEMOS", "MAX_WORLD_SIZE"]

@@ -34,7 +34,9 @@ from parmem.dist.launcher import (
     MAX_WORLD_SIZE,
     Pool,
     RankError,
+    RankHung,
     RunTimeout,
+    WorkerDied,
     format_results,
     resolve,
 )
@@ -159,8 +161,11 @@ def _run(ns: argparse.Namespace) -> int:
 
 
 def _rank_error(e: RankError) -> str:
-    """A rank's failure on one line: the rank, the demo and the last line of its traceback."""
+    """A rank's failure on one line: the rank, the demo and the last line of its traceback (for
+    a rank that died or hung, the first line: what happened to it, not its peer's error)."""
     lines = [line for line in str(e.traceback).splitlines() if line.strip()]
+    if isinstance(e, (WorkerDied, RankHung)):
+        lines = lines[:1]
     return f"rank {e.rank} failed in {e.target}: {lines[-1].strip() if lines else 'no message'}"
 
 

@@ -21,6 +21,12 @@ How it works:
   :class:`RankError` naming the rank. A rank that dies is seen when its socket closes (or before
   a task is sent to it) and raises :class:`WorkerDied`. The next ``run`` on a torn-down pool
   starts fresh ranks.
+* Failures are attributed to their root cause, not to the first rank that reports
+  (:meth:`Pool._root_cause`): a rank whose process exited is the cause, whatever its peers
+  report (their collectives fail with "Connection reset by peer"); else a rank that raised an
+  error of its own; else, when the others failed in a collective while a rank was still busy,
+  that rank hung (:class:`RankHung`). The ranks that failed because of it are listed in
+  ``others``.
 * Every task carries an id and only the replies with that id are its results; a start that
   fails or is interrupted (Ctrl-C) stops the ranks it started, so a later ``run`` never reads a
   stale reply.
@@ -49,7 +55,7 @@ from typing import Any
 
 from parmem._check import choice, integer, number
 
-__all__ = ["Pool", "RankError", "WorkerDied", "RunTimeout", "default_world_size", "rank",
+__all__ = ["Pool", "RankError", "WorkerDied", "RankHung", "RunTimeout", "default_world_size", "rank",
            "world_size", "device", "backend", "resolve", "format_results", "set_state",
            "rank_main", "die_with_parent", "MAX_WORLD_SIZE", "MAX_TIMEOUT_S", "BACKENDS"]
 
@@ -61,6 +67,13 @@ MAX_TIMEOUT_S = 86_400.0
 BACKENDS = ("gloo", "nccl")
 #: seconds between two checks of a rank's watchdog that its parent is still alive
 WATCHDOG_S = 0.25
+#: after a rank fails inside a collective (a peer's fault, usually), seconds to wait for the
+#: other ranks to report or exit before the cause is decided (a dead peer is seen at once: its
+#: sockets close when it exits; this only bounds the wait for a rank that is still busy)
+PEER_GRACE_S = 2.0
+#: what gloo and the store say when a peer's connection is gone or it never arrived
+_PEER_MARKERS = ("Connection reset by peer", "Connection closed by peer", "Broken pipe",
+                 "Socket Timeout", "Timed out waiting", "timed out", "Timeout")
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
 _STATE: dict = {"rank": 0, "world_size": 1, "device": "cpu", "backend": None}
@@ -76,7 +89,17 @@ class RankError(RuntimeError):
 
 
 class WorkerDied(RankError):
-    """A rank's process exited while the pool was running or starting."""
+    """A rank's process exited while the pool was running or starting (``exit_code``: its exit
+    status, negative for a signal, ``None`` if unknown)."""
+
+    def __init__(self, rank: int, target: str, tb: str, others: tuple[int, ...] = (),
+                 exit_code: int | None = None):
+        self.exit_code = exit_code
+        super().__init__(rank, target, tb, others)
+
+
+class RankHung(RankError):
+    """A rank was still running a task when its peers failed in a collective, waiting for it."""
 
 
 class RunTimeout(TimeoutError):
@@ -247,13 +270,41 @@ def _worker(rank_: int, ws: int, host: str, port: int, backend_: str, pg_timeout
         try:
             torch.manual_seed(seed)
             conn.send((task, "ok", resolve(target)[1](**kwargs)))
-        except BaseException:
-            if not _reply(conn, task, "error", traceback.format_exc()):
+        except BaseException as e:
+            kind = "collective" if _is_peer_error(e) else "error"
+            if not _reply(conn, task, kind, traceback.format_exc()):
                 break
     try:
         dist.destroy_process_group()
     except Exception:
         pass
+
+
+def _is_peer_error(e: BaseException) -> bool:
+    """Whether ``e`` is a collective or store failure (torch's ``DistError`` family, or gloo's
+    runtime errors about a peer's connection or a timeout): the sign of another rank's fault, not
+    of this rank's own code."""
+    import torch.distributed as dist
+
+    if isinstance(e, getattr(dist, "DistError", ())):
+        return True
+    return isinstance(e, RuntimeError) and any(m in str(e) for m in _PEER_MARKERS)
+
+
+def exit_status(code: int | None) -> str:
+    """A process's exit status in words: ``"exit code 3"``, ``"exit code -9 (killed by
+    SIGKILL)"``, ``"an unknown exit code"``."""
+    import signal
+
+    if code is None:
+        return "an unknown exit code"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"exit code {code} (killed by {name})"
+    return f"exit code {code}"
 
 
 def _reply(conn, task: int, kind: str, payload: object) -> bool:
@@ -446,8 +497,9 @@ class Pool:
         except Exception:
             code = None
         self._teardown()
-        return WorkerDied(r, name, f"process exited with code {code} {when}; the pool was torn "
-                                   "down and the next run starts fresh ranks")
+        return WorkerDied(r, name, f"process exited with {exit_status(code)} {when}; the pool "
+                                   "was torn down and the next run starts fresh ranks",
+                          exit_code=code)
 
     def _receive(self, r: int, task: int) -> tuple[str, Any] | None:
         """Rank ``r``'s reply to ``task``: ``(kind, payload)``, ``("died", None)`` at EOF, or
@@ -463,19 +515,29 @@ class Pool:
         return msg[1], msg[2]
 
     def _collect(self, task: int, name: str, timeout: float) -> list:
+        """Wait for every rank's reply to ``task``; on a failure, tear the pool down and raise the
+        root cause (:meth:`_root_cause`)."""
         from multiprocessing.connection import wait
 
         n = self.world_size
         results: list = [None] * n
         pending = set(range(n))
-        errors: dict[int, tuple[type, object]] = {}
+        errors: dict[int, tuple[str, object]] = {}
         deadline = time.monotonic() + timeout
+        grace: float | None = None  # set when a rank failed in a collective: wait for the rest
         while pending:
-            left = deadline - time.monotonic()
+            now = time.monotonic()
+            if errors and (grace is None or now >= grace):
+                break
+            left = deadline - now
             if left <= 0:
+                if errors:
+                    break
                 self._teardown()
                 raise RunTimeout(f"{name} did not finish within {timeout:g} s on ranks "
                                  f"{sorted(pending)}; the pool was torn down")
+            if grace is not None:
+                left = min(left, grace - now)
             handles = {self._conns[r]: r for r in pending}  # EOF when a rank's process dies
             for h in wait(list(handles), timeout=min(left, 1.0)):
                 r = handles[h]
@@ -483,21 +545,60 @@ class Pool:
                 if reply is None:
                     continue
                 kind, payload = reply
-                if kind == "died":
-                    errors[r] = (WorkerDied, f"process exited with code {self._exit_code(r)}")
-                elif kind == "error":
-                    errors[r] = (RankError, payload)
-                else:
+                if kind in ("died", "error", "collective"):
+                    errors[r] = (kind, payload)
+                else:  # "ok" (a task's result) or "ready" (the start)
                     results[r] = payload
                 pending.discard(r)
-            if errors:
-                # the first rank to report is usually the root cause; the others may be
-                # blocked in a collective with it, so they are terminated, not awaited
-                first = next(iter(errors))
-                self._teardown()
-                cls, msg = errors[first]
-                raise cls(first, name, msg, tuple(sorted(set(errors) - {first})))
+            kinds = {k for k, _ in errors.values()}
+            if kinds & {"died", "error"} or any(self._procs[r].poll() is not None
+                                                for r in pending):
+                break  # a cause of its own: decided now
+            if errors and grace is None:
+                grace = time.monotonic() + PEER_GRACE_S
+        if errors or pending and any(self._procs[r].poll() is not None for r in pending):
+            raise self._root_cause(name, errors, pending)
         return results
+
+    def _root_cause(self, name: str, errors: dict[int, tuple[str, object]],
+                    pending: set[int]) -> RankError:
+        """Tear the pool down; the error to raise for a failed task. The cause, in this order:
+        the first rank whose process exited (its peers' collectives fail because of it), a rank
+        that raised an error of its own, a rank still busy while the others failed in a
+        collective (it hung), else the first rank that failed in a collective. ``others``: every
+        other rank that failed or was still running."""
+        dead = [r for r, (kind, _) in errors.items() if kind == "died"]
+        dead += [r for r in range(self.world_size)
+                 if r not in dead and self._procs[r].poll() is not None]
+        codes = {r: self._exit_code(r) for r in dead}
+        self._teardown()
+        failed = set(errors) | pending | set(dead)
+
+        def others(root: int) -> tuple[int, ...]:
+            return tuple(sorted(failed - {root}))
+
+        if dead:
+            r = dead[0]
+            also = ""
+            if others(r):
+                also = (f"; ranks {list(others(r))} failed or were stopped because it was gone "
+                        "(a peer's collective fails when its connection closes)")
+            return WorkerDied(r, name, f"process exited with {exit_status(codes[r])}{also}",
+                              others(r), exit_code=codes[r])
+        own = [r for r, (kind, _) in errors.items() if kind == "error"]
+        if own:
+            r = own[0]
+            return RankError(r, name, str(errors[r][1]), others(r))
+        if pending:
+            r = min(pending)
+            waited = sorted(errors)
+            first = waited[0]
+            return RankHung(r, name, f"still running when ranks {waited} failed in a collective "
+                                     f"that waited for it (it hung, or it skipped the "
+                                     f"collective); rank {first}'s error:\n{errors[first][1]}",
+                            others(r))
+        r = next(iter(errors))
+        return RankError(r, name, str(errors[r][1]), others(r))
 
     def _exit_code(self, r: int) -> int | None:
         try:
