@@ -88,7 +88,8 @@ $(SNAPSHOT): $(WHEEL_MANIFEST) $(STAMP_NPM) scripts/pyodide_snapshot.mjs
 setup: $(STAMP_PY) $(STAMP_ASSETS) $(WHEEL_MANIFEST) $(if $(filter 1,$(WEB_SNAPSHOT)),$(SNAPSHOT))
 
 # ----------------------------------------------------------------------------------------- book
-# Run the chapters that changed, $(JOBS) at a time, into the execution cache; then build.
+# Run the chapters the execution cache lacks (changed since `make notebooks` ran them, or never
+# run), $(JOBS) at a time, into the cache; then build.
 execute: setup
 	$(PY) scripts/execute_notebooks.py --jobs $(JOBS)
 
@@ -137,17 +138,19 @@ RUNS ?= 5
 stress: setup
 	$(PY) scripts/stress.py --runs $(RUNS)
 
-# Every chapter is a test: executed once, as the book's build executes it, into the build's
-# execution cache, so that the book stage only renders (tests/book/test_chapters.py). One
-# chapter per worker; conftest.py prints each chapter's seconds at the end.
-# `make nbval` runs the chapters cell by cell with nbval instead (not part of `make test`).
+# Every chapter is a test: nbval runs each chapter of _toc.yml (NB=... for some) cell by cell in
+# its own kernel, with its folder as working directory and the build's per-cell timeout, one
+# notebook per worker (--dist loadfile). tests/book/nbval_chapters.py then checks each chapter (an
+# output, a figure, no pending number) and stores it in the build's execution cache, so the book
+# stage only renders what ran here. conftest.py prints each chapter's seconds at the end.
+# `make nbval` is the same run.
+NB ?= $(shell $(PY) scripts/execute_notebooks.py --list)
 notebooks: setup
 	@mkdir -p $(BUILD)
-	PARMEM_NB_TIMES=$(BUILD)/notebook-times.txt $(PY) -m pytest tests/book/test_chapters.py \
-	  -m chapters -n $(JOBS) -q || $(call no_tests,notebooks)
+	PARMEM_NB_TIMES=$(BUILD)/notebook-times.txt $(PY) -m pytest --nbval-lax -n $(JOBS) \
+	  --dist loadfile -q $(NB) || $(call no_tests,notebooks)
 
-nbval: setup
-	$(PY) -m pytest --nbval-lax --nbval-cell-timeout=120 -n $(JOBS) --dist loadfile chapters
+nbval: notebooks
 
 # What the browser stages need from the machine (tests/browser/preflight.py): one line and exit 1
 # if Chromium, Playwright or a CJK font is missing; with BROWSER=0 one line (from the top-level

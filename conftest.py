@@ -1,16 +1,23 @@
 """Repository-wide pytest setup, mainly for running the chapters as tests.
 
-`make notebooks` runs ``pytest tests/book/test_chapters.py -n 2`` (one test per chapter, executed
-as the book's build executes it; ``pytest --nbval-lax chapters`` runs them cell by cell). This file
+`make notebooks` runs ``pytest --nbval-lax`` over every chapter of ``_toc.yml`` (one kernel per
+notebook, each code cell a test item; ``-n 2 --dist loadfile`` keeps a notebook on one worker).
+This file
 
-* sets the environment the notebooks' kernels inherit (each pytest-xdist worker imports it too,
-  before starting any kernel): two ranks for the ``torch.distributed`` demos, a headless
-  matplotlib, one BLAS thread per process;
-* adds up each notebook's seconds (kernel start, every cell, shutdown) from the test reports
-  (a chapter test reports its notebook and cell count as user properties; nbval one cell each).
-  Under pytest-xdist the reports reach the controller through ``pytest_runtest_logreport``, so
-  the table printed by ``pytest_terminal_summary`` covers every worker. With ``PARMEM_NB_TIMES``
-  set to a path, the table is also written there (``make test`` prints it again at the end).
+* sets the environment the notebooks' kernels and the ranks they start inherit (each
+  pytest-xdist worker imports it too, before starting any kernel): two ranks for the
+  ``torch.distributed`` demos, a headless matplotlib (the kernels themselves start without it,
+  see below), one BLAS thread per process;
+* registers, whenever nbval runs, the plugin ``tests/book/nbval_chapters.py``: the build's
+  per-cell timeout, the kernel's inline figures, the checks of each chapter (an output, a figure,
+  no pending number) and the store of each executed chapter into the build's execution cache
+  (``--nb-cache DIR``; ``none`` stores nothing);
+* adds up each notebook's seconds (kernel start, every cell, shutdown, the checks) from the test
+  reports (nbval reports one cell each; an item may say how many cells it counts for with a
+  ``cells`` user property). Under pytest-xdist the reports reach the controller through
+  ``pytest_runtest_logreport``, so the table printed by ``pytest_terminal_summary`` covers every
+  worker. With ``PARMEM_NB_TIMES`` set to a path, the table is also written there (``make test``
+  prints it again at the end).
 """
 
 from __future__ import annotations
@@ -26,6 +33,28 @@ os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
 
 #: a chapter should run in this many seconds (issue 3); slower ones are flagged, not failed
 CHAPTER_BUDGET_S = 20.0
+
+ROOT = Path(__file__).resolve().parent
+
+
+def pytest_addoption(parser) -> None:
+    parser.addoption(
+        "--nb-cache", default=None, metavar="DIR",
+        help="execution cache the chapters run by nbval are stored in (default: the build's, "
+             "_build/.jupyter_cache; 'none': store nothing)",
+    )
+
+
+def pytest_configure(config) -> None:
+    if getattr(config.option, "nbval_lax", False) or getattr(config.option, "nbval", False):
+        import importlib.util
+
+        path = ROOT / "tests" / "book" / "nbval_chapters.py"
+        spec = importlib.util.spec_from_file_location("nbval_chapters", path)
+        plugin = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(plugin)
+        config.pluginmanager.register(plugin, "nbval_chapters")
+
 
 _seconds: dict[str, float] = defaultdict(float)
 _cells: dict[str, int] = defaultdict(int)

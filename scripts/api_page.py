@@ -4,6 +4,17 @@ Run it after adding or removing a module (tests/book/test_structure.py checks th
 and lib/parmem agree; the book build runs with -W, so documenting a missing module fails it).
 Modules are listed in the order below; any module not named here is added at the end.
 
+Why not Sphinx's autosummary (``.. autosummary:: :toctree: :recursive:``, tried with Sphinx
+7.4.7 and this book's configuration): it writes one page per module (81 of them), which are not
+in ``_toc.yml``, and Jupyter Book's table of contents (sphinx-external-toc) warns on its
+``toctree`` ("toctree directive not expected with external-toc"); the Chinese edition would need
+a catalog per page. Its default templates make summary tables only, so the docstrings'
+cross-references find no target (856 warnings under ``-W -n``); with a template of our own
+(``automodule`` with ``:members:``) and that warning suppressed, 52 remain, because it resolves
+``parmem.estimate``, ``parmem.engines`` and ``parmem.book.prose`` to the functions of the same
+name that the packages re-export and documents those instead of the modules. This script keeps
+one page, in the order of the library's layers, translated by one catalog.
+
 Usage: python scripts/api_page.py
 """
 

@@ -1,12 +1,22 @@
 """Build the pure-Python wheel of parmem that the book's calculator and planner pages load into
 Pyodide, into ``_assets/py/`` (served at the site root as ``py/``, see ``html_extra_path``).
 
-The wheel is what ``pip wheel .`` makes of ``pyproject.toml`` (hatchling: ``lib/parmem`` as
-``parmem/``, ``data/`` as ``parmem/data/``, the ``parmem`` console script) written here with the
-standard library's ``zipfile``, so that it builds offline and without a build backend installed;
-file times are fixed, so the same sources give the same bytes. ``_assets/py/manifest.json``
-names the wheel and its SHA-256 (the page fetches ``<wheel>?v=<sha>``, so a new build is never
-served from a stale cache).
+The wheel is pip's: ``pip wheel --no-deps --no-build-isolation .`` with the build backend that
+``pyproject.toml`` names (hatchling: ``lib/parmem`` as ``parmem/``, ``data/`` as
+``parmem/data/``, the ``parmem`` console script). Hatchling writes reproducible wheels (sorted
+entries, fixed permissions, every file time set to ``SOURCE_DATE_EPOCH``); this script fixes
+that epoch, so the same sources and the same hatchling give the same bytes. No build isolation:
+hatchling is pinned in requirements.txt and installed in ``.venv``, so the build needs no
+network and does not change with whatever hatchling PyPI serves that day.
+
+What pip does not do, and this script does:
+
+* ``_assets/py/manifest.json`` names the wheel and its SHA-256: the page fetches
+  ``<wheel>?v=<sha>`` (a new build is never served from a stale cache), and
+  ``scripts/pyodide_snapshot.mjs`` records there which wheel its snapshot was made from;
+* the folder holds that one wheel only (pip leaves the wheels of other versions beside it);
+* a missing hatchling is said in one line, rather than as pip's ``BackendUnavailable``
+  traceback.
 
 Usage: python scripts/build_wheel.py [--out DIR]
 """
@@ -14,77 +24,50 @@ Usage: python scripts/build_wheel.py [--out DIR]
 from __future__ import annotations
 
 import argparse
-import base64
 import hashlib
+import importlib.util
 import json
+import os
+import shutil
+import subprocess
 import sys
+import tempfile
 import tomllib
-import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "_assets" / "py"
-EPOCH = (2020, 1, 1, 0, 0, 0)  # zip times: reproducible bytes
-
-
-def sources() -> list[tuple[str, bytes]]:
-    """(path in the wheel, bytes) of every file the wheel holds, sorted."""
-    files = []
-    for path in sorted((ROOT / "lib" / "parmem").rglob("*.py")):
-        if "__pycache__" not in path.parts:
-            files.append((path.relative_to(ROOT / "lib").as_posix(), path.read_bytes()))
-    for path in sorted((ROOT / "data").iterdir()):
-        if path.is_file() and not path.name.startswith("."):
-            files.append((f"parmem/data/{path.name}", path.read_bytes()))
-    return files
-
-
-def metadata(project: dict) -> tuple[str, str, str]:
-    """METADATA, WHEEL and entry_points.txt for ``project`` (pyproject's [project])."""
-    lines = [
-        "Metadata-Version: 2.1",
-        f"Name: {project['name']}",
-        f"Version: {project['version']}",
-        f"Summary: {project['description']}",
-        f"Requires-Python: {project['requires-python']}",
-        f"License: {project['license']['text']}",
-    ]
-    lines += [f"Requires-Dist: {dep}" for dep in project.get("dependencies", [])]
-    for extra, deps in project.get("optional-dependencies", {}).items():
-        lines.append(f"Provides-Extra: {extra}")
-        lines += [f'Requires-Dist: {dep}; extra == "{extra}"' for dep in deps]
-    wheel = "Wheel-Version: 1.0\nGenerator: parmem scripts/build_wheel.py\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
-    scripts = "".join(f"{k} = {v}\n" for k, v in project.get("scripts", {}).items())
-    return "\n".join(lines) + "\n", wheel, f"[console_scripts]\n{scripts}"
-
-
-def _record_line(name: str, data: bytes) -> str:
-    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-    return f"{name},sha256={digest},{len(data)}"
+#: the time of every file in the wheel (2020-01-01 00:00:00 UTC), so that builds are byte-identical
+SOURCE_DATE_EPOCH = "1577836800"
 
 
 def build(out: Path = OUT) -> Path:
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    name, version = project["name"], project["version"]
-    info = f"{name}-{version}.dist-info"
-    meta, wheel_txt, entry = metadata(project)
-    files = sources() + [
-        (f"{info}/METADATA", meta.encode()),
-        (f"{info}/WHEEL", wheel_txt.encode()),
-        (f"{info}/entry_points.txt", entry.encode()),
-    ]
-    record = [_record_line(n, d) for n, d in files] + [f"{info}/RECORD,,"]
-    files.append((f"{info}/RECORD", ("\n".join(record) + "\n").encode()))
+    """Build the wheel into ``out`` (replacing any other wheel there), write the manifest, and
+    return the wheel's path."""
+    if importlib.util.find_spec("hatchling") is None:
+        raise SystemExit(f"build_wheel: hatchling, the build backend of pyproject.toml, is not "
+                         f"installed in {sys.executable}: pip install -r requirements.txt")
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     out.mkdir(parents=True, exist_ok=True)
-    for old in out.glob("*.whl"):
-        old.unlink()
-    target = out / f"{name}-{version}-py3-none-any.whl"
-    with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as zf:
-        for arcname, data in files:
-            item = zipfile.ZipInfo(arcname, EPOCH)
-            item.compress_type = zipfile.ZIP_DEFLATED
-            item.external_attr = 0o644 << 16
-            zf.writestr(item, data)
+    with tempfile.TemporaryDirectory(dir=out, prefix=".build-") as tmp:
+        env = dict(os.environ, SOURCE_DATE_EPOCH=SOURCE_DATE_EPOCH, PIP_NO_INPUT="1")
+        done = subprocess.run(
+            [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+             "--no-cache-dir", "--disable-pip-version-check", "--quiet", "--wheel-dir", tmp,
+             str(ROOT)],
+            env=env, capture_output=True, text=True, timeout=300, check=False,
+        )
+        if done.returncode != 0:
+            raise SystemExit(f"build_wheel: pip wheel failed ({done.returncode}):\n"
+                             f"{done.stdout}{done.stderr}")
+        wheels = sorted(Path(tmp).glob("*.whl"))
+        if len(wheels) != 1 or f"-{version}-" not in wheels[0].name:
+            raise SystemExit(f"build_wheel: expected one wheel of version {version}, "
+                             f"pip made {[w.name for w in wheels]}")
+        for old in out.glob("*.whl"):
+            old.unlink()
+        target = out / wheels[0].name
+        shutil.move(wheels[0], target)
     sha = hashlib.sha256(target.read_bytes()).hexdigest()
     manifest = {"wheel": target.name, "sha256": sha, "version": version}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
@@ -95,7 +78,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=OUT, help="folder for the wheel")
     args = parser.parse_args()
-    target = build(args.out)
+    target = build(args.out.resolve())
     print(f"built {target.relative_to(ROOT) if target.is_relative_to(ROOT) else target} "
           f"({target.stat().st_size // 1024} KiB)")
     return 0

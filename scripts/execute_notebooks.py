@@ -1,13 +1,24 @@
 """Execute the book's chapters into Jupyter Book's execution cache, several at a time.
 
-Jupyter Book (execute_notebooks: cache) runs each outdated notebook one after another while
-Sphinx reads the sources. This script runs them first, in parallel (default: two at a time),
-exactly as myst-nb would (same jupyter-cache call, the notebook's folder as working directory,
-the same per-cell timeout, errors not allowed), and stores the results in the same cache. The
-build then finds every notebook cached and only renders.
+`make test` fills the cache in its chapters stage (nbval, ``tests/book/nbval_chapters.py``, which
+stores each chapter with :func:`store`), so after it this script finds every chapter cached and
+runs nothing. It runs what the cache lacks: chapters changed since, or a `make book` without
+`make test`. Jupyter Book (execute_notebooks: cache) would run each outdated notebook one after
+another while Sphinx reads the sources; this script runs them first, in parallel (default: two
+at a time), exactly as myst-nb would (same jupyter-cache call, the notebook's folder as working
+directory, the same per-cell timeout, errors not allowed), and stores the results in the same
+cache. The build then finds every notebook cached and only renders.
+
+jupyter-cache's own parallel executor (``JupyterExecutorLocalMproc``, ``jcache project execute
+--executor local-parallel``) would do the same but cannot be given a job count: it starts
+``multiprocessing.Pool()``, one process per CPU, each chapter with its own ranks (on a machine of
+many cores, that many kernels and ranks at once); its worker processes also write the cache's
+database at the same time, without the lock :func:`store` takes, and a failure is only logged
+(its traceback goes into the database). So this script stays.
 
 Usage: python scripts/execute_notebooks.py [--jobs N] [--timeout S] [--cache DIR] [NOTEBOOK ...]
-With no notebook given: every chapters/**/*.ipynb listed in _toc.yml.
+With no notebook given: every chapters/**/*.ipynb listed in _toc.yml. ``--list`` prints those
+(relative paths, toc order) and exits.
 Exit status 1 if a notebook failed (its traceback is printed).
 """
 
@@ -95,7 +106,12 @@ def main() -> int:
     parser.add_argument("--timeout", type=int, default=None,
                         help="seconds per cell (default: execute.timeout in _config.yml)")
     parser.add_argument("--cache", type=Path, default=CACHE)
+    parser.add_argument("--list", action="store_true",
+                        help="print the chapters of _toc.yml and exit")
     args = parser.parse_args()
+    if args.list:
+        print("\n".join(str(p.relative_to(ROOT)) for p in toc_notebooks()))
+        return 0
 
     import nbformat
     from jupyter_cache import get_cache

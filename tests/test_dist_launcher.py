@@ -180,6 +180,18 @@ def _wait_for_file(path: str, seconds: float) -> bool:
     return True
 
 
+def _readline(proc, seconds: float) -> str:
+    """The next line ``proc`` prints, or ``""`` when it prints none within ``seconds`` (a bare
+    ``readline`` would wait forever on a child that hangs)."""
+    import selectors
+
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        if not sel.select(timeout=seconds):
+            return ""
+    return proc.stdout.readline()
+
+
 def _kill(pids) -> None:
     for pid in pids:
         try:
@@ -379,7 +391,7 @@ def test_an_interrupt_in_an_unrelated_cell_leaves_the_pool_usable():
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)  # its own group, like a kernel's
     try:
-        assert proc.stdout.readline().strip() == "ready"
+        assert _readline(proc, 120).strip() == "ready", "the pool never started"
         os.killpg(proc.pid, signal.SIGINT)
         out, err = proc.communicate(timeout=120)
     finally:
@@ -419,7 +431,9 @@ def test_ranks_exit_within_5_s_of_the_parent_being_killed(target, from_thread, t
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     pids: list[int] = []
     try:
-        line = proc.stdout.readline()
+        line = _readline(proc, 120)
+        if not line:
+            proc.kill()  # so that reading its stderr below cannot wait forever
         pids = [int(x) for x in line.split()]
         assert len(pids) == 2, proc.stderr.read()[-2000:] if not line else line
         # the task is running on both ranks
