@@ -23,14 +23,30 @@ from .prose import prose
 __all__ = ["glue", "prose"]
 
 
+#: the mime-type prefix under which myst-nb's ``glue`` stores a value (``myst_nb.ext.glue``)
+GLUE_PREFIX = "application/papermill.record/"
+
+
 def glue(name: str, value, display: bool = False) -> None:
     """Record ``value`` under ``name`` for the book's text (returns nothing, so a cell that ends
-    with a glue call shows no output)."""
+    with a glue call shows no output).
+
+    The output is exactly what ``myst_nb.glue`` displays (the value's mime bundle under
+    :data:`GLUE_PREFIX`, ``scrapbook`` metadata naming it), written here because importing
+    ``myst_nb``'s glue module imports nbformat and, through jsonschema, compiles the lark grammars
+    of rfc3987-syntax: about a second of CPU in every chapter's kernel. As before, nothing is
+    displayed where myst-nb is not installed (a reader's kernel)."""
+    import importlib.util
+
     from .prose import record
 
     record(name, value)
-    try:
-        from myst_nb import glue as _glue
-    except ImportError:  # pragma: no cover - a reader's kernel without myst-nb
+    if importlib.util.find_spec("myst_nb") is None:  # pragma: no cover - a reader's kernel
         return
-    _glue(name, value, display=display)
+    from IPython.core.formatters import format_display_data
+    from IPython.display import display as show
+
+    bundle, metadata = format_display_data(value)
+    prefix = "" if display else GLUE_PREFIX
+    metadata["scrapbook"] = {"name": name, "mime_prefix": prefix}
+    show({prefix + k: v for k, v in bundle.items()}, raw=True, metadata=metadata)

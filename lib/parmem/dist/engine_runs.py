@@ -54,6 +54,7 @@ __all__ = [
     "hf_layer",
     "hf_spec",
     "triton_stub",
+    "datasets_stub",
     "torchtitan_modules",
     "torchtitan_spec",
     "demo_torchtitan",
@@ -256,10 +257,39 @@ def triton_stub() -> Iterator[None]:
                 sys.modules.pop(n, None)
 
 
+#: what torchtitan's Llama 3 config registry imports from Hugging Face ``datasets`` (for its data
+#: loaders, which a one-step run with its own tokens never builds)
+_DATASETS = ("datasets", "datasets.distributed")
+
+
+@contextlib.contextmanager
+def datasets_stub() -> Iterator[None]:
+    """Placeholders for Hugging Face ``datasets`` during the ``with`` block, unless it is already
+    imported: torchtitan's config registry imports its data loaders, and ``datasets`` (with
+    pandas and pyarrow) costs about a second of CPU in every rank that imports it, for a run that
+    loads no data. Afterwards ``import datasets`` finds the real package."""
+    stub = _DATASETS[0] not in sys.modules
+    if stub:
+        for n in _DATASETS:
+            mod = _StubModule(n)
+            mod.__path__ = []
+            sys.modules[n] = mod
+            parent, _, child = n.rpartition(".")
+            if parent:
+                setattr(sys.modules[parent], child, mod)
+    try:
+        yield
+    finally:
+        if stub:
+            for n in _DATASETS:
+                sys.modules.pop(n, None)
+
+
 def torchtitan_modules() -> types.SimpleNamespace:
     """torchtitan 0.3.0's Llama 3 config registry, ``parallelize_llama``, ``ParallelDims``,
-    attention classes and distributed utilities, imported under :func:`triton_stub`."""
-    with triton_stub():
+    attention classes and distributed utilities, imported under :func:`triton_stub` and
+    :func:`datasets_stub`."""
+    with triton_stub(), datasets_stub():
         import torchtitan.distributed.parallel_dims as parallel_dims  # type: ignore[import-untyped]
         from torchtitan.distributed import utils as dist_utils
         from torchtitan.models.common.attention import (  # type: ignore[import-untyped]

@@ -20,7 +20,10 @@ operation on any stage to the last; a stage's idle time is that step less its ow
 which is how :func:`parmem.pipeline.simulate` counts it. The simulator assumes free
 communication; on CPU a tiny stage's compute takes microseconds and each gloo send/recv far
 longer, so without emulated compute (``delay_ms``, :class:`Delay`) measured idle time is mostly
-communication. The operation *order* per stage is exact and is compared with the simulator's.
+communication. The operation *order* per stage is exact and is compared with the simulator's;
+what a run's times guarantee on any machine, however loaded, is a lower bound: :func:`replay`
+re-runs the schedule with the measured operation times and free communication, and no real step
+or idle time is shorter than the replay's.
 """
 
 from __future__ import annotations
@@ -115,7 +118,8 @@ def demo(schedule: str = "1f1b", microbatches: int | None = None, v: int = 2,
     the simulator's, ``events`` (kind, micro-batch, chunk, start, end; seconds on the machine's
     monotonic clock; with ``delay_ms`` the emulated compute's own sleeps, otherwise each
     forward, and each backward from its output's gradient to the release of its saved tensors),
-    this stage's ``busy_s`` and mean ``t_fwd_s``, ``t_bwd_s`` (whole stage),
+    this stage's ``busy_s`` and mean ``t_fwd_s``, ``t_bwd_s`` (whole stage), ``emulated``
+    (whether ``delay_ms`` was given),
     and ``sim_idle_fraction`` (the simulator with t_b = 2 t_f). :func:`bubble_rows` puts the
     events of all ranks on one timeline and returns the idle times.
 
@@ -205,6 +209,7 @@ def demo(schedule: str = "1f1b", microbatches: int | None = None, v: int = 2,
         "order": " ".join(f"{k}{mb}" + (f".{c}" if v > 1 else "") for k, mb, c in order),
         "events": Events(tuple(e) for e in ev), "busy_s": busy, "t_fwd_s": t_f * v, "t_bwd_s": t_b * v,
         "schedule": schedule, "v": v, "sim_idle_fraction": sim.idle[r] / sim.step_time,
+        "emulated": delay_ms is not None,
     }
     if r == p - 1:
         out["loss_err"] = abs(torch.stack(losses).mean().item() - ref_loss.item())
@@ -391,9 +396,9 @@ def demo_gpt(schedule: str = "1f1b", microbatches: int | None = None, layers_per
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
     from parmem import ParallelConfig, TrainingSetup, estimate
-    from parmem.pipeline import in_flight_units
     from parmem.dist.anatomy import named_extras
     from parmem.measure import SavedTensorsMeter, state_bytes
+    from parmem.pipeline import in_flight_units
     from parmem.reference import MixedPrecisionAdamW, TinyGPT, tiny_spec
 
     classes = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
@@ -490,6 +495,69 @@ def compare_gpt(result: dict) -> list[dict]:
     return compare(result, activations_label="activations + logits (peak)")
 
 
+def replay(results: list[dict]) -> dict:
+    """The step of one :func:`demo` run replayed with its own operation times and free communication.
+
+    Every stage runs its operations in the order it ran them, each lasting as long as it was
+    measured; an operation starts when the previous one on its stage has ended and the operation
+    whose output it consumes (:func:`parmem.pipeline.simulate`'s dependencies: the forward of the
+    same micro-batch on the stage before, the backward on the stage after) has ended. This is the
+    simulator fed with the measured durations instead of t_f and t_b, so no hand-off costs time.
+
+    The real run obeys the same two rules (a stage does one operation at a time; it cannot start
+    an operation before its input has arrived), so its measured times can only be later: every
+    operation starts no earlier than in the replay, the measured step is at least ``step_s``, and
+    each stage idles at least ``idle_s[stage]``, however slow or loaded the machine. The events
+    must be the emulated compute's (``delay_ms``), which end before the stage sends its output.
+
+    Returns ``step_s``, ``busy_s`` and ``idle_s`` (lists per stage), and ``late``: the
+    operations, as (kind, stage, chunk, micro-batch), that started before the operation they
+    consume had ended on the shared clock (none in a real run).
+    """
+    from parmem.pipeline import _dependency
+
+    r0 = results[0]
+    p, v = len(results), r0["v"]
+    ops = []  # per stage: (kind, chunk, micro-batch, start, end), in the order they ran
+    for i, r in enumerate(results):
+        if r["stage"] != i:
+            raise ValueError(f"results[{i}]['stage']={r['stage']} must be {i} (one row per rank)")
+        evs = sorted(r["events"], key=lambda e: e[3])
+        if any(e[3] is None for e in evs):
+            raise ValueError("results[*]['events'] need a start for every operation "
+                             "(run demo with delay_ms)")
+        ops.append([(k, c, mb, t0, t1) for k, mb, c, t0, t1 in evs])
+    ended = {(k, i, c, mb): t1 for i, evs in enumerate(ops) for k, c, mb, _, t1 in evs}
+    late = []
+    for i, evs in enumerate(ops):
+        for k, c, mb, t0, _ in evs:
+            dep = _dependency(k, i, c, mb, p, v)
+            if dep is not None and t0 < ended.get(dep, float("-inf")):
+                late.append((k, i, c, mb))
+    pos, free = [0] * p, [0.0] * p
+    done: dict[tuple[str, int, int, int], float] = {}
+    remaining = sum(len(evs) for evs in ops)
+    while remaining:
+        progressed = False
+        for i, evs in enumerate(ops):
+            while pos[i] < len(evs):
+                k, c, mb, t0, t1 = evs[pos[i]]
+                dep = _dependency(k, i, c, mb, p, v)
+                if dep is not None and dep not in done:
+                    break
+                ready = done[dep] if dep is not None else 0.0
+                free[i] = done[(k, i, c, mb)] = max(free[i], ready) + (t1 - t0)
+                pos[i] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            raise ValueError(f"the events of results cannot be replayed: the stages wait on each "
+                             f"other at positions {pos} (not one run of one schedule)")
+    step = max(free)
+    busy = [sum(t1 - t0 for *_, t0, t1 in evs) for evs in ops]
+    return {"step_s": step, "busy_s": busy, "idle_s": [step - b for b in busy], "late": late}
+
+
 def bubble_rows(results: list[dict]) -> list[dict]:
     """Per-stage idle time of one :func:`demo` run, from the schedule's own events on one clock.
 
@@ -497,24 +565,31 @@ def bubble_rows(results: list[dict]) -> list[dict]:
     (the events of all ranks share the machine's monotonic clock); a stage's idle time is that step
     minus the time spent in its own forwards and backwards, which is how
     :func:`parmem.pipeline.simulate` counts it. Each row also carries ``sim_idle_fraction`` (the
-    simulator with t_b = 2 t_f, the ratio ``delay_ms`` should keep), ``timed_step_s`` (the
-    simulator's step with the forward and backward times measured on average over the stages) and
-    ``excess_s``, the measured step less that: the time communication and the schedule's own
-    bookkeeping add on the critical path, which the simulator takes as free."""
-    from parmem.pipeline import simulate
-
-    r0 = results[0]
-    p, m, v = len(results), r0["microbatches"], r0["v"]
+    simulator with t_b = 2 t_f, the ratio ``delay_ms`` should keep) and, from :func:`replay`
+    (``delay_ms`` runs only), ``replay_step_s`` and ``replay_idle_fraction`` (the same step with
+    the measured operation times and free communication: the measured step and idle time are never
+    below them, on any machine), ``excess_s``, the measured step less the replayed one (the time
+    communication and the schedule's own bookkeeping add on the critical path, which the simulator
+    takes as free), and ``late``, the stage's operations that started before their input was
+    computed (none in a real run); these four are ``None`` for a run without ``delay_ms``."""
     starts = [e[3] if e[3] is not None else e[4] for r in results for e in r["events"]]
     step = max(e[4] for r in results for e in r["events"]) - min(starts)
-    t_f = sum(r["t_fwd_s"] for r in results) / p
-    t_b = sum(r["t_bwd_s"] for r in results) / p
-    timed = simulate(r0["schedule"], p, m, v, t_fwd=max(t_f, 1e-9), t_bwd=max(t_b, 1e-9))
-    return [{"stage": r["stage"], "step_s": step, "busy_s": r["busy_s"],
-             "idle_s": step - r["busy_s"], "idle_fraction": (step - r["busy_s"]) / step,
-             "sim_idle_fraction": r["sim_idle_fraction"], "timed_step_s": timed.step_time,
-             "excess_s": step - timed.step_time, "peak_stashed": r["peak_stashed"],
-             "sim_peak_stashed": r["sim_peak_stashed"]} for r in results]
+    # without delay_ms a backward's stamps bracket autograd's release, not the computation
+    rep = replay(results) if all(r.get("emulated") for r in results) else None
+    rows = []
+    for i, r in enumerate(results):
+        row = {"stage": r["stage"], "step_s": step, "busy_s": r["busy_s"],
+               "idle_s": step - r["busy_s"], "idle_fraction": (step - r["busy_s"]) / step,
+               "sim_idle_fraction": r["sim_idle_fraction"], "replay_step_s": None,
+               "replay_idle_fraction": None, "excess_s": None, "late": None,
+               "peak_stashed": r["peak_stashed"], "sim_peak_stashed": r["sim_peak_stashed"]}
+        if rep is not None:
+            row.update(replay_step_s=rep["step_s"],
+                       replay_idle_fraction=rep["idle_s"][i] / rep["step_s"],
+                       excess_s=step - rep["step_s"],
+                       late=[op for op in rep["late"] if op[1] == i])
+        rows.append(row)
+    return rows
 
 
-__all__ += ["Delay", "Events", "GPTStage", "bubble_rows", "compare_gpt", "demo_gpt"]
+__all__ += ["Delay", "Events", "GPTStage", "bubble_rows", "compare_gpt", "demo_gpt", "replay"]
