@@ -129,7 +129,7 @@ lint: setup
 	$(BIN)/mypy
 
 unit: setup
-	$(PY) -m pytest tests -m "not browser and not chapters" -n $(JOBS) -q --durations=15 \
+	$(PY) -m pytest tests -m "not browser and not chapters" -n $(JOBS) --dist loadfile -q --durations=15 \
 	  || $(call no_tests,unit)
 
 # The pool and distributed tests $(RUNS) times in a row beside one busy loop per core: they wait

@@ -43,6 +43,12 @@ def pytest_addoption(parser) -> None:
         help="execution cache the chapters run by nbval are stored in (default: the build's, "
              "_build/.jupyter_cache; 'none': store nothing)",
     )
+    parser.addoption(
+        "--nb-pool", default="shared", choices=("shared", "own"),
+        help="'shared' (default): the chapters' kernels relay their torch.distributed Pool to "
+             "one pool of ranks per test worker (parmem.dist.PoolServer); 'own': each chapter "
+             "starts its own ranks, as the book's build does",
+    )
 
 
 def pytest_configure(config) -> None:

@@ -489,3 +489,76 @@ def test_dist_cli_version():
     r = subprocess.run([sys.executable, "-m", "parmem.dist", "--version"], capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == 0 and "parmem" in r.stdout
+
+
+# ---------------------------------------------------------------------------- a shared pool
+def test_a_shared_pool_relays_tasks_results_and_errors(monkeypatch):
+    """Pools in other processes (the chapters' kernels) relay to one PoolServer: the same ranks
+    serve every client, and every error arrives as the same class, rank and exit code as on a
+    pool of one's own; a pool of another world size starts its own ranks."""
+    from parmem.dist.launcher import SHARED_POOL_ENV, PoolServer
+
+    with PoolServer(world_size=2, pg_timeout=3.0) as server:
+        monkeypatch.setenv(SHARED_POOL_ENV, server.address)
+        a = Pool(world_size=2).start()
+        assert a.shared and a.alive and not a._procs  # no ranks of its own
+        first = a.run("parmem.dist.checks:ping")
+        a.close()
+        b = Pool(world_size=2)
+        again = b.run("parmem.dist.checks:ping")
+        assert [r["rank_sum"] for r in again] == [1, 1]
+        assert [r["pid"] for r in first] == [r["pid"] for r in again]  # the same ranks
+        assert not any(p["pid"] == os.getpid() for p in first)
+        with pytest.raises(WorkerDied) as died:
+            b.run("dist_faults:exit_in_collective", which=0, code=5)
+        assert (died.value.rank, died.value.exit_code, died.value.others) == (0, 5, (1,))
+        with pytest.raises(RankError, match="boom") as raised:
+            b.run("parmem.dist.checks:raise_on", which=1, message="boom")
+        assert raised.value.rank == 1 and type(raised.value) is RankError
+        with pytest.raises(RankHung) as hung:
+            b.run("dist_faults:hang_in_collective", which=1, seconds=60)
+        assert hung.value.rank == 1
+        with pytest.raises(TypeError, match="nope"):  # checked here, before the relay
+            b.run("parmem.dist.checks:ping", nope=1)
+        assert [r["rank_sum"] for r in b.run("parmem.dist.checks:ping")] == [1, 1]
+        b.close()
+        assert server.served == 6
+        other = Pool(world_size=1)
+        try:
+            assert not other.start().shared and len(other._procs) == 1
+        finally:
+            other.close()
+    assert not os.path.exists(server.address)
+    assert not server.pool.alive
+
+
+def test_a_shared_pool_client_interrupted_mid_task_leaves_the_server_usable(monkeypatch):
+    """A client interrupted while its task runs disconnects; the server finishes the task, drops
+    the result and serves the next client."""
+    import signal
+    import threading
+
+    from parmem.dist.launcher import SHARED_POOL_ENV, PoolServer
+
+    with PoolServer(world_size=2) as server:
+        monkeypatch.setenv(SHARED_POOL_ENV, server.address)
+        a = Pool(world_size=2).start()
+        a.run("parmem.dist.checks:ping")  # the server's ranks are up
+        sent = threading.Event()
+        send = a._shared.send
+
+        def send_then_interrupt(msg):
+            send(msg)
+            sent.set()
+
+        a._shared.send = send_then_interrupt
+        t = threading.Timer(0, lambda: sent.wait(60) and os.kill(os.getpid(), signal.SIGINT))
+        t.start()
+        with pytest.raises(KeyboardInterrupt):
+            a.run("parmem.dist.checks:sleep", seconds=1.0)
+            time.sleep(60)  # reached only if the task returned first; the interrupt lands here
+        t.join(60)
+        assert not a.shared and not a.alive
+        b = Pool(world_size=2)
+        assert [r["rank_sum"] for r in b.run("parmem.dist.checks:ping")] == [1, 1]
+        b.close()

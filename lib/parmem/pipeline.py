@@ -45,6 +45,7 @@ __all__ = [
     "Event",
     "PipelineResult",
     "simulate",
+    "dependency",
     "bubble_fraction",
     "bubble_ratio",
     "in_flight",
@@ -200,7 +201,7 @@ def _stage_order(schedule: str, p: int, m: int, v: int, i: int) -> list[tuple[st
     return ops
 
 
-def _dependency(
+def dependency(
     kind: str, i: int, c: int, mb: int, p: int, v: int
 ) -> tuple[str, int, int, int] | None:
     """The operation whose output ``(kind, stage i, chunk c, micro-batch mb)`` consumes.
@@ -254,7 +255,7 @@ def simulate(
         for i in range(p):
             while pos[i] < len(orders[i]):
                 kind, mb, c = orders[i][pos[i]]
-                dep = _dependency(kind, i, c, mb, p, v)
+                dep = dependency(kind, i, c, mb, p, v)
                 if dep is not None and dep not in done:
                     break
                 start = max(free[i], done[dep] if dep is not None else 0.0)

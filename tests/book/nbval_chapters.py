@@ -113,11 +113,39 @@ def _without(name: str):
             os.environ[name] = saved
 
 
+#: the pool of ranks this process serves to the chapters' kernels (one per test worker)
+SERVER = pytest.StashKey[object]()
+
+
+def _serve_pool(config) -> None:
+    """Start this worker's :class:`parmem.dist.PoolServer` and point the kernels it starts at it
+    (``$PARMEM_SHARED_POOL``): every chapter's ``Pool()`` then relays to the same ranks, which
+    start, and import torch and the engines' modules, once per worker instead of once per
+    chapter. ``--nb-pool own`` (or ``$PARMEM_SHARED_POOL`` set to ``0``) leaves each chapter its
+    own ranks, as in the build and a live notebook."""
+    if SERVER in config.stash or config.getoption("nb_pool", "shared") != "shared":
+        return
+    if os.environ.get("PARMEM_SHARED_POOL") == "0":
+        return
+    from parmem.dist.launcher import SHARED_POOL_ENV, PoolServer
+
+    server = PoolServer()
+    config.stash[SERVER] = server
+    os.environ[SHARED_POOL_ENV] = server.address
+
+
+def pytest_unconfigure(config) -> None:
+    server = config.stash.get(SERVER, None)
+    if server is not None:
+        server.close()
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_setup(item):
     # nbval starts the notebook's kernel in the setup of its first cell, with this process's
     # environment: without MPLBACKEND, ipykernel selects its inline backend (figures as outputs)
     if isinstance(item, IPyNbCell | ChapterChecks):
+        _serve_pool(item.config)
         with _without("MPLBACKEND"):
             yield
     else:

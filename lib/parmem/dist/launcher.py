@@ -35,6 +35,13 @@ How it works:
   dies, even in the middle of a task (:func:`die_with_parent`).
 * Before each task every rank calls ``torch.manual_seed(seed)`` (same seed on all ranks), so
   results are deterministic; a demo that needs different data per rank derives it from its rank.
+* A shared pool (:class:`PoolServer`): a process that runs many notebooks one after another (the
+  chapters' test run) can serve one pool to all of them. With ``$PARMEM_SHARED_POOL`` set to its
+  socket, a :class:`Pool` of the same world size and backend relays its tasks there instead of
+  starting ranks of its own (``shared`` is then true), so the ranks start, and import torch and
+  the engines' modules, once per test worker instead of once per chapter. Everything else is
+  unchanged: the same tasks, seeds, results and errors; a pool that cannot reach the server
+  starts its own ranks.
 
 Worker functions are named ``"package.module:function"`` (or passed as a module-level
 function) and must live in an importable module: a function defined in a notebook cannot be
@@ -55,9 +62,10 @@ from typing import Any
 
 from parmem._check import choice, integer, number
 
-__all__ = ["Pool", "RankError", "WorkerDied", "RankHung", "RunTimeout", "default_world_size", "rank",
+__all__ = ["Pool", "PoolServer", "RankError", "WorkerDied", "RankHung", "RunTimeout", "default_world_size", "rank",
            "world_size", "device", "backend", "resolve", "format_results", "set_state",
-           "rank_main", "die_with_parent", "MAX_WORLD_SIZE", "MAX_TIMEOUT_S", "BACKENDS"]
+           "rank_main", "die_with_parent", "MAX_WORLD_SIZE", "MAX_TIMEOUT_S", "BACKENDS",
+           "SHARED_POOL_ENV", "exit_status"]
 
 #: the most ranks a pool starts on one machine (each is a Python process that imports torch)
 MAX_WORLD_SIZE = 64
@@ -75,6 +83,11 @@ PEER_GRACE_S = 2.0
 _PEER_MARKERS = ("Connection reset by peer", "Connection closed by peer", "Broken pipe",
                  "Socket Timeout", "Timed out waiting", "timed out", "Timeout")
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+#: the environment variable that points a :class:`Pool` at a :class:`PoolServer`'s socket
+SHARED_POOL_ENV = "PARMEM_SHARED_POOL"
+#: seconds a shared pool's client waits for the server beyond the task's own timeout (the server
+#: may first have to start its ranks)
+SHARED_START_S = 120.0
 
 _STATE: dict = {"rank": 0, "world_size": 1, "device": "cpu", "backend": None}
 
@@ -327,7 +340,8 @@ class Pool:
     :data:`MAX_WORLD_SIZE`; default :func:`default_world_size`), ``backend`` (``"gloo"``;
     ``"nccl"`` needs one GPU per rank), ``pg_timeout`` (seconds for every collective and the
     rendezvous), ``start_timeout`` (seconds for all ranks to join); timeouts are finite numbers
-    of seconds, more than 0 and at most :data:`MAX_TIMEOUT_S`.
+    of seconds, more than 0 and at most :data:`MAX_TIMEOUT_S`; ``share``: relay to the
+    :class:`PoolServer` at ``$PARMEM_SHARED_POOL`` when one serves this world size and backend.
 
     Guarantees: a start that fails or is interrupted (Ctrl-C) stops every rank it started, so the
     next call starts afresh; each task carries an id and only replies with that id are results;
@@ -337,9 +351,12 @@ class Pool:
     """
 
     def __init__(self, world_size: int | None = None, backend: str = "gloo",
-                 pg_timeout: float = 60.0, start_timeout: float = 120.0):
+                 pg_timeout: float = 60.0, start_timeout: float = 120.0, *, share: bool = True):
         self.world_size = _check_world_size(default_world_size() if world_size is None
                                             else world_size)
+        #: whether to relay to the :class:`PoolServer` at ``$PARMEM_SHARED_POOL`` when one serves
+        #: this world size and backend (a server's own pool does not)
+        self.share = bool(share)
         self.backend = choice("backend", backend, BACKENDS)
         self.pg_timeout = _seconds("pg_timeout", pg_timeout)
         self.start_timeout = _seconds("start_timeout", start_timeout)
@@ -347,18 +364,32 @@ class Pool:
         self._conns: list = []
         self._store: Any = None
         self._task = 0
+        self._shared: Any = None  # the connection to a PoolServer, when relaying to one
         self.start_seconds: float | None = None
 
     # -- life cycle -------------------------------------------------------------------------
     @property
     def alive(self) -> bool:
-        """Whether the ranks are started and every one of them is still running."""
+        """Whether the ranks are started and every one of them is still running (for a shared
+        pool: whether it is connected to the server)."""
+        if self._shared is not None:
+            return not self._shared.closed
         return bool(self._procs) and all(p.poll() is None for p in self._procs)
+
+    @property
+    def shared(self) -> bool:
+        """Whether this pool relays its tasks to a :class:`PoolServer` (``$PARMEM_SHARED_POOL``)."""
+        return self._shared is not None
 
     def start(self) -> Pool:
         """Start the ranks and wait until all have joined the process group. A start that fails
-        or is interrupted stops the ranks it started before re-raising."""
-        if self._procs:
+        or is interrupted stops the ranks it started before re-raising. With
+        ``$PARMEM_SHARED_POOL`` set, connect to that server instead when it serves this world
+        size and backend."""
+        if self._procs or self._shared is not None:
+            return self
+        if self._connect_shared():
+            self.start_seconds = 0.0
             return self
         import torch
 
@@ -411,8 +442,56 @@ class Pool:
             parent.send((r, self.world_size, "127.0.0.1", self._store.port, self.backend,
                          self.pg_timeout, list(sys.path)))
 
+    def _connect_shared(self) -> bool:
+        """Connect to the :class:`PoolServer` at ``$PARMEM_SHARED_POOL``; whether this pool now
+        relays to it (not when it is unset, unreachable, or serves another world size or
+        backend)."""
+        from multiprocessing.connection import Client
+
+        address = os.environ.get(SHARED_POOL_ENV)
+        if not address or not self.share:
+            return False
+        try:
+            conn = Client(address, family="AF_UNIX")
+            conn.send(("hello", None))
+            if not conn.poll(SHARED_START_S):
+                raise OSError("the server did not answer")
+            served = conn.recv()
+        except (OSError, EOFError):
+            return False
+        if served != ("ok", (self.world_size, self.backend)):
+            conn.close()
+            return False
+        self._shared = conn
+        return True
+
+    def _run_shared(self, name: str, kwargs: dict, seed: int, timeout: float) -> list:
+        """Relay one task to the server; its results, or its error raised here."""
+        conn = self._shared
+        try:
+            conn.send(("run", (name, kwargs, seed, timeout)))
+            if not conn.poll(timeout + SHARED_START_S):
+                raise RunTimeout(f"{name}: the shared pool did not answer within "
+                                 f"{timeout + SHARED_START_S:g} s")
+            kind, payload = conn.recv()
+        except BaseException:
+            # an interrupt, a timeout or a server that is gone: this pool is done with it (the
+            # server finishes the task and drops the result); the next run connects again
+            self._close_shared()
+            raise
+        if kind == "ok":
+            return payload
+        raise _error_from_state(kind, payload)
+
+    def _close_shared(self) -> None:
+        if self._shared is not None:
+            self._shared.close()
+            self._shared = None
+
     def close(self, timeout: float = 5.0) -> None:
-        """Stop the ranks: ask politely, join, then terminate and kill stragglers."""
+        """Stop the ranks: ask politely, join, then terminate and kill stragglers (a shared
+        pool only disconnects: the server's ranks serve the next client)."""
+        self._close_shared()
         for c in self._conns:
             try:
                 c.send(None)
@@ -422,6 +501,7 @@ class Pool:
 
     def _teardown(self) -> None:
         """Stop every rank now (terminate, then kill) and forget them."""
+        self._close_shared()
         self._reap(0.0)
 
     def _reap(self, timeout: float) -> None:
@@ -469,6 +549,8 @@ class Pool:
         task = self._task
         data = _dumps(name, (task, name, kwargs, seed))
         self.start()
+        if self._shared is not None:
+            return self._run_shared(name, kwargs, seed, timeout)
         try:
             self._send_all(name, data)
             return self._collect(task, name, timeout)
@@ -605,6 +687,115 @@ class Pool:
             return self._procs[r].wait(2.0)
         except Exception:
             return None
+
+
+def _error_state(e: BaseException) -> tuple[str, object]:
+    """An error of :meth:`Pool.run` as plain data, to send from a :class:`PoolServer`."""
+    if isinstance(e, RankError):
+        return "rank", (type(e).__name__, e.rank, e.target, e.traceback, e.others,
+                        getattr(e, "exit_code", None))
+    if isinstance(e, RunTimeout):
+        return "timeout", str(e)
+    if isinstance(e, (ValueError, TypeError)):
+        return type(e).__name__, str(e)
+    return "other", f"{type(e).__name__}: {e}"
+
+
+def _error_from_state(kind: str, payload: Any) -> Exception:
+    """The error :func:`_error_state` described, rebuilt in the client."""
+    if kind == "rank":
+        cls_name, r, target, tb, others, code = payload
+        if cls_name == "WorkerDied":
+            return WorkerDied(r, target, tb, tuple(others), exit_code=code)
+        cls = {"RankHung": RankHung}.get(cls_name, RankError)
+        return cls(r, target, tb, tuple(others))
+    if kind == "timeout":
+        return RunTimeout(payload)
+    if kind in ("ValueError", "TypeError"):
+        return {"ValueError": ValueError, "TypeError": TypeError}[kind](payload)
+    return RuntimeError(f"the shared pool failed: {payload}")
+
+
+class PoolServer:
+    """One :class:`Pool` served to the processes that connect to a Unix socket, one client at a
+    time, in a thread of this process (``with PoolServer(2) as server: os.environ[
+    SHARED_POOL_ENV] = server.address``).
+
+    The chapters' test run starts one per test worker: every notebook's kernel then relays its
+    ``Pool`` to the same ranks, which start (and import torch and the engines' modules) once.
+    A client's tasks run exactly as on a pool of its own: the same seeds, results and errors;
+    a task that fails tears the ranks down and the next one starts fresh ranks. A client that
+    disconnects in the middle of a task (an interrupt) leaves the server to finish that task
+    and drop its result. The socket lives in a new private folder (mode 0700), so only this
+    user can connect; :meth:`close` stops the ranks and removes it."""
+
+    def __init__(self, world_size: int | None = None, backend: str = "gloo",
+                 pg_timeout: float = 60.0, start_timeout: float = 120.0):
+        import tempfile
+        import threading
+        from multiprocessing.connection import Listener
+
+        self.pool = Pool(world_size, backend, pg_timeout, start_timeout, share=False)
+        self._dir = tempfile.mkdtemp(prefix="parmem-pool-")
+        self.address = os.path.join(self._dir, "pool.sock")
+        self._listener = Listener(self.address, family="AF_UNIX")
+        self._closed = False
+        self.served = 0  # tasks run for clients
+        self._thread = threading.Thread(target=self._serve, name="parmem-pool-server",
+                                        daemon=True)
+        self._thread.start()
+
+    def __enter__(self) -> PoolServer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _serve(self) -> None:
+        while not self._closed:
+            try:
+                conn = self._listener.accept()
+            except OSError:  # the listener was closed
+                return
+            with conn:
+                self._handle(conn)
+
+    def _handle(self, conn) -> None:
+        while True:
+            try:
+                op, payload = conn.recv()
+            except (EOFError, OSError, ValueError, TypeError):
+                return
+            if op == "hello":
+                reply: tuple = ("ok", (self.pool.world_size, self.pool.backend))
+            else:
+                name, kwargs, seed, timeout = payload
+                try:
+                    reply = ("ok", self.pool.run(name, timeout=timeout, seed=seed, **kwargs))
+                except Exception as e:
+                    reply = _error_state(e)
+                self.served += 1
+            try:
+                conn.send(reply)
+            except OSError:
+                return
+
+    def close(self) -> None:
+        """Stop serving, stop the ranks, remove the socket."""
+        import shutil
+        from multiprocessing.connection import Client
+
+        if self._closed:
+            return
+        self._closed = True
+        try:  # wake the accept() of the serving thread (closing the listener may not)
+            Client(self.address, family="AF_UNIX").close()
+        except OSError:
+            pass
+        self._thread.join(5.0)
+        self._listener.close()
+        self.pool.close()
+        shutil.rmtree(self._dir, ignore_errors=True)
 
 
 def _exited(p, seconds: float) -> bool:

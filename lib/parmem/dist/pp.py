@@ -514,7 +514,7 @@ def replay(results: list[dict]) -> dict:
     operations, as (kind, stage, chunk, micro-batch), that started before the operation they
     consume had ended on the shared clock (none in a real run).
     """
-    from parmem.pipeline import _dependency
+    from parmem.pipeline import dependency
 
     r0 = results[0]
     p, v = len(results), r0["v"]
@@ -531,7 +531,7 @@ def replay(results: list[dict]) -> dict:
     late = []
     for i, evs in enumerate(ops):
         for k, c, mb, t0, _ in evs:
-            dep = _dependency(k, i, c, mb, p, v)
+            dep = dependency(k, i, c, mb, p, v)
             if dep is not None and t0 < ended.get(dep, float("-inf")):
                 late.append((k, i, c, mb))
     pos, free = [0] * p, [0.0] * p
@@ -542,7 +542,7 @@ def replay(results: list[dict]) -> dict:
         for i, evs in enumerate(ops):
             while pos[i] < len(evs):
                 k, c, mb, t0, t1 = evs[pos[i]]
-                dep = _dependency(k, i, c, mb, p, v)
+                dep = dependency(k, i, c, mb, p, v)
                 if dep is not None and dep not in done:
                     break
                 ready = done[dep] if dep is not None else 0.0
