@@ -81,14 +81,18 @@ def lab(tmp_path_factory):
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(120):
+        deadline = time.monotonic() + 240  # a first start on a loaded machine builds caches
+        while True:
             try:
-                urllib.request.urlopen(f"{url}/api/status", timeout=2)
+                urllib.request.urlopen(f"{url}/api/status", timeout=5)
                 break
             except OSError:
                 if proc.poll() is not None:
                     pytest.fail(f"JupyterLab exited: {(work / 'lab.log').read_text()[-2000:]}")
-                time.sleep(0.5)
+                if time.monotonic() > deadline:
+                    pytest.fail("JupyterLab did not answer within 240 s: "
+                                f"{(work / 'lab.log').read_text()[-2000:]}")
+                time.sleep(0.2)
         yield url
     finally:
         proc.terminate()
