@@ -22,6 +22,19 @@ pytestmark = pytest.mark.dist
 N = 2  # the failure tests need two ranks; more would only cost start-up time
 
 
+@pytest.fixture
+def sigint_raises():
+    """SIGINT raises KeyboardInterrupt in this process, as at an interactive prompt or in a
+    notebook kernel, even when the suite was started in the background of a shell without job
+    control, where SIGINT is ignored and Python then installs no handler for it (these tests
+    failed that way: "DID NOT RAISE KeyboardInterrupt")."""
+    import signal
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 @pytest.fixture(scope="module")
 def pool():
     # a short group timeout, so the "rank hangs" tests wait 3 s for the peer's collective
@@ -129,7 +142,7 @@ def test_no_stale_result_after_a_failed_start():
         p.close()
 
 
-def test_no_stale_result_after_ctrl_c_during_the_lazy_start(monkeypatch):
+def test_no_stale_result_after_ctrl_c_during_the_lazy_start(monkeypatch, sigint_raises):
     """Ctrl-C while ``run`` starts the ranks: the start is torn down, later runs are right.
 
     The interrupt is delivered at a known point, not raced against the start: once every rank
@@ -257,7 +270,9 @@ def test_a_hung_rank_is_stopped_by_the_run_timeout(pool):
 
 
 _IDLE_SCRIPT = """
-import json, sys, time
+import json, signal, sys, time
+# as a notebook kernel does; a shell without job control starts us with SIGINT ignored
+signal.signal(signal.SIGINT, signal.default_int_handler)
 sys.path.insert(0, {tests!r})
 from parmem.dist import Pool
 pool = Pool(world_size=2).start()
