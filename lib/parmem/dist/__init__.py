@@ -51,5 +51,14 @@ DEMOS: dict[str, str] = {
     "dp-activation-sharding": "parmem.dist.dp:demo_activation_sharding",
 }
 
-__all__ = ["Pool", "RankError", "WorkerDied", "RankHung", "RunTimeout", "default_world_size",
-           "format_results", "DEMOS", "MAX_WORLD_SIZE"]
+__all__ = [
+    "Pool",
+    "RankError",
+    "WorkerDied",
+    "RankHung",
+    "RunTimeout",
+    "default_world_size",
+    "format_results",
+    "DEMOS",
+    "MAX_WORLD_SIZE",
+]

@@ -49,8 +49,10 @@ def _kwargs(items: list[str]) -> dict:
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key.isidentifier():
-            raise UsageError(f"{PROG}: error: argument {item!r:.60} must look like key=value "
-                             f"(see '{PROG} --help')")
+            raise UsageError(
+                f"{PROG}: error: argument {item!r:.60} must look like key=value "
+                f"(see '{PROG} --help')"
+            )
         try:
             out[key] = ast.literal_eval(value)
         except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
@@ -73,8 +75,9 @@ def _target(demo: str) -> str:
     if demo in DEMOS:
         return DEMOS[demo]
     if ":" not in demo:
-        raise ValueError(f"demo={demo!r:.60} is not one of {', '.join(DEMOS)} "
-                         "(or a package.module:function)")
+        raise ValueError(
+            f"demo={demo!r:.60} is not one of {', '.join(DEMOS)} (or a package.module:function)"
+        )
     return demo
 
 
@@ -87,8 +90,10 @@ def _need_torch() -> None:
     else:
         missing = importlib.util.find_spec("torch") is None
     if missing:
-        raise ValueError("torch is not installed: the demos need it (pip install torch, or "
-                         "pip install -r requirements.txt)")
+        raise ValueError(
+            "torch is not installed: the demos need it (pip install torch, or "
+            "pip install -r requirements.txt)"
+        )
 
 
 def under_torchrun() -> bool:
@@ -125,13 +130,18 @@ def run_torchrun(target: str, kwargs: dict, seed: int = 0, timeout_s: float = 30
 def _parser() -> argparse.ArgumentParser:
     from parmem import __version__
 
-    ap = OneLineParser(prog=PROG, description=__doc__,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = OneLineParser(
+        prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("demo", nargs="?", help=f"one of {', '.join(DEMOS)} (or pkg.module:function)")
     ap.add_argument("args", nargs="*", help="key=value arguments for the demo")
-    ap.add_argument("--world-size", "-n", type=_world_size, default=None,
-                    help="ranks to spawn (default $PARMEM_WORLD_SIZE, 2 on CI, else 4); "
-                         "ignored under torchrun")
+    ap.add_argument(
+        "--world-size",
+        "-n",
+        type=_world_size,
+        default=None,
+        help="ranks to spawn (default $PARMEM_WORLD_SIZE, 2 on CI, else 4); ignored under torchrun",
+    )
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
     ap.add_argument("--list", action="store_true", help="list the demos")
     ap.add_argument("--version", action="version", version=f"%(prog)s (parmem {__version__})")

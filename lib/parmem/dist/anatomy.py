@@ -28,9 +28,19 @@ from parmem.dist.launcher import device, rank, world_size
 __all__ = ["compare", "demo", "named_extras"]
 
 
-def named_extras(spec, seq: int, batch: int, n_param_tensors: int, device="cpu",
-                 dtype=torch.bfloat16, *, layers: int | None = None, first: bool = True,
-                 last: bool = True, units: int = 1) -> dict:
+def named_extras(
+    spec,
+    seq: int,
+    batch: int,
+    n_param_tensors: int,
+    device="cpu",
+    dtype=torch.bfloat16,
+    *,
+    layers: int | None = None,
+    first: bool = True,
+    last: bool = True,
+    units: int = 1,
+) -> dict:
     """The bytes :func:`parmem.estimate` leaves out on purpose for a
     :class:`parmem.reference.TinyGPT` of ``spec`` in ``dtype`` on ``device``, each from its shape
     (see the module doc), for ``units`` micro-batches of ``batch`` sequences of ``seq`` tokens.
@@ -52,17 +62,26 @@ def named_extras(spec, seq: int, batch: int, n_param_tensors: int, device="cpu",
     sb = seq * batch
     norms = 2 * layers + (1 if last else 0)
     mask = torch.empty((), dtype=dtype).element_size()
-    return {"norm_statistics": units * norm_stat_bytes(sb, norms, spec.norm, device, dtype),
-            "token_ids": units * 8 * sb if first else 0,
-            "position_ids": units * 8 * seq if first and spec.position == "learned" else 0,
-            "labels": units * 8 * sb if last else 0,
-            "loss_weight": units * 4 if last else 0,
-            "adam_steps": 4 * n_param_tensors,
-            "causal_mask_buffers": layers * spec.max_positions ** 2 * mask}
+    return {
+        "norm_statistics": units * norm_stat_bytes(sb, norms, spec.norm, device, dtype),
+        "token_ids": units * 8 * sb if first else 0,
+        "position_ids": units * 8 * seq if first and spec.position == "learned" else 0,
+        "labels": units * 8 * sb if last else 0,
+        "loss_weight": units * 4 if last else 0,
+        "adam_steps": 4 * n_param_tensors,
+        "causal_mask_buffers": layers * spec.max_positions**2 * mask,
+    }
 
 
-def demo(vocab: int = 512, hidden: int = 64, layers: int = 2, heads: int = 4, seq: int = 32,
-         batch: int = 2, tied: bool = False) -> dict:
+def demo(
+    vocab: int = 512,
+    hidden: int = 64,
+    layers: int = 2,
+    heads: int = 4,
+    seq: int = 32,
+    batch: int = 2,
+    tied: bool = False,
+) -> dict:
     """One DDP training step of TinyGPT; per-rank measured bytes and the estimate."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -84,20 +103,32 @@ def demo(vocab: int = 512, hidden: int = 64, layers: int = 2, heads: int = 4, se
     loss.backward()
     opt.step()
     st = state_bytes(model, opt)
-    est = estimate(spec, ParallelConfig(dp=world_size()),
-                   TrainingSetup(seq_len=seq, micro_batch=batch)).stages[0]
+    est = estimate(
+        spec, ParallelConfig(dp=world_size()), TrainingSetup(seq_len=seq, micro_batch=batch)
+    ).stages[0]
     n_tensors = sum(1 for _ in model.parameters())
     # the weights must be identical on every rank after the all-reduced step
     flat = torch.cat([p.detach().float().flatten() for p in model.parameters()])
     ref = flat.clone()
     dist.broadcast(ref, src=0)
     return {
-        "rank": rank(), "loss": float(loss.detach()),
+        "rank": rank(),
+        "loss": float(loss.detach()),
         "max_weight_diff_vs_rank0": float((flat - ref).abs().max()),
-        "measured": {"params": st.params, "grads": st.grads, "optimizer": st.optimizer,
-                     "activations_and_logits": meter.bytes, "buffers": st.buffers},
-        "estimate": {"params": est.params, "grads": est.grads, "optimizer": est.optimizer,
-                     "activations": est.activations, "logits": est.logits},
+        "measured": {
+            "params": st.params,
+            "grads": st.grads,
+            "optimizer": st.optimizer,
+            "activations_and_logits": meter.bytes,
+            "buffers": st.buffers,
+        },
+        "estimate": {
+            "params": est.params,
+            "grads": est.grads,
+            "optimizer": est.optimizer,
+            "activations": est.activations,
+            "logits": est.logits,
+        },
         "extras": named_extras(spec, seq, batch, n_tensors, dev),
         "num_params": spec.num_params(),
     }
@@ -108,17 +139,30 @@ def compare(result: dict, activations_label: str = "activations + logits") -> li
     :func:`parmem.dist.pp.demo_gpt`, which reports the same keys), with the named extras that
     explain every difference; ``unexplained`` is what is left (0 when theory holds)."""
     m, e, x = result["measured"], result["estimate"], result["extras"]
-    act_extra = (x["norm_statistics"] + x["token_ids"] + x["labels"] + x["position_ids"]
-                 + x["loss_weight"])
+    act_extra = (
+        x["norm_statistics"] + x["token_ids"] + x["labels"] + x["position_ids"] + x["loss_weight"]
+    )
     rows = [
         ("parameters", m["params"], e["params"], 0, ""),
         ("gradients", m["grads"], e["grads"], 0, ""),
-        ("optimizer states", m["optimizer"], e["optimizer"], x["adam_steps"],
-         "Adam step counters"),
-        (activations_label, m["activations_and_logits"], e["activations"] + e["logits"],
-         act_extra, "norm statistics, token/label/position ids, loss weight"),
+        ("optimizer states", m["optimizer"], e["optimizer"], x["adam_steps"], "Adam step counters"),
+        (
+            activations_label,
+            m["activations_and_logits"],
+            e["activations"] + e["logits"],
+            act_extra,
+            "norm statistics, token/label/position ids, loss weight",
+        ),
         ("buffers", m["buffers"], 0, x["causal_mask_buffers"], "causal masks"),
     ]
-    return [{"term": t, "measured": mv, "estimate": ev, "named extras": xv,
-             "unexplained": mv - ev - xv, "what the extras are": why}
-            for t, mv, ev, xv, why in rows]
+    return [
+        {
+            "term": t,
+            "measured": mv,
+            "estimate": ev,
+            "named extras": xv,
+            "unexplained": mv - ev - xv,
+            "what the extras are": why,
+        }
+        for t, mv, ev, xv, why in rows
+    ]

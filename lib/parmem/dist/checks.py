@@ -21,8 +21,13 @@ def ping() -> dict:
 
     t = torch.tensor([float(rank())], device=device())
     dist.all_reduce(t)
-    return {"rank": rank(), "world_size": world_size(), "pid": os.getpid(),
-            "rank_sum": int(t.item()), "backend": dist.get_backend()}
+    return {
+        "rank": rank(),
+        "world_size": world_size(),
+        "pid": os.getpid(),
+        "rank_sum": int(t.item()),
+        "backend": dist.get_backend(),
+    }
 
 
 def raise_on(which: int = 1, message: str = "boom") -> dict:

@@ -27,8 +27,18 @@ from __future__ import annotations
 
 from parmem.dist.launcher import device, rank, world_size
 
-__all__ = ["all_gather_tensor", "reduce_scatter_tensor", "ring_all_reduce", "ring_reduce_scatter", "ring_all_gather", "pairwise_all_to_all",
-           "chain_broadcast", "demo", "expected_bytes", "demo_send_recv"]
+__all__ = [
+    "all_gather_tensor",
+    "reduce_scatter_tensor",
+    "ring_all_reduce",
+    "ring_reduce_scatter",
+    "ring_all_gather",
+    "pairwise_all_to_all",
+    "chain_broadcast",
+    "demo",
+    "expected_bytes",
+    "demo_send_recv",
+]
 
 
 def all_gather_tensor(out, x, group=None):
@@ -58,8 +68,10 @@ class _Counter:
     def exchange(self, send_t, dst: int, recv_t, src: int) -> None:
         import torch.distributed as dist
 
-        ops = [dist.P2POp(dist.isend, send_t.contiguous(), dst),
-               dist.P2POp(dist.irecv, recv_t, src)]
+        ops = [
+            dist.P2POp(dist.isend, send_t.contiguous(), dst),
+            dist.P2POp(dist.irecv, recv_t, src),
+        ]
         for w in dist.batch_isend_irecv(ops):
             w.wait()
         self.bytes += send_t.numel() * send_t.element_size()
@@ -145,8 +157,10 @@ def expected_bytes(collective: str, size_bytes: int, n: int, pos: int = 0) -> in
         return (n - 1) * size_bytes // n
     if collective == "broadcast":
         return size_bytes if pos < n - 1 else 0
-    raise ValueError(f"collective={collective!r} is not one of all_reduce, reduce_scatter, "
-                     "all_gather, all_to_all, broadcast")
+    raise ValueError(
+        f"collective={collective!r} is not one of all_reduce, reduce_scatter, "
+        "all_gather, all_to_all, broadcast"
+    )
 
 
 def demo(numel: int = 3840, dtype: str = "float32") -> dict:
@@ -172,8 +186,11 @@ def demo(numel: int = 3840, dtype: str = "float32") -> dict:
     out: dict = {}
 
     def record(name, counter, mine, ref, size):
-        out[name] = {"bytes_sent": counter.bytes, "size_bytes": size,
-                     "equal": bool(torch.equal(mine, ref))}
+        out[name] = {
+            "bytes_sent": counter.bytes,
+            "size_bytes": size,
+            "equal": bool(torch.equal(mine, ref)),
+        }
 
     c = _Counter()
     ref = x.clone()

@@ -33,8 +33,7 @@ import torch.distributed as dist
 
 from parmem.dist.launcher import device, rank, world_size
 
-__all__ = ["ddp_bucket_sizes", "ddp_bucket_bytes", "demo", "compare",
-           "demo_activation_sharding"]
+__all__ = ["ddp_bucket_sizes", "ddp_bucket_bytes", "demo", "compare", "demo_activation_sharding"]
 
 _ACT_EXTRAS = ("norm_statistics", "token_ids", "labels", "position_ids", "loss_weight")
 
@@ -60,8 +59,14 @@ def _measured_activations(model, ids, labels):
     return loss, meter.bytes
 
 
-def demo(global_batch: int = 4, seq: int = 32, vocab: int = 512, hidden: int = 64,
-         layers: int = 2, heads: int = 4) -> dict:
+def demo(
+    global_batch: int = 4,
+    seq: int = 32,
+    vocab: int = 512,
+    hidden: int = 64,
+    layers: int = 2,
+    heads: int = 4,
+) -> dict:
     """One DDP step of TinyGPT on a fixed global batch; per-rank bytes beside the estimate.
 
     Returns per rank: ``d`` (world size), ``global_batch`` (B), ``num_params`` (Ψ);
@@ -81,8 +86,10 @@ def demo(global_batch: int = 4, seq: int = 32, vocab: int = 512, hidden: int = 6
 
     d, r, dev = world_size(), rank(), device()
     if global_batch < d or global_batch % d:
-        raise ValueError(f"global_batch={global_batch} must be a positive multiple of world "
-                         f"size={d} (a fixed global batch is split evenly over the ranks)")
+        raise ValueError(
+            f"global_batch={global_batch} must be a positive multiple of world "
+            f"size={d} (a fixed global batch is split evenly over the ranks)"
+        )
     b = global_batch // d
     spec = tiny_spec(vocab=vocab, hidden=hidden, layers=layers, heads=heads, seq=seq)
     torch.manual_seed(0)  # same initial weights on every rank
@@ -93,8 +100,9 @@ def demo(global_batch: int = 4, seq: int = 32, vocab: int = 512, hidden: int = 6
     n_tensors = sum(1 for _ in model.parameters())
 
     def setup(micro_batch: int) -> TrainingSetup:
-        return TrainingSetup(seq_len=seq, micro_batch=micro_batch, dropout=False,
-                             grad_buckets="copy")
+        return TrainingSetup(
+            seq_len=seq, micro_batch=micro_batch, dropout=False, grad_buckets="copy"
+        )
 
     act, act_est, act_extra = {}, {}, {}
     # d = 1: the whole global batch in this one process, no DDP: the single-process reference
@@ -109,8 +117,9 @@ def demo(global_batch: int = 4, seq: int = 32, vocab: int = 512, hidden: int = 6
     ddp = DDP(model)  # gradient_as_bucket_view=False, PyTorch's default
     opt = MixedPrecisionAdamW(model.parameters())
     mine = slice(r * b, (r + 1) * b)
-    loss, act[d] = _measured_activations(ddp, ids[:, mine].contiguous(),
-                                         labels[:, mine].contiguous())
+    loss, act[d] = _measured_activations(
+        ddp, ids[:, mine].contiguous(), labels[:, mine].contiguous()
+    )
     loss.backward()
     opt.step()
     est = estimate(spec, ParallelConfig(dp=d), setup(b)).stages[0]
@@ -125,14 +134,28 @@ def demo(global_batch: int = 4, seq: int = 32, vocab: int = 512, hidden: int = 6
     ref = flat.clone()
     dist.broadcast(ref, src=0)
     return {
-        "rank": r, "d": d, "global_batch": global_batch, "num_params": spec.num_params(),
-        "activations": act, "activations_estimate": act_est, "activation_extras": act_extra,
-        "states": {"params": st.params, "grads": st.grads, "optimizer": st.optimizer,
-                   "buckets": ddp_bucket_bytes(ddp)},
-        "states_estimate": {"params": est.params, "grads": est.grads,
-                            "optimizer": est.optimizer, "buckets": est.comm_buffers},
+        "rank": r,
+        "d": d,
+        "global_batch": global_batch,
+        "num_params": spec.num_params(),
+        "activations": act,
+        "activations_estimate": act_est,
+        "activation_extras": act_extra,
+        "states": {
+            "params": st.params,
+            "grads": st.grads,
+            "optimizer": st.optimizer,
+            "buckets": ddp_bucket_bytes(ddp),
+        },
+        "states_estimate": {
+            "params": est.params,
+            "grads": est.grads,
+            "optimizer": est.optimizer,
+            "buckets": est.comm_buffers,
+        },
         "adam_steps": ex["adam_steps"],
-        "loss_full": loss_full, "loss_mean": float(total) / d,
+        "loss_full": loss_full,
+        "loss_mean": float(total) / d,
         "max_weight_diff_vs_rank0": float((flat - ref).abs().max()),
     }
 
@@ -146,21 +169,41 @@ def compare(result: dict) -> list[dict]:
         ("parameters", m["params"], e["params"], 0, ""),
         ("gradients (.grad)", m["grads"], e["grads"], 0, ""),
         ("DDP gradient buckets", m["buckets"], e["buckets"], 0, "grad_buckets='copy'"),
-        ("optimizer states", m["optimizer"], e["optimizer"], result["adam_steps"],
-         "Adam step counters"),
+        (
+            "optimizer states",
+            m["optimizer"],
+            e["optimizer"],
+            result["adam_steps"],
+            "Adam step counters",
+        ),
     ]
     for k in sorted({1, d}):
         b = result["global_batch"] // k
-        rows.append((f"activations + logits, d={k} (b={b})", result["activations"][k],
-                     result["activations_estimate"][k], result["activation_extras"][k],
-                     "norm statistics, token/label/position ids, loss weight"))
-    return [{"term": t, "measured": mv, "estimate": ev, "named extras": xv,
-             "unexplained": mv - ev - xv, "what the extras are": why}
-            for t, mv, ev, xv, why in rows]
+        rows.append(
+            (
+                f"activations + logits, d={k} (b={b})",
+                result["activations"][k],
+                result["activations_estimate"][k],
+                result["activation_extras"][k],
+                "norm statistics, token/label/position ids, loss weight",
+            )
+        )
+    return [
+        {
+            "term": t,
+            "measured": mv,
+            "estimate": ev,
+            "named extras": xv,
+            "unexplained": mv - ev - xv,
+            "what the extras are": why,
+        }
+        for t, mv, ev, xv, why in rows
+    ]
 
 
-def demo_activation_sharding(hidden: int = 32, heads: int = 4, seq: int = 16, batch: int = 2,
-                             dropout_p: float = 0.1) -> dict:
+def demo_activation_sharding(
+    hidden: int = 32, heads: int = 4, seq: int = 16, batch: int = 2, dropout_p: float = 0.1
+) -> dict:
     """Saved activations and parameters of one bf16 GPT layer: unsharded, ZeRO-3, TP.
 
     The same layer (:class:`parmem.reference.GPTLayer`, dropout ``dropout_p``, the same input on
@@ -216,9 +259,14 @@ def demo_activation_sharding(hidden: int = 32, heads: int = 4, seq: int = 16, ba
     _, saved["tp"] = run(tp, x, list(tp.parameters()))
     dist.barrier()
     return {
-        "rank": rank(), "world_size": n, "saved_bytes": saved, "param_bytes": params,
+        "rank": rank(),
+        "world_size": n,
+        "saved_bytes": saved,
+        "param_bytes": params,
         "out_equal_zero3": bool(torch.equal(out_zero3, out_single)),
-        "table2": {1: per_layer_bytes(seq, batch, hidden, heads),
-                   n: per_layer_bytes(seq, batch, hidden, heads, tp=n)},
+        "table2": {
+            1: per_layer_bytes(seq, batch, hidden, heads),
+            n: per_layer_bytes(seq, batch, hidden, heads, tp=n),
+        },
         "norm_stat_bytes": norm_stat_bytes(seq * batch, 2, device=dev, dtype=bf),
     }

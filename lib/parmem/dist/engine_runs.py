@@ -231,18 +231,11 @@ _TRITON = ("triton", "triton.language", "triton.runtime", "triton.runtime.jit")
 
 
 @contextlib.contextmanager
-def triton_stub() -> Iterator[None]:
-    """Import torchtitan where ``triton`` is not installed (the CPU build of PyTorch): its model
-    modules import triton for GPU kernels they do not use on CPU. Placeholders stand in for
-    triton during the ``with`` block only, after PyTorch's own optional triton imports ran."""
-    stub = importlib.util.find_spec("triton") is None
+def _placeholders(names: tuple[str, ...], stub: bool) -> Iterator[None]:
+    """With ``stub``: placeholder modules for ``names`` (a package first, then its submodules)
+    in ``sys.modules`` during the ``with`` block only; afterwards an import finds the real ones."""
     if stub:
-        import torch._dynamo  # noqa: F401
-        import torch._inductor.compile_fx  # noqa: F401
-        import torch.distributed.pipelining  # noqa: F401
-        import torch.utils.flop_counter  # noqa: F401
-
-        for n in _TRITON:
+        for n in names:
             mod = _StubModule(n)
             mod.__path__ = []
             sys.modules[n] = mod
@@ -253,8 +246,23 @@ def triton_stub() -> Iterator[None]:
         yield
     finally:
         if stub:
-            for n in _TRITON:
+            for n in names:
                 sys.modules.pop(n, None)
+
+
+@contextlib.contextmanager
+def triton_stub() -> Iterator[None]:
+    """Import torchtitan where ``triton`` is not installed (the CPU build of PyTorch): its model
+    modules import triton for GPU kernels they do not use on CPU. Placeholders stand in for
+    triton during the ``with`` block only, after PyTorch's own optional triton imports ran."""
+    stub = importlib.util.find_spec("triton") is None
+    if stub:
+        import torch._dynamo  # noqa: F401
+        import torch._inductor.compile_fx  # noqa: F401
+        import torch.distributed.pipelining  # noqa: F401
+        import torch.utils.flop_counter  # noqa: F401
+    with _placeholders(_TRITON, stub):
+        yield
 
 
 #: what torchtitan's Llama 3 config registry imports from Hugging Face ``datasets`` (for its data
@@ -268,21 +276,8 @@ def datasets_stub() -> Iterator[None]:
     imported: torchtitan's config registry imports its data loaders, and ``datasets`` (with
     pandas and pyarrow) costs about a second of CPU in every rank that imports it, for a run that
     loads no data. Afterwards ``import datasets`` finds the real package."""
-    stub = _DATASETS[0] not in sys.modules
-    if stub:
-        for n in _DATASETS:
-            mod = _StubModule(n)
-            mod.__path__ = []
-            sys.modules[n] = mod
-            parent, _, child = n.rpartition(".")
-            if parent:
-                setattr(sys.modules[parent], child, mod)
-    try:
+    with _placeholders(_DATASETS, _DATASETS[0] not in sys.modules):
         yield
-    finally:
-        if stub:
-            for n in _DATASETS:
-                sys.modules.pop(n, None)
 
 
 def torchtitan_modules() -> types.SimpleNamespace:

@@ -97,14 +97,14 @@ class EPMoE(nn.Module):
         self.per_rank, self.first = n // e, r * (n // e)
         self.top_k, self.imbalance = full.top_k, full.imbalance
         self.router = full.router
-        self.experts = full.experts[self.first:self.first + self.per_rank]
+        self.experts = full.experts[self.first : self.first + self.per_rank]
         self.stats: dict = {}
 
     def forward(self, x):
         e = dist.get_world_size(self.group)
         ids, gates = route(self.router, x, self.top_k, self.imbalance)
-        flat = ids.reshape(-1)                      # (token, choice) pairs, T·k of them
-        order = flat.argsort(stable=True)           # grouped by expert, hence by rank
+        flat = ids.reshape(-1)  # (token, choice) pairs, T·k of them
+        order = flat.argsort(stable=True)  # grouped by expert, hence by rank
         send = x.repeat_interleave(self.top_k, dim=0)[order]
         dest = flat[order] // self.per_rank
         send_counts = torch.bincount(dest, minlength=e)
@@ -112,8 +112,9 @@ class EPMoE(nn.Module):
         dist.all_to_all_single(recv_counts, send_counts, group=self.group)
         s_split, r_split = send_counts.tolist(), recv_counts.tolist()
         recv_ids = torch.empty(sum(r_split), dtype=flat.dtype, device=x.device)
-        dist.all_to_all_single(recv_ids, flat[order].contiguous(), r_split, s_split,
-                               group=self.group)
+        dist.all_to_all_single(
+            recv_ids, flat[order].contiguous(), r_split, s_split, group=self.group
+        )
         recv = AllToAll.apply(send, r_split, s_split, self.group)
         local = recv_ids - self.first
         y = torch.zeros_like(recv)
@@ -124,15 +125,24 @@ class EPMoE(nn.Module):
         back = AllToAll.apply(y, s_split, r_split, self.group)
         tok = torch.arange(x.shape[0], device=x.device).repeat_interleave(self.top_k)[order]
         w = gates.reshape(-1)[order, None]
-        self.stats = {"send": s_split, "recv": r_split,
-                      "tokens_per_expert": torch.bincount(local, minlength=self.per_rank).tolist(),
-                      "send_bytes": send.numel() * send.element_size(),
-                      "recv_bytes": recv.numel() * recv.element_size()}
+        self.stats = {
+            "send": s_split,
+            "recv": r_split,
+            "tokens_per_expert": torch.bincount(local, minlength=self.per_rank).tolist(),
+            "send_bytes": send.numel() * send.element_size(),
+            "recv_bytes": recv.numel() * recv.element_size(),
+        }
         return torch.zeros_like(x).index_add(0, tok, w * back)
 
 
-def demo(hidden: int = 16, ffn: int = 32, experts_per_rank: int = 2, top_k: int = 2,
-         tokens: int = 32, imbalance: float = 0.0) -> dict:
+def demo(
+    hidden: int = 16,
+    ffn: int = 32,
+    experts_per_rank: int = 2,
+    top_k: int = 2,
+    tokens: int = 32,
+    imbalance: float = 0.0,
+) -> dict:
     """EP MoE vs. the single-process MoE on all ranks' tokens; per-rank bytes and tokens.
 
     Returns per rank: ``out_err``, ``input_grad_err``, ``expert_grad_err``, ``router_grad_err``
@@ -176,15 +186,29 @@ def demo(hidden: int = 16, ffn: int = 32, experts_per_rank: int = 2, top_k: int 
     def err(a, b):
         return float((a.detach() - b.detach()).abs().max())
 
-    grad_err = max(err(p.grad, q.grad) for p, q in
-                   zip(moe.experts.parameters(),
-                       ref.experts[moe.first:moe.first + moe.per_rank].parameters(), strict=True))
-    spec = ModelSpec(name="tiny-moe", vocab_size=64, hidden=hidden, layers=1, heads=1,
-                     bias=True, num_experts=n_exp, top_k=top_k, expert_ffn_hidden=ffn)
+    grad_err = max(
+        err(p.grad, q.grad)
+        for p, q in zip(
+            moe.experts.parameters(),
+            ref.experts[moe.first : moe.first + moe.per_rank].parameters(),
+            strict=True,
+        )
+    )
+    spec = ModelSpec(
+        name="tiny-moe",
+        vocab_size=64,
+        hidden=hidden,
+        layers=1,
+        heads=1,
+        bias=True,
+        num_experts=n_exp,
+        top_k=top_k,
+        expert_ffn_hidden=ffn,
+    )
     expert_bytes = sum(p.numel() * p.element_size() for p in moe.experts.parameters())
     return {
-        "out_err": err(out, ref_out), "input_grad_err": err(x.grad, x_all.grad[r * tokens:
-                                                                               (r + 1) * tokens]),
+        "out_err": err(out, ref_out),
+        "input_grad_err": err(x.grad, x_all.grad[r * tokens : (r + 1) * tokens]),
         "expert_grad_err": grad_err,
         "router_grad_err": err(moe.router.weight.grad, ref.router.weight.grad),
         "expert_bytes": expert_bytes,
@@ -192,10 +216,13 @@ def demo(hidden: int = 16, ffn: int = 32, experts_per_rank: int = 2, top_k: int 
         "expert_bytes_unsharded": 4 * layer_params(spec)[1],
         "router_bytes": moe.router.weight.numel() * 4,
         "tokens_per_expert": moe.stats["tokens_per_expert"],
-        "tokens_received": sum(moe.stats["recv"]), "tokens_sent": sum(moe.stats["send"]),
+        "tokens_received": sum(moe.stats["recv"]),
+        "tokens_sent": sum(moe.stats["send"]),
         "tokens_balanced": tokens * top_k,
         "dispatch_send_bytes": moe.stats["send_bytes"],
         "dispatch_recv_bytes": moe.stats["recv_bytes"],
-        "saved_bytes": saved_ep.bytes, "saved_bytes_local": saved_local.bytes,
-        "saved_by_dtype": saved_ep.by_dtype, "saved_by_dtype_local": saved_local.by_dtype,
+        "saved_bytes": saved_ep.bytes,
+        "saved_bytes_local": saved_local.bytes,
+        "saved_by_dtype": saved_ep.by_dtype,
+        "saved_by_dtype_local": saved_local.by_dtype,
     }

@@ -83,13 +83,23 @@ class CommLog:
         real_ar, real_ag = dist.all_reduce, dist.all_gather
 
         def all_reduce(t, *args, group=None, **kw):
-            self.add(category, what, "all_reduce", t.numel() * t.element_size(),
-                     dist.get_world_size(group))
+            self.add(
+                category,
+                what,
+                "all_reduce",
+                t.numel() * t.element_size(),
+                dist.get_world_size(group),
+            )
             return real_ar(t, *args, group=group, **kw)
 
         def all_gather(parts, t, *args, group=None, **kw):
-            self.add(category, what, "all_gather", sum(p.numel() * p.element_size() for p in parts),
-                     dist.get_world_size(group))
+            self.add(
+                category,
+                what,
+                "all_gather",
+                sum(p.numel() * p.element_size() for p in parts),
+                dist.get_world_size(group),
+            )
             return real_ag(parts, t, *args, group=group, **kw)
 
         dist.all_reduce, dist.all_gather = all_reduce, all_gather
@@ -102,8 +112,11 @@ class CommLog:
         """Bytes this rank sends for the recorded collectives of ``category`` (ring algorithm)."""
         from parmem.comm import collective_bytes
 
-        return sum(collective_bytes(o, s, n) for c, _, o, s, n in self.ops
-                   if c == category and (op is None or o == op))
+        return sum(
+            collective_bytes(o, s, n)
+            for c, _, o, s, n in self.ops
+            if c == category and (op is None or o == op)
+        )
 
 
 def _flatten_params(model: nn.Module, pad_to: int) -> torch.Tensor:
@@ -115,14 +128,23 @@ def _flatten_params(model: nn.Module, pad_to: int) -> torch.Tensor:
     i = 0
     for p in params:
         k = p.numel()
-        flat[i:i + k].copy_(p.data.reshape(-1))
-        p.data = flat[i:i + k].view_as(p)
+        flat[i : i + k].copy_(p.data.reshape(-1))
+        p.data = flat[i : i + k].view_as(p)
         i += k
     return flat
 
 
-def demo(tp: int = 1, zero: int = 0, vocab: int = 64, hidden: int = 32, heads: int = 4,
-         layers: int = 2, seq: int = 16, batch: int = 2, lr: float = 1e-3) -> dict:
+def demo(
+    tp: int = 1,
+    zero: int = 0,
+    vocab: int = 64,
+    hidden: int = 32,
+    heads: int = 4,
+    layers: int = 2,
+    seq: int = 16,
+    batch: int = 2,
+    lr: float = 1e-3,
+) -> dict:
     """One Adam step of a d × t layout (d = world / ``tp``) against one process on the whole batch.
 
     ``batch`` is b, the sequences per replica (global batch d · b). Returns per rank:
@@ -154,8 +176,9 @@ def demo(tp: int = 1, zero: int = 0, vocab: int = 64, hidden: int = 32, heads: i
         if v % t:
             raise ValueError(f"{name}={v} must be divisible by tp={t}")
 
-    spec = tiny_spec(vocab=vocab, hidden=hidden, layers=layers, heads=heads, seq=seq,
-                     position="rotary")
+    spec = tiny_spec(
+        vocab=vocab, hidden=hidden, layers=layers, heads=heads, seq=seq, position="rotary"
+    )
     torch.manual_seed(0)
     full = TinyGPT(spec, dtype=torch.float32, dropout_p=0.0).to(dev)
     g = torch.Generator().manual_seed(3)
@@ -176,15 +199,17 @@ def demo(tp: int = 1, zero: int = 0, vocab: int = 64, hidden: int = 32, heads: i
     flat = _flatten_params(model, pad_to=d if zero else 1)
     shard = flat.numel() // d
     mine = slice(i_dp * shard, (i_dp + 1) * shard) if zero else slice(None)
-    master = nn.Parameter(flat[mine])          # a view: Adam updates the model's own parameters
+    master = nn.Parameter(flat[mine])  # a view: Adam updates the model's own parameters
     opt = torch.optim.Adam([master], lr=lr)
 
     log = CommLog()
     with log.patch("tp"):
         loss_of(model, slice(i_dp * batch, (i_dp + 1) * batch)).backward()
     grads = torch.zeros_like(flat)
-    torch.cat([p.grad.reshape(-1) for p in model.parameters()], out=grads[:sum(
-        p.numel() for p in model.parameters())])
+    torch.cat(
+        [p.grad.reshape(-1) for p in model.parameters()],
+        out=grads[: sum(p.numel() for p in model.parameters())],
+    )
     size = grads.numel() * grads.element_size()
     if zero == 0:
         log.add("dp", "gradient all-reduce", "all_reduce", size, d)
@@ -196,19 +221,25 @@ def demo(tp: int = 1, zero: int = 0, vocab: int = 64, hidden: int = 32, heads: i
         reduce_scatter_tensor(reduced, grads, group=dp_group)
         reduced /= d
     ref_flat = torch.zeros_like(flat)
-    torch.cat([tp_slice(gr, p, i_tp, t).reshape(-1) for gr, p in
-               zip(ref_grads, model.parameters(), strict=True)],
-              out=ref_flat[:sum(p.numel() for p in model.parameters())])
+    torch.cat(
+        [
+            tp_slice(gr, p, i_tp, t).reshape(-1)
+            for gr, p in zip(ref_grads, model.parameters(), strict=True)
+        ],
+        out=ref_flat[: sum(p.numel() for p in model.parameters())],
+    )
     grad_err = float((reduced - ref_flat[mine]).abs().max())
-    sb = state_bytes(model)               # parameters and gradients, before the step
+    sb = state_bytes(model)  # parameters and gradients, before the step
     master.grad = reduced
     opt.step()
     master.grad = None
     if zero == 1:
         log.add("dp", "updated-parameter all-gather", "all_gather", size, d)
         all_gather_tensor(flat, flat[mine].clone(), group=dp_group)
-    param_err = max(float((p.detach() - tp_slice(q.detach(), p, i_tp, t)).abs().max())
-                    for p, q in zip(model.parameters(), full.parameters(), strict=True))
+    param_err = max(
+        float((p.detach() - tp_slice(q.detach(), p, i_tp, t)).abs().max())
+        for p, q in zip(model.parameters(), full.parameters(), strict=True)
+    )
     opt_bytes = state_bytes(nn.Module(), opt).optimizer
 
     par = ParallelConfig(dp=d, tp=t, zero=zero)
@@ -218,12 +249,23 @@ def demo(tp: int = 1, zero: int = 0, vocab: int = 64, hidden: int = 32, heads: i
     x = seq * batch * hidden * 4
     extras = 2 * all_reduce_bytes(x, t) + all_gather_bytes(seq * batch * vocab * 4, t)
     return {
-        "d": d, "t": t, "zero": zero, "grad_err": grad_err, "param_err": param_err,
-        "params": sb.params, "params_estimate": est.params,
-        "grads": sb.grads, "grads_estimate": est.grads,
-        "optimizer": opt_bytes, "optimizer_estimate": est.optimizer, "adam_step_bytes": 4,
-        "tp_bytes": log.bytes_by("tp"), "tp_bytes_model": com.tp, "tp_bytes_extras": extras,
-        "dp_bytes": log.bytes_by("dp"), "dp_bytes_model": com.dp,
+        "d": d,
+        "t": t,
+        "zero": zero,
+        "grad_err": grad_err,
+        "param_err": param_err,
+        "params": sb.params,
+        "params_estimate": est.params,
+        "grads": sb.grads,
+        "grads_estimate": est.grads,
+        "optimizer": opt_bytes,
+        "optimizer_estimate": est.optimizer,
+        "adam_step_bytes": 4,
+        "tp_bytes": log.bytes_by("tp"),
+        "tp_bytes_model": com.tp,
+        "tp_bytes_extras": extras,
+        "dp_bytes": log.bytes_by("dp"),
+        "dp_bytes_model": com.dp,
         "tp_collectives": sum(1 for o in log.ops if o[0] == "tp"),
         "dp_collectives": sum(1 for o in log.ops if o[0] == "dp"),
     }

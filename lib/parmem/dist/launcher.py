@@ -62,10 +62,29 @@ from typing import Any
 
 from parmem._check import choice, integer, number
 
-__all__ = ["Pool", "PoolServer", "RankError", "WorkerDied", "RankHung", "RunTimeout", "default_world_size", "rank",
-           "world_size", "device", "backend", "resolve", "format_results", "set_state",
-           "rank_main", "die_with_parent", "MAX_WORLD_SIZE", "MAX_TIMEOUT_S", "BACKENDS",
-           "SHARED_POOL_ENV", "exit_status"]
+__all__ = [
+    "Pool",
+    "PoolServer",
+    "RankError",
+    "WorkerDied",
+    "RankHung",
+    "RunTimeout",
+    "default_world_size",
+    "rank",
+    "world_size",
+    "device",
+    "backend",
+    "resolve",
+    "format_results",
+    "set_state",
+    "rank_main",
+    "die_with_parent",
+    "MAX_WORLD_SIZE",
+    "MAX_TIMEOUT_S",
+    "BACKENDS",
+    "SHARED_POOL_ENV",
+    "exit_status",
+]
 
 #: the most ranks a pool starts on one machine (each is a Python process that imports torch)
 MAX_WORLD_SIZE = 64
@@ -80,8 +99,15 @@ WATCHDOG_S = 0.25
 #: sockets close when it exits; this only bounds the wait for a rank that is still busy)
 PEER_GRACE_S = 2.0
 #: what gloo and the store say when a peer's connection is gone or it never arrived
-_PEER_MARKERS = ("Connection reset by peer", "Connection closed by peer", "Broken pipe",
-                 "Socket Timeout", "Timed out waiting", "timed out", "Timeout")
+_PEER_MARKERS = (
+    "Connection reset by peer",
+    "Connection closed by peer",
+    "Broken pipe",
+    "Socket Timeout",
+    "Timed out waiting",
+    "timed out",
+    "Timeout",
+)
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 #: the environment variable that points a :class:`Pool` at a :class:`PoolServer`'s socket
 SHARED_POOL_ENV = "PARMEM_SHARED_POOL"
@@ -105,8 +131,14 @@ class WorkerDied(RankError):
     """A rank's process exited while the pool was running or starting (``exit_code``: its exit
     status, negative for a signal, ``None`` if unknown)."""
 
-    def __init__(self, rank: int, target: str, tb: str, others: tuple[int, ...] = (),
-                 exit_code: int | None = None):
+    def __init__(
+        self,
+        rank: int,
+        target: str,
+        tb: str,
+        others: tuple[int, ...] = (),
+        exit_code: int | None = None,
+    ):
         self.exit_code = exit_code
         super().__init__(rank, target, tb, others)
 
@@ -126,8 +158,9 @@ def default_world_size() -> int:
         try:
             return _check_world_size(int(env))
         except ValueError:
-            raise ValueError(f"PARMEM_WORLD_SIZE={env!r} must be an integer in "
-                             f"1..{MAX_WORLD_SIZE}") from None
+            raise ValueError(
+                f"PARMEM_WORLD_SIZE={env!r} must be an integer in 1..{MAX_WORLD_SIZE}"
+            ) from None
     if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
         return 2
     return 4
@@ -164,8 +197,10 @@ def resolve(target):
     if callable(target):
         name = f"{target.__module__}:{target.__qualname__}"
         if "<" in name or target.__module__ == "__main__":
-            raise ValueError(f"target={name!r} must be a function in an importable module "
-                             "(a notebook's functions cannot be sent to spawned ranks)")
+            raise ValueError(
+                f"target={name!r} must be a function in an importable module "
+                "(a notebook's functions cannot be sent to spawned ranks)"
+            )
         return name, target
     if not isinstance(target, str) or ":" not in target:
         raise ValueError(f"target={target!r} must look like 'package.module:function'")
@@ -246,8 +281,9 @@ def die_with_parent(parent: int, death_signal: bool = True) -> None:
     threading.Thread(target=watch, name="parmem-parent-watchdog", daemon=True).start()
 
 
-def _worker(rank_: int, ws: int, host: str, port: int, backend_: str, pg_timeout: float,
-            conn) -> None:
+def _worker(
+    rank_: int, ws: int, host: str, port: int, backend_: str, pg_timeout: float, conn
+) -> None:
     """Body of one rank: join the group, then run tasks until told to stop. Every reply carries
     the id of the message it answers (``0``: the start), so the parent never takes a reply to an
     earlier request for the answer to the current one."""
@@ -266,8 +302,9 @@ def _worker(rank_: int, ws: int, host: str, port: int, backend_: str, pg_timeout
         store = dist.TCPStore(host, port, world_size=ws, is_master=False, timeout=timeout)
         set_state(rank_, ws, backend_)
         kw = {"device_id": device()} if backend_ == "nccl" else {}
-        dist.init_process_group(backend_, store=store, rank=rank_, world_size=ws,
-                                timeout=timeout, **kw)
+        dist.init_process_group(
+            backend_, store=store, rank=rank_, world_size=ws, timeout=timeout, **kw
+        )
         conn.send((0, "ready", None))
     except BaseException:
         _reply(conn, 0, "error", traceback.format_exc())
@@ -350,10 +387,18 @@ class Pool:
     raises :class:`WorkerDied`.
     """
 
-    def __init__(self, world_size: int | None = None, backend: str = "gloo",
-                 pg_timeout: float = 60.0, start_timeout: float = 120.0, *, share: bool = True):
-        self.world_size = _check_world_size(default_world_size() if world_size is None
-                                            else world_size)
+    def __init__(
+        self,
+        world_size: int | None = None,
+        backend: str = "gloo",
+        pg_timeout: float = 60.0,
+        start_timeout: float = 120.0,
+        *,
+        share: bool = True,
+    ):
+        self.world_size = _check_world_size(
+            default_world_size() if world_size is None else world_size
+        )
         #: whether to relay to the :class:`PoolServer` at ``$PARMEM_SHARED_POOL`` when one serves
         #: this world size and backend (a server's own pool does not)
         self.share = bool(share)
@@ -395,8 +440,10 @@ class Pool:
 
         timeout = _seconds("start_timeout", self.start_timeout)
         if self.backend == "nccl" and torch.cuda.device_count() < self.world_size:
-            raise ValueError(f"backend='nccl' needs world_size={self.world_size} GPUs; "
-                             f"{torch.cuda.device_count()} visible (use backend='gloo')")
+            raise ValueError(
+                f"backend='nccl' needs world_size={self.world_size} GPUs; "
+                f"{torch.cuda.device_count()} visible (use backend='gloo')"
+            )
         t0 = time.perf_counter()
         try:
             self._spawn()
@@ -417,30 +464,53 @@ class Pool:
 
         import torch.distributed as dist
 
-        self._store = dist.TCPStore("127.0.0.1", 0, world_size=self.world_size + 1,
-                                    is_master=True, timeout=timedelta(seconds=self.pg_timeout),
-                                    wait_for_workers=False)
+        self._store = dist.TCPStore(
+            "127.0.0.1",
+            0,
+            world_size=self.world_size + 1,
+            is_master=True,
+            timeout=timedelta(seconds=self.pg_timeout),
+            wait_for_workers=False,
+        )
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
-               # parmem importable in the rank even when it is not installed (a source checkout)
-               "PYTHONPATH": os.pathsep.join(filter(None, [root,
-                                                           os.environ.get("PYTHONPATH")]))}
+        env = {
+            **os.environ,
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+            # parmem importable in the rank even when it is not installed (a source checkout)
+            "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])),
+        }
         # the parent-death signal follows the thread that starts the process: only ask for it
         # from the main thread, which lives as long as this process
         main = "1" if threading.current_thread() is threading.main_thread() else "0"
         for r in range(self.world_size):
             parent, child = Pipe()  # a socket pair on POSIX
-            cmd = [sys.executable, "-c", "from parmem.dist.launcher import rank_main; rank_main()",
-                   str(child.fileno()), str(os.getpid()), main]
+            cmd = [
+                sys.executable,
+                "-c",
+                "from parmem.dist.launcher import rank_main; rank_main()",
+                str(child.fileno()),
+                str(os.getpid()),
+                main,
+            ]
             try:
-                p = subprocess.Popen(cmd, pass_fds=(child.fileno(),), env=env,
-                                     start_new_session=True)
+                p = subprocess.Popen(
+                    cmd, pass_fds=(child.fileno(),), env=env, start_new_session=True
+                )
             finally:
                 child.close()
             self._procs.append(p)
             self._conns.append(parent)
-            parent.send((r, self.world_size, "127.0.0.1", self._store.port, self.backend,
-                         self.pg_timeout, list(sys.path)))
+            parent.send(
+                (
+                    r,
+                    self.world_size,
+                    "127.0.0.1",
+                    self._store.port,
+                    self.backend,
+                    self.pg_timeout,
+                    list(sys.path),
+                )
+            )
 
     def _connect_shared(self) -> bool:
         """Connect to the :class:`PoolServer` at ``$PARMEM_SHARED_POOL``; whether this pool now
@@ -471,8 +541,9 @@ class Pool:
         try:
             conn.send(("run", (name, kwargs, seed, timeout)))
             if not conn.poll(timeout + SHARED_START_S):
-                raise RunTimeout(f"{name}: the shared pool did not answer within "
-                                 f"{timeout + SHARED_START_S:g} s")
+                raise RunTimeout(
+                    f"{name}: the shared pool did not answer within {timeout + SHARED_START_S:g} s"
+                )
             kind, payload = conn.recv()
         except BaseException:
             # an interrupt, a timeout or a server that is gone: this pool is done with it (the
@@ -557,7 +628,7 @@ class Pool:
         except (RankError, RunTimeout):
             raise
         except BaseException:  # KeyboardInterrupt in a notebook: never leave ranks running a
-            self._teardown()   # task whose result nobody will read
+            self._teardown()  # task whose result nobody will read
             raise
 
     def _send_all(self, name: str, data: bytes) -> None:
@@ -579,9 +650,13 @@ class Pool:
         except Exception:
             code = None
         self._teardown()
-        return WorkerDied(r, name, f"process exited with {exit_status(code)} {when}; the pool "
-                                   "was torn down and the next run starts fresh ranks",
-                          exit_code=code)
+        return WorkerDied(
+            r,
+            name,
+            f"process exited with {exit_status(code)} {when}; the pool "
+            "was torn down and the next run starts fresh ranks",
+            exit_code=code,
+        )
 
     def _receive(self, r: int, task: int) -> tuple[str, Any] | None:
         """Rank ``r``'s reply to ``task``: ``(kind, payload)``, ``("died", None)`` at EOF, or
@@ -616,8 +691,10 @@ class Pool:
                 if errors:
                     break
                 self._teardown()
-                raise RunTimeout(f"{name} did not finish within {timeout:g} s on ranks "
-                                 f"{sorted(pending)}; the pool was torn down")
+                raise RunTimeout(
+                    f"{name} did not finish within {timeout:g} s on ranks "
+                    f"{sorted(pending)}; the pool was torn down"
+                )
             if grace is not None:
                 left = min(left, grace - now)
             handles = {self._conns[r]: r for r in pending}  # EOF when a rank's process dies
@@ -633,8 +710,7 @@ class Pool:
                     results[r] = payload
                 pending.discard(r)
             kinds = {k for k, _ in errors.values()}
-            if kinds & {"died", "error"} or any(self._procs[r].poll() is not None
-                                                for r in pending):
+            if kinds & {"died", "error"} or any(self._procs[r].poll() is not None for r in pending):
                 break  # a cause of its own: decided now
             if errors and grace is None:
                 grace = time.monotonic() + PEER_GRACE_S
@@ -642,16 +718,18 @@ class Pool:
             raise self._root_cause(name, errors, pending)
         return results
 
-    def _root_cause(self, name: str, errors: dict[int, tuple[str, object]],
-                    pending: set[int]) -> RankError:
+    def _root_cause(
+        self, name: str, errors: dict[int, tuple[str, object]], pending: set[int]
+    ) -> RankError:
         """Tear the pool down; the error to raise for a failed task. The cause, in this order:
         the first rank whose process exited (its peers' collectives fail because of it), a rank
         that raised an error of its own, a rank still busy while the others failed in a
         collective (it hung), else the first rank that failed in a collective. ``others``: every
         other rank that failed or was still running."""
         dead = [r for r, (kind, _) in errors.items() if kind == "died"]
-        dead += [r for r in range(self.world_size)
-                 if r not in dead and self._procs[r].poll() is not None]
+        dead += [
+            r for r in range(self.world_size) if r not in dead and self._procs[r].poll() is not None
+        ]
         codes = {r: self._exit_code(r) for r in dead}
         self._teardown()
         failed = set(errors) | pending | set(dead)
@@ -663,10 +741,17 @@ class Pool:
             r = dead[0]
             also = ""
             if others(r):
-                also = (f"; ranks {list(others(r))} failed or were stopped because it was gone "
-                        "(a peer's collective fails when its connection closes)")
-            return WorkerDied(r, name, f"process exited with {exit_status(codes[r])}{also}",
-                              others(r), exit_code=codes[r])
+                also = (
+                    f"; ranks {list(others(r))} failed or were stopped because it was gone "
+                    "(a peer's collective fails when its connection closes)"
+                )
+            return WorkerDied(
+                r,
+                name,
+                f"process exited with {exit_status(codes[r])}{also}",
+                others(r),
+                exit_code=codes[r],
+            )
         own = [r for r, (kind, _) in errors.items() if kind == "error"]
         if own:
             r = own[0]
@@ -675,10 +760,14 @@ class Pool:
             r = min(pending)
             waited = sorted(errors)
             first = waited[0]
-            return RankHung(r, name, f"still running when ranks {waited} failed in a collective "
-                                     f"that waited for it (it hung, or it skipped the "
-                                     f"collective); rank {first}'s error:\n{errors[first][1]}",
-                            others(r))
+            return RankHung(
+                r,
+                name,
+                f"still running when ranks {waited} failed in a collective "
+                f"that waited for it (it hung, or it skipped the "
+                f"collective); rank {first}'s error:\n{errors[first][1]}",
+                others(r),
+            )
         r = next(iter(errors))
         return RankError(r, name, str(errors[r][1]), others(r))
 
@@ -692,8 +781,14 @@ class Pool:
 def _error_state(e: BaseException) -> tuple[str, object]:
     """An error of :meth:`Pool.run` as plain data, to send from a :class:`PoolServer`."""
     if isinstance(e, RankError):
-        return "rank", (type(e).__name__, e.rank, e.target, e.traceback, e.others,
-                        getattr(e, "exit_code", None))
+        return "rank", (
+            type(e).__name__,
+            e.rank,
+            e.target,
+            e.traceback,
+            e.others,
+            getattr(e, "exit_code", None),
+        )
     if isinstance(e, RunTimeout):
         return "timeout", str(e)
     if isinstance(e, (ValueError, TypeError)):
@@ -729,8 +824,13 @@ class PoolServer:
     and drop its result. The socket lives in a new private folder (mode 0700), so only this
     user can connect; :meth:`close` stops the ranks and removes it."""
 
-    def __init__(self, world_size: int | None = None, backend: str = "gloo",
-                 pg_timeout: float = 60.0, start_timeout: float = 120.0):
+    def __init__(
+        self,
+        world_size: int | None = None,
+        backend: str = "gloo",
+        pg_timeout: float = 60.0,
+        start_timeout: float = 120.0,
+    ):
         import tempfile
         import threading
         from multiprocessing.connection import Listener
@@ -741,8 +841,7 @@ class PoolServer:
         self._listener = Listener(self.address, family="AF_UNIX")
         self._closed = False
         self.served = 0  # tasks run for clients
-        self._thread = threading.Thread(target=self._serve, name="parmem-pool-server",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._serve, name="parmem-pool-server", daemon=True)
         self._thread.start()
 
     def __enter__(self) -> PoolServer:
@@ -831,12 +930,15 @@ def _dumps(name: str, msg: tuple) -> bytes:
     try:
         return bytes(ForkingPickler.dumps(msg))
     except Exception as e:
-        raise ValueError(f"the arguments of {name} cannot be sent to the ranks (they must be "
-                         f"picklable): {type(e).__name__}: {e}") from None
+        raise ValueError(
+            f"the arguments of {name} cannot be sent to the ranks (they must be "
+            f"picklable): {type(e).__name__}: {e}"
+        ) from None
 
 
 def format_results(results: list[dict], digits: int = 6) -> str:
     """Per-rank result dicts as a plain-text table (one row per key, one column per rank)."""
+
     def flat(d, prefix=""):
         for k, v in d.items():
             if isinstance(v, dict):

@@ -40,8 +40,9 @@ __all__ = ["make_model", "StashMeter", "demo"]
 
 def make_model(layers: int, hidden: int) -> nn.Sequential:
     """L blocks of Linear(h, h) → tanh (fp32)."""
-    return nn.Sequential(*[nn.Sequential(nn.Linear(hidden, hidden), nn.Tanh())
-                           for _ in range(layers)])
+    return nn.Sequential(
+        *[nn.Sequential(nn.Linear(hidden, hidden), nn.Tanh()) for _ in range(layers)]
+    )
 
 
 class _Holder:
@@ -56,8 +57,7 @@ class _Holder:
         m.live[self.key] -= 1
         if not m.live[self.key]:
             del m.live[self.key]
-            m.events.append(("B", *self.key, m.bwd_start.pop(self.key, None),
-                             time.perf_counter()))
+            m.events.append(("B", *self.key, m.bwd_start.pop(self.key, None), time.perf_counter()))
 
 
 class StashMeter(nn.Module):
@@ -82,8 +82,9 @@ class StashMeter(nn.Module):
         self.n_fwd += 1
         self.shared["key"] = key  # what a Delay inside logs its sleeps under
         t0 = time.perf_counter()
-        with torch.autograd.graph.saved_tensors_hooks(lambda t: _Holder(t, self, key),
-                                                      lambda h: h.t):
+        with torch.autograd.graph.saved_tensors_hooks(
+            lambda t: _Holder(t, self, key), lambda h: h.t
+        ):
             out = self.inner(x)
         self.shared["peak"] = max(self.shared["peak"], len(self.live))
         self.events.append(("F", *key, t0, time.perf_counter()))
@@ -104,9 +105,15 @@ class Events(tuple):
         return f"<{len(self)} events>"
 
 
-def demo(schedule: str = "1f1b", microbatches: int | None = None, v: int = 2,
-         layers: int | None = None, hidden: int = 32, microbatch_size: int = 4,
-         delay_ms: tuple[float, float] | None = None) -> dict:
+def demo(
+    schedule: str = "1f1b",
+    microbatches: int | None = None,
+    v: int = 2,
+    layers: int | None = None,
+    hidden: int = 32,
+    microbatch_size: int = 4,
+    delay_ms: tuple[float, float] | None = None,
+) -> dict:
     """Train one step of the pipelined model; compare with the unpipelined model and simulate().
 
     ``schedule``: ``"gpipe"``, ``"1f1b"`` or ``"interleaved"`` (``v`` chunks per rank). Defaults:
@@ -138,8 +145,7 @@ def demo(schedule: str = "1f1b", microbatches: int | None = None, v: int = 2,
 
     from parmem.pipeline import simulate
 
-    classes = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B,
-               "interleaved": ScheduleInterleaved1F1B}
+    classes = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved": ScheduleInterleaved1F1B}
     if schedule not in classes:
         raise ValueError(f"schedule={schedule!r} must be one of {tuple(classes)}")
     p, r, dev = world_size(), rank(), device()
@@ -163,19 +169,26 @@ def demo(schedule: str = "1f1b", microbatches: int | None = None, v: int = 2,
     for c in range(v):
         idx = c * p + r
         part = make_model(per, hidden).to(dev)
-        part.load_state_dict(nn.Sequential(*full[idx * per:(idx + 1) * per]).state_dict())
+        part.load_state_dict(nn.Sequential(*full[idx * per : (idx + 1) * per]).state_dict())
         if delay_ms is not None:
-            part = nn.Sequential(part, Delay(delay_ms[0] / v, delay_ms[1] / v,
-                                             log=shared.setdefault("sleeps", []),
-                                             tag=lambda: shared["key"]))
+            part = nn.Sequential(
+                part,
+                Delay(
+                    delay_ms[0] / v,
+                    delay_ms[1] / v,
+                    log=shared.setdefault("sleeps", []),
+                    tag=lambda: shared["key"],
+                ),
+            )
         mod = StashMeter(part, c, shared)
         metered.append((idx, mod))
         shape = (microbatch_size, hidden)  # outputs (and non-first inputs) carry gradients
         inp = torch.empty(shape, device=dev, requires_grad=idx > 0)
         outp = torch.empty(shape, device=dev, requires_grad=True)
         stages.append(PipelineStage(mod, idx, p * v, dev, input_args=inp, output_args=outp))
-    sched = classes[schedule](stages if schedule == "interleaved" else stages[0], m,
-                              loss_fn=nn.functional.mse_loss)
+    sched = classes[schedule](
+        stages if schedule == "interleaved" else stages[0], m, loss_fn=nn.functional.mse_loss
+    )
     losses: list = []
     dist.barrier()
     if r == 0:
@@ -188,7 +201,7 @@ def demo(schedule: str = "1f1b", microbatches: int | None = None, v: int = 2,
 
     grad_err = 0.0
     for idx, mod in metered:
-        ref = nn.Sequential(*full[idx * per:(idx + 1) * per])
+        ref = nn.Sequential(*full[idx * per : (idx + 1) * per])
         for a, b in zip(mod.inner.parameters(), ref.parameters(), strict=True):
             grad_err = max(grad_err, float((a.grad - b.grad).abs().max()))
     ev = sorted(shared["events"], key=lambda e: e[3] if e[3] is not None else e[4])
@@ -202,13 +215,21 @@ def demo(schedule: str = "1f1b", microbatches: int | None = None, v: int = 2,
     t_f = sum(e[4] - e[3] for e in ev if e[0] == "F") / (m * v)
     t_b = sum(e[4] - e[3] for e in ev if e[0] == "B" and e[3] is not None) / (m * v)
     out = {
-        "stage": r, "microbatches": m, "grad_err": grad_err,
-        "peak_stashed": shared["peak"] / v, "peak_stashed_chunks": shared["peak"],
+        "stage": r,
+        "microbatches": m,
+        "grad_err": grad_err,
+        "peak_stashed": shared["peak"] / v,
+        "peak_stashed_chunks": shared["peak"],
         "sim_peak_stashed": sim.peak_in_flight[r],
         "order_matches_sim": order == sim_order,
         "order": " ".join(f"{k}{mb}" + (f".{c}" if v > 1 else "") for k, mb, c in order),
-        "events": Events(tuple(e) for e in ev), "busy_s": busy, "t_fwd_s": t_f * v, "t_bwd_s": t_b * v,
-        "schedule": schedule, "v": v, "sim_idle_fraction": sim.idle[r] / sim.step_time,
+        "events": Events(tuple(e) for e in ev),
+        "busy_s": busy,
+        "t_fwd_s": t_f * v,
+        "t_bwd_s": t_b * v,
+        "schedule": schedule,
+        "v": v,
+        "sim_idle_fraction": sim.idle[r] / sim.step_time,
         "emulated": delay_ms is not None,
     }
     if r == p - 1:
@@ -364,9 +385,17 @@ def _gpt_loss(logits, labels):
     return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target)
 
 
-def demo_gpt(schedule: str = "1f1b", microbatches: int | None = None, layers_per_stage=None,
-             vocab: int = 512, hidden: int = 64, layers: int | None = None, heads: int = 4,
-             seq: int = 32, microbatch_size: int = 2) -> dict:
+def demo_gpt(
+    schedule: str = "1f1b",
+    microbatches: int | None = None,
+    layers_per_stage=None,
+    vocab: int = 512,
+    hidden: int = 64,
+    layers: int | None = None,
+    heads: int = 4,
+    seq: int = 32,
+    microbatch_size: int = 2,
+) -> dict:
     """One training step of a GPT cut into p = world-size pipeline stages; measured bytes per stage.
 
     The model is :class:`parmem.reference.TinyGPT` (bf16, no dropout) of
@@ -408,8 +437,9 @@ def demo_gpt(schedule: str = "1f1b", microbatches: int | None = None, layers_per
     m = microbatches or 2 * p
     b = microbatch_size
     spec = tiny_spec(vocab=vocab, hidden=hidden, layers=layers or 2 * p, heads=heads, seq=seq)
-    setup = TrainingSetup(seq_len=seq, micro_batch=b, num_microbatches=m, schedule=schedule,
-                          dropout=False)
+    setup = TrainingSetup(
+        seq_len=seq, micro_batch=b, num_microbatches=m, schedule=schedule, dropout=False
+    )
     est = estimate(spec, ParallelConfig(pp=p), setup, layers_per_stage=layers_per_stage)
     lps = [s.layers for s in est.stages]
     first, last = r == 0, r == p - 1
@@ -423,7 +453,9 @@ def demo_gpt(schedule: str = "1f1b", microbatches: int | None = None, layers_per
     ref = copy.deepcopy(full)
     ref_losses = []
     for k in range(m):
-        lk = ref(ids[k * b:(k + 1) * b].t().contiguous(), labels[k * b:(k + 1) * b].t().contiguous())
+        lk = ref(
+            ids[k * b : (k + 1) * b].t().contiguous(), labels[k * b : (k + 1) * b].t().contiguous()
+        )
         lk.backward()
         ref_losses.append(lk.detach().float())
     for prm in ref.parameters():
@@ -441,10 +473,16 @@ def demo_gpt(schedule: str = "1f1b", microbatches: int | None = None, layers_per
     mod = GPTStage(full, lo, lo + lps[r], first, last).to(dev)
     ref_params = dict(ref.named_parameters())
     act = torch.bfloat16
-    inp = (torch.empty(b, seq, dtype=torch.long, device=dev) if first else
-           torch.empty(seq, b, hidden, dtype=act, device=dev, requires_grad=True))
-    out = (torch.empty(seq, b, vocab, dtype=torch.float32, device=dev, requires_grad=True) if last
-           else torch.empty(seq, b, hidden, dtype=act, device=dev, requires_grad=True))
+    inp = (
+        torch.empty(b, seq, dtype=torch.long, device=dev)
+        if first
+        else torch.empty(seq, b, hidden, dtype=act, device=dev, requires_grad=True)
+    )
+    out = (
+        torch.empty(seq, b, vocab, dtype=torch.float32, device=dev, requires_grad=True)
+        if last
+        else torch.empty(seq, b, hidden, dtype=act, device=dev, requires_grad=True)
+    )
     stage = PipelineStage(mod, r, p, dev, input_args=inp, output_args=out)
     sched = classes[schedule](stage, m, loss_fn=_gpt_loss)
     meter = _LiveSaved(exclude=mod.parameters())
@@ -459,30 +497,59 @@ def demo_gpt(schedule: str = "1f1b", microbatches: int | None = None, layers_per
         else:
             sched.step()
     dist.barrier()
-    grad_err = max(float((prm.grad.float() - ref_params[names[id(prm)]].grad.float()).abs().max())
-                   for prm in mod.parameters())
+    grad_err = max(
+        float((prm.grad.float() - ref_params[names[id(prm)]].grad.float()).abs().max())
+        for prm in mod.parameters()
+    )
     opt = MixedPrecisionAdamW(mod.parameters())
     opt.step()
     st = state_bytes(mod, opt)
     e = est.stages[r]
     units = meter.in_flight_at_peak  # measured: the micro-batches alive at this stage's peak
     res = {
-        "stage": r, "layers": lps[r], "microbatches": m, "in_flight": units,
+        "stage": r,
+        "layers": lps[r],
+        "microbatches": m,
+        "in_flight": units,
         "peak_in_flight": meter.peak_in_flight,
         "in_flight_model": in_flight_units(schedule, p, m, r),
-        "measured": {"params": st.params, "grads": st.grads, "optimizer": st.optimizer,
-                     "activations_and_logits": meter.peak, "buffers": st.buffers},
-        "estimate": {"params": e.params, "grads": e.grads, "optimizer": e.optimizer,
-                     "activations": e.activations, "logits": e.logits, "total": e.total},
-        "extras": named_extras(spec, seq, b, st.detail["num_param_tensors"], dev,
-                               layers=lps[r], first=first, last=last, units=units),
-        "sent_bytes": mod.sent_bytes, "grad_err": grad_err, "saved_after_step": meter.live,
-        "layer_saved_bytes": one.bytes, "all_layers_saved_bytes": all_layers.bytes,
+        "measured": {
+            "params": st.params,
+            "grads": st.grads,
+            "optimizer": st.optimizer,
+            "activations_and_logits": meter.peak,
+            "buffers": st.buffers,
+        },
+        "estimate": {
+            "params": e.params,
+            "grads": e.grads,
+            "optimizer": e.optimizer,
+            "activations": e.activations,
+            "logits": e.logits,
+            "total": e.total,
+        },
+        "extras": named_extras(
+            spec,
+            seq,
+            b,
+            st.detail["num_param_tensors"],
+            dev,
+            layers=lps[r],
+            first=first,
+            last=last,
+            units=units,
+        ),
+        "sent_bytes": mod.sent_bytes,
+        "grad_err": grad_err,
+        "saved_after_step": meter.live,
+        "layer_saved_bytes": one.bytes,
+        "all_layers_saved_bytes": all_layers.bytes,
         "num_params": e.num_params,
     }
     if last:
-        res["loss_err"] = abs(torch.stack(losses).float().mean().item()
-                              - torch.stack(ref_losses).mean().item())
+        res["loss_err"] = abs(
+            torch.stack(losses).float().mean().item() - torch.stack(ref_losses).mean().item()
+        )
     return res
 
 
@@ -524,8 +591,9 @@ def replay(results: list[dict]) -> dict:
             raise ValueError(f"results[{i}]['stage']={r['stage']} must be {i} (one row per rank)")
         evs = sorted(r["events"], key=lambda e: e[3])
         if any(e[3] is None for e in evs):
-            raise ValueError("results[*]['events'] need a start for every operation "
-                             "(run demo with delay_ms)")
+            raise ValueError(
+                "results[*]['events'] need a start for every operation (run demo with delay_ms)"
+            )
         ops.append([(k, c, mb, t0, t1) for k, mb, c, t0, t1 in evs])
     ended = {(k, i, c, mb): t1 for i, evs in enumerate(ops) for k, c, mb, _, t1 in evs}
     late = []
@@ -551,8 +619,10 @@ def replay(results: list[dict]) -> dict:
                 remaining -= 1
                 progressed = True
         if not progressed:
-            raise ValueError(f"the events of results cannot be replayed: the stages wait on each "
-                             f"other at positions {pos} (not one run of one schedule)")
+            raise ValueError(
+                f"the events of results cannot be replayed: the stages wait on each "
+                f"other at positions {pos} (not one run of one schedule)"
+            )
     step = max(free)
     busy = [sum(t1 - t0 for *_, t0, t1 in evs) for evs in ops]
     return {"step_s": step, "busy_s": busy, "idle_s": [step - b for b in busy], "late": late}
@@ -578,16 +648,27 @@ def bubble_rows(results: list[dict]) -> list[dict]:
     rep = replay(results) if all(r.get("emulated") for r in results) else None
     rows = []
     for i, r in enumerate(results):
-        row = {"stage": r["stage"], "step_s": step, "busy_s": r["busy_s"],
-               "idle_s": step - r["busy_s"], "idle_fraction": (step - r["busy_s"]) / step,
-               "sim_idle_fraction": r["sim_idle_fraction"], "replay_step_s": None,
-               "replay_idle_fraction": None, "excess_s": None, "late": None,
-               "peak_stashed": r["peak_stashed"], "sim_peak_stashed": r["sim_peak_stashed"]}
+        row = {
+            "stage": r["stage"],
+            "step_s": step,
+            "busy_s": r["busy_s"],
+            "idle_s": step - r["busy_s"],
+            "idle_fraction": (step - r["busy_s"]) / step,
+            "sim_idle_fraction": r["sim_idle_fraction"],
+            "replay_step_s": None,
+            "replay_idle_fraction": None,
+            "excess_s": None,
+            "late": None,
+            "peak_stashed": r["peak_stashed"],
+            "sim_peak_stashed": r["sim_peak_stashed"],
+        }
         if rep is not None:
-            row.update(replay_step_s=rep["step_s"],
-                       replay_idle_fraction=rep["idle_s"][i] / rep["step_s"],
-                       excess_s=step - rep["step_s"],
-                       late=[op for op in rep["late"] if op[1] == i])
+            row.update(
+                replay_step_s=rep["step_s"],
+                replay_idle_fraction=rep["idle_s"][i] / rep["step_s"],
+                excess_s=step - rep["step_s"],
+                late=[op for op in rep["late"] if op[1] == i],
+            )
         rows.append(row)
     return rows
 

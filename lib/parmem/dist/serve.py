@@ -88,16 +88,31 @@ class Decoder(nn.Module):
     so that every rank slices the same full weights. Input ids [b, s]; returns fp32 logits of the
     whole vocabulary for every input position."""
 
-    def __init__(self, spec, tp_size: int = 1, tp_rank: int = 0, dtype=torch.float32,
-                 group=None, seed: int = 0):
+    def __init__(
+        self,
+        spec,
+        tp_size: int = 1,
+        tp_rank: int = 0,
+        dtype=torch.float32,
+        group=None,
+        seed: int = 0,
+    ):
         super().__init__()
         from parmem.sharding import check_heads, kv_heads_local
 
         t, r = tp_size, tp_rank
-        if spec.ffn_kind != "swiglu" or spec.norm != "rmsnorm" or spec.position != "rotary" \
-                or spec.is_moe or spec.bias or spec.tied_embeddings:
-            raise ValueError("Decoder needs a Llama-shaped spec: swiglu, rmsnorm, rotary, dense, "
-                             "no biases, untied embeddings")
+        if (
+            spec.ffn_kind != "swiglu"
+            or spec.norm != "rmsnorm"
+            or spec.position != "rotary"
+            or spec.is_moe
+            or spec.bias
+            or spec.tied_embeddings
+        ):
+            raise ValueError(
+                "Decoder needs a Llama-shaped spec: swiglu, rmsnorm, rotary, dense, "
+                "no biases, untied embeddings"
+            )
         check_heads(spec, t)
         kv_local = kv_heads_local(spec, t)
         for name, n in (("ffn_hidden", spec.ffn_hidden), ("vocab_size", spec.vocab_size)):
@@ -124,8 +139,12 @@ class Decoder(nn.Module):
         self.layers = nn.ModuleList()
         for _ in range(spec.layers):
             layer = nn.Module()
-            wq, wk, wv, wo = (full(spec.heads * d, h), full(spec.kv_heads * d, h),
-                              full(spec.kv_heads * d, h), full(h, spec.heads * d))
+            wq, wk, wv, wo = (
+                full(spec.heads * d, h),
+                full(spec.kv_heads * d, h),
+                full(spec.kv_heads * d, h),
+                full(h, spec.heads * d),
+            )
             gate, up, down = full(f, h), full(f, h), full(h, f)
             layer.norm1, layer.norm2 = param(torch.ones(h)), param(torch.ones(h))
             layer.wq, layer.wk, layer.wv = param(wq[qs]), param(wk[kvs]), param(wv[kvs])
@@ -183,8 +202,9 @@ class Decoder(nn.Module):
 
 
 @torch.no_grad()
-def generate(model: Decoder, prompt: torch.Tensor, new_tokens: int,
-             cache_dtype=torch.float32) -> tuple[torch.Tensor, KVCache, list, torch.Tensor]:
+def generate(
+    model: Decoder, prompt: torch.Tensor, new_tokens: int, cache_dtype=torch.float32
+) -> tuple[torch.Tensor, KVCache, list, torch.Tensor]:
     """Greedy decoding with a KV cache: one forward over the prompt (prefill), then one token per
     step. Returns (all tokens, the cache, [(tokens cached, measured cache bytes)] after each
     step, the logits of the last step)."""
@@ -202,8 +222,9 @@ def generate(model: Decoder, prompt: torch.Tensor, new_tokens: int,
 
 
 @torch.no_grad()
-def generate_without_cache(model: Decoder, prompt: torch.Tensor, new_tokens: int
-                           ) -> tuple[torch.Tensor, torch.Tensor]:
+def generate_without_cache(
+    model: Decoder, prompt: torch.Tensor, new_tokens: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The reference: every step recomputes the whole sequence (no cache)."""
     ids = prompt
     logits = None
@@ -213,9 +234,18 @@ def generate_without_cache(model: Decoder, prompt: torch.Tensor, new_tokens: int
     return ids, logits
 
 
-def demo(heads: int = 8, kv_heads: int = 2, hidden: int = 64, layers: int = 2, vocab: int = 256,
-         ffn: int = 128, batch: int = 2, prompt: int = 8, new_tokens: int = 8,
-         cache_dtype: str = "fp32") -> dict:
+def demo(
+    heads: int = 8,
+    kv_heads: int = 2,
+    hidden: int = 64,
+    layers: int = 2,
+    vocab: int = 256,
+    ffn: int = 128,
+    batch: int = 2,
+    prompt: int = 8,
+    new_tokens: int = 8,
+    cache_dtype: str = "fp32",
+) -> dict:
     """Greedy generation with a tensor-parallel KV cache on every rank of the pool.
 
     Returns per rank: ``kv_heads_local``; ``kv_bytes`` (measured after each step, a list of
@@ -231,8 +261,16 @@ def demo(heads: int = 8, kv_heads: int = 2, hidden: int = 64, layers: int = 2, v
     if cache_dtype not in _DTYPES:
         raise ValueError(f"cache_dtype={cache_dtype!r} must be one of {tuple(_DTYPES)}")
     t, r, dev = world_size(), rank(), device()
-    spec = tiny_spec("llama", vocab=vocab, hidden=hidden, layers=layers, heads=heads,
-                     kv_heads=kv_heads, ffn_hidden=ffn, seq=prompt + new_tokens)
+    spec = tiny_spec(
+        "llama",
+        vocab=vocab,
+        hidden=hidden,
+        layers=layers,
+        heads=heads,
+        kv_heads=kv_heads,
+        ffn_hidden=ffn,
+        seq=prompt + new_tokens,
+    )
     ids = torch.randint(0, vocab, (batch, prompt), generator=torch.Generator().manual_seed(1))
     ids = ids.to(dev)
     ref = Decoder(spec).to(dev)
@@ -240,7 +278,10 @@ def demo(heads: int = 8, kv_heads: int = 2, hidden: int = 64, layers: int = 2, v
     model = Decoder(spec, tp_size=t, tp_rank=r).to(dev)
     out, cache, sizes, logits = generate(model, ids, new_tokens, _DTYPES[cache_dtype])
     return {
-        "rank": r, "tp": t, "kv_heads": kv_heads, "kv_heads_local": model.kv_local,
+        "rank": r,
+        "tp": t,
+        "kv_heads": kv_heads,
+        "kv_heads_local": model.kv_local,
         "cache_dtype": cache_dtype,
         "kv_bytes": sizes,
         "kv_bytes_estimate": [kv_cache_bytes(spec, n, batch, cache_dtype, tp=t) for n, _ in sizes],

@@ -30,13 +30,21 @@ import torch.distributed as dist
 from parmem.dist.collectives import all_gather_tensor, reduce_scatter_tensor
 from parmem.dist.launcher import device, rank, world_size
 
-__all__ = ["AllGatherSeq", "ReduceScatterSeq", "AllGatherLinear", "all_gather_seq",
-           "reduce_scatter_seq", "all_gather_linear", "allreduce_sequence_parallel_grads",
-           "COMM", "COMM_BYTES", "demo"]
+__all__ = [
+    "AllGatherSeq",
+    "ReduceScatterSeq",
+    "AllGatherLinear",
+    "all_gather_seq",
+    "reduce_scatter_seq",
+    "all_gather_linear",
+    "allreduce_sequence_parallel_grads",
+    "COMM",
+    "COMM_BYTES",
+    "demo",
+]
 
 #: collectives issued since the last reset
-COMM = {"fwd_all_gather": 0, "fwd_reduce_scatter": 0, "bwd_all_gather": 0,
-        "bwd_reduce_scatter": 0}
+COMM = {"fwd_all_gather": 0, "fwd_reduce_scatter": 0, "bwd_all_gather": 0, "bwd_reduce_scatter": 0}
 #: bytes of the full tensor of each of those collectives (the all-gather's output, the
 #: reduce-scatter's input), in the order they ran
 COMM_BYTES: dict[str, list[int]] = {k: [] for k in COMM}
@@ -154,8 +162,9 @@ def _err(a, b) -> float:
     return float((a.detach().float() - b.detach().float()).abs().max())
 
 
-def demo(hidden: int = 32, heads: int = 4, seq: int = 16, batch: int = 2,
-         dropout_p: float = 0.1) -> dict:
+def demo(
+    hidden: int = 32, heads: int = 4, seq: int = 16, batch: int = 2, dropout_p: float = 0.1
+) -> dict:
     """A sequence-parallel GPT layer vs. the single-process one; saved bytes with/without SP.
 
     Returns per rank: ``out_err``, ``input_grad_err``, ``grad_err`` (fp32, dropout off; this
@@ -199,8 +208,9 @@ def demo(hidden: int = 32, heads: int = 4, seq: int = 16, batch: int = 2,
     measured = {}
     for sp in (False, True):
         layer = ParallelGPTLayer(base, sequence_parallel=sp)
-        xs = torch.randn(seq // t if sp else seq, batch, hidden, device=dev, dtype=bf,
-                         requires_grad=True)
+        xs = torch.randn(
+            seq // t if sp else seq, batch, hidden, device=dev, dtype=bf, requires_grad=True
+        )
         for k in COMM:
             COMM[k] = 0
             COMM_BYTES[k].clear()
@@ -213,15 +223,21 @@ def demo(hidden: int = 32, heads: int = 4, seq: int = 16, batch: int = 2,
     spec = tiny_spec(vocab=64, hidden=hidden, layers=1, heads=heads, seq=seq)
     return {
         "out_err": _err(out, out_ref.detach().chunk(t, dim=0)[r]),
-        "input_grad_err": _err(xl.grad, x.grad.chunk(t, dim=0)[r]), "grad_err": grad_err,
+        "input_grad_err": _err(xl.grad, x.grad.chunk(t, dim=0)[r]),
+        "grad_err": grad_err,
         "saved_bytes_tp": measured[False],
         "saved_bytes_sp": measured[True],
         "table2_tp": per_layer_bytes(seq, batch, hidden, heads, tp=t),
         "table2_sp": per_layer_bytes(seq, batch, hidden, heads, tp=t, sp=True),
-        "layer_terms_sp": sum(x.bytes for x in layer_terms(
-            spec, seq, batch, tp=t, sp=True, norm_stat_bytes=norm_stat_itemsize(dev, bf))),
+        "layer_terms_sp": sum(
+            x.bytes
+            for x in layer_terms(
+                spec, seq, batch, tp=t, sp=True, norm_stat_bytes=norm_stat_itemsize(dev, bf)
+            )
+        ),
         "norm_stat_bytes_sp": norm_stat_bytes(seq * batch // t, 2, device=dev, dtype=bf),
-        "fwd_all_gather": fwd["fwd_all_gather"], "fwd_reduce_scatter": fwd["fwd_reduce_scatter"],
+        "fwd_all_gather": fwd["fwd_all_gather"],
+        "fwd_reduce_scatter": fwd["fwd_reduce_scatter"],
         "bwd_all_gather": COMM["bwd_all_gather"],
         "bwd_reduce_scatter": COMM["bwd_reduce_scatter"],
         "collective_bytes": {k: list(v) for k, v in COMM_BYTES.items()},
@@ -245,13 +261,19 @@ def _selective_layer(full, sequence_parallel: bool):
 
 
 #: the six rows of Korthikanti et al. 2022 Table 2: (sequence parallel, recompute)
-TABLE2_CASES = {"tp": (False, "none"), "tp+sp": (True, "none"),
-                "tp+selective": (False, "selective"), "tp+sp+selective": (True, "selective"),
-                "full": (False, "full"), "tp+sp+full": (True, "full")}
+TABLE2_CASES = {
+    "tp": (False, "none"),
+    "tp+sp": (True, "none"),
+    "tp+selective": (False, "selective"),
+    "tp+sp+selective": (True, "selective"),
+    "full": (False, "full"),
+    "tp+sp+full": (True, "full"),
+}
 
 
-def demo_recompute(hidden: int = 32, heads: int = 4, seq: int = 16, batch: int = 2,
-                   dropout_p: float = 0.1) -> dict:
+def demo_recompute(
+    hidden: int = 32, heads: int = 4, seq: int = 16, batch: int = 2, dropout_p: float = 0.1
+) -> dict:
     """Saved-activation bytes per rank of one bf16 GPT layer in every case of Table 2.
 
     Tensor parallelism over all ranks, with and without sequence parallelism, with no, selective
@@ -289,10 +311,10 @@ def demo_recompute(hidden: int = 32, heads: int = 4, seq: int = 16, batch: int =
             reference[sp] = xi.grad
         out[name] = {
             "measured": meter.bytes,
-            "table2": per_layer_bytes(seq, batch, hidden, heads, tp=t, sp=sp,
-                                      recompute=recompute),
-            "norm_stats": 0 if recompute == "full" else norm_stat_bytes(
-                seq * batch // (t if sp else 1), 2, device=dev, dtype=bf),
+            "table2": per_layer_bytes(seq, batch, hidden, heads, tp=t, sp=sp, recompute=recompute),
+            "norm_stats": 0
+            if recompute == "full"
+            else norm_stat_bytes(seq * batch // (t if sp else 1), 2, device=dev, dtype=bf),
             "grad_err": float((xi.grad.float() - reference[sp].float()).abs().max()),
         }
     return out

@@ -30,9 +30,20 @@ from torch import nn
 from parmem.dist.launcher import device, rank, world_size
 from parmem.reference import GPTLayer, TinyGPT, norm_stat_bytes, norm_stat_itemsize, tiny_spec
 
-__all__ = ["CopyToTP", "ReduceFromTP", "GatherFromTP", "ColumnParallelLinear",
-           "RowParallelLinear", "VocabParallelEmbedding", "ParallelGPTLayer", "TPGPT", "COMM",
-           "tp_slice", "demo", "demo_dtensor"]
+__all__ = [
+    "CopyToTP",
+    "ReduceFromTP",
+    "GatherFromTP",
+    "ColumnParallelLinear",
+    "RowParallelLinear",
+    "VocabParallelEmbedding",
+    "ParallelGPTLayer",
+    "TPGPT",
+    "COMM",
+    "tp_slice",
+    "demo",
+    "demo_dtensor",
+]
 
 #: collectives issued by the f/g operators since the last reset (forward and backward)
 COMM = {"fwd_all_reduce": 0, "bwd_all_reduce": 0}
@@ -185,13 +196,24 @@ class ParallelGPTLayer(GPTLayer):
     def __init__(self, full: GPTLayer, group=None, sequence_parallel: bool = False):
         r, t = _tp(group)
         w = full.qkv.weight
-        super().__init__(full.hidden, full.heads, full.fc1.out_features, full.dropout_p,
-                         w.dtype, tp_size=t, tp_rank=r, causal=full.causal,
-                         max_seq_len=full.causal_bias.shape[0] if full.causal else 1)
+        super().__init__(
+            full.hidden,
+            full.heads,
+            full.fc1.out_features,
+            full.dropout_p,
+            w.dtype,
+            tp_size=t,
+            tp_rank=r,
+            causal=full.causal,
+            max_seq_len=full.causal_bias.shape[0] if full.causal else 1,
+        )
         kw = {"group": group, "sequence_parallel": sequence_parallel}
         self.ln1.load_state_dict(full.ln1.state_dict())
         self.ln2.load_state_dict(full.ln2.state_dict())
-        self.qkv, self.fc1 = ColumnParallelLinear(full.qkv, **kw), ColumnParallelLinear(full.fc1, **kw)
+        self.qkv, self.fc1 = (
+            ColumnParallelLinear(full.qkv, **kw),
+            ColumnParallelLinear(full.fc1, **kw),
+        )
         self.proj, self.fc2 = RowParallelLinear(full.proj, **kw), RowParallelLinear(full.fc2, **kw)
         self.sequence_parallel = sequence_parallel
 
@@ -206,8 +228,10 @@ class TPGPT(nn.Module):
     def __init__(self, full: TinyGPT, group=None):
         super().__init__()
         if full.pos is not None or full.head is None:
-            raise ValueError("TPGPT needs a TinyGPT without a position table and with an untied "
-                             "head: tiny_spec(position='rotary', tied=False)")
+            raise ValueError(
+                "TPGPT needs a TinyGPT without a position table and with an untied "
+                "head: tiny_spec(position='rotary', tied=False)"
+            )
         self.group = group
         self.embed = VocabParallelEmbedding(full.tok, group)
         self.layers = nn.ModuleList(ParallelGPTLayer(lay, group) for lay in full.layers)
@@ -236,8 +260,14 @@ def _max_err(a, b) -> float:
     return float((a.detach().float() - b.detach().float()).abs().max())
 
 
-def demo(vocab: int = 64, hidden: int = 32, heads: int = 4, layers: int = 2, seq: int = 16,
-         batch: int = 2) -> dict:
+def demo(
+    vocab: int = 64,
+    hidden: int = 32,
+    heads: int = 4,
+    layers: int = 2,
+    seq: int = 16,
+    batch: int = 2,
+) -> dict:
     """Tensor-parallel tiny GPT vs. the single-process one; per-rank bytes vs. the estimates.
 
     Returns per rank: ``loss_err``, ``logits_err``, ``grad_err`` (max abs difference from the
@@ -256,8 +286,9 @@ def demo(vocab: int = 64, hidden: int = 32, heads: int = 4, layers: int = 2, seq
     for name, v in (("heads", heads), ("vocab", vocab), ("hidden", 4 * hidden)):
         if v % t:
             raise ValueError(f"{name}={v} must be divisible by world size={t}")
-    spec = tiny_spec(vocab=vocab, hidden=hidden, layers=layers, heads=heads, seq=seq,
-                     position="rotary")
+    spec = tiny_spec(
+        vocab=vocab, hidden=hidden, layers=layers, heads=heads, seq=seq, position="rotary"
+    )
     torch.manual_seed(0)
     full = TinyGPT(spec, dtype=torch.float32, dropout_p=0.0).to(dev)
     tp = TPGPT(full).to(dev)
@@ -275,8 +306,10 @@ def demo(vocab: int = 64, hidden: int = 32, heads: int = 4, layers: int = 2, seq
     fwd_comm = dict(COMM)
     loss.backward()
     model_bwd = COMM["bwd_all_reduce"]
-    grad_err = max(_max_err(p_tp.grad, tp_slice(p_full.grad, p_tp, r, t))  # sharded: the slice
-                   for p_full, p_tp in zip(full.parameters(), tp.parameters(), strict=True))
+    grad_err = max(
+        _max_err(p_tp.grad, tp_slice(p_full.grad, p_tp, r, t))  # sharded: the slice
+        for p_full, p_tp in zip(full.parameters(), tp.parameters(), strict=True)
+    )
 
     setup = TrainingSetup(seq_len=seq, micro_batch=batch, precision="fp32")
     est = estimate(spec, ParallelConfig(tp=t), setup).stages[0]
@@ -289,19 +322,24 @@ def demo(vocab: int = 64, hidden: int = 32, heads: int = 4, layers: int = 2, seq
     with SavedTensorsMeter(exclude=lay.parameters()) as meter:
         lay(x)
     layer_fwd = COMM["fwd_all_reduce"]
-    terms = layer_terms(spec, seq, batch, tp=t,
-                        norm_stat_bytes=norm_stat_itemsize(dev, torch.bfloat16))
+    terms = layer_terms(
+        spec, seq, batch, tp=t, norm_stat_bytes=norm_stat_itemsize(dev, torch.bfloat16)
+    )
     return {
-        "loss_err": abs(loss.item() - ref_loss.item()), "logits_err": _max_err(logits, ref_logits),
+        "loss_err": abs(loss.item() - ref_loss.item()),
+        "logits_err": _max_err(logits, ref_logits),
         "grad_err": grad_err,
-        "param_bytes": measured.params, "param_bytes_estimate": est.params,
-        "grad_bytes": measured.grads, "grad_bytes_estimate": est.grads,
+        "param_bytes": measured.params,
+        "param_bytes_estimate": est.params,
+        "grad_bytes": measured.grads,
+        "grad_bytes_estimate": est.grads,
         "saved_bytes": meter.bytes,
         "saved_bytes_table2": per_layer_bytes(seq, batch, hidden, heads, tp=t),
         "saved_bytes_layer_terms": sum(x.bytes for x in terms),
         "norm_stat_bytes": norm_stat_bytes(seq * batch, 2, device=dev, dtype=torch.bfloat16),
         "model_fwd_all_reduce": fwd_comm["fwd_all_reduce"],
-        "model_bwd_all_reduce": model_bwd, "layer_fwd_all_reduce": layer_fwd,
+        "model_bwd_all_reduce": model_bwd,
+        "layer_fwd_all_reduce": layer_fwd,
     }
 
 
@@ -328,25 +366,44 @@ def demo_dtensor(hidden: int = 32, heads: int = 4, seq: int = 16, batch: int = 2
     lay = GPTLayer(hidden, heads, dropout_p=0.0, dtype=torch.float32, max_seq_len=seq).to(dev)
     lay.load_state_dict(ref.state_dict())
     mesh = init_device_mesh(dev.type, (t,))
-    parallelize_module(lay, mesh, {"qkv": ColwiseParallel(), "proj": RowwiseParallel(),
-                                   "fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
+    parallelize_module(
+        lay,
+        mesh,
+        {
+            "qkv": ColwiseParallel(),
+            "proj": RowwiseParallel(),
+            "fc1": ColwiseParallel(),
+            "fc2": RowwiseParallel(),
+        },
+    )
     lay.local_heads = heads // t  # the attention code views the local QKV output by heads
     x = torch.randn(seq, batch, hidden, device=dev)
     x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
     out_ref, out = ref(x1), lay(x2)
     out_ref.square().sum().backward()
     out.square().sum().backward()
-    grad_err = max(_max_err(p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad,
-                            q.grad) for p, q in zip(lay.parameters(), ref.parameters(),
-                                                    strict=True))
+    grad_err = max(
+        _max_err(p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad, q.grad)
+        for p, q in zip(lay.parameters(), ref.parameters(), strict=True)
+    )
     sb = state_bytes(lay)
-    return {"out_err": _max_err(out, out_ref), "input_grad_err": _max_err(x2.grad, x1.grad),
-            "grad_err": grad_err, "param_bytes": sb.params,
-            "param_bytes_full": state_bytes(ref).params}
+    return {
+        "out_err": _max_err(out, out_ref),
+        "input_grad_err": _max_err(x2.grad, x1.grad),
+        "grad_err": grad_err,
+        "param_bytes": sb.params,
+        "param_bytes_full": state_bytes(ref).params,
+    }
 
 
-def demo_states(vocab: int = 64, hidden: int = 32, heads: int = 4, layers: int = 2,
-                seq: int = 16, batch: int = 2) -> dict:
+def demo_states(
+    vocab: int = 64,
+    hidden: int = 32,
+    heads: int = 4,
+    layers: int = 2,
+    seq: int = 16,
+    batch: int = 2,
+) -> dict:
     """One mixed-precision AdamW step of the tensor-parallel tiny GPT: model states per rank.
 
     The model is :class:`TPGPT` in bf16 with fp32 master weights and Adam moments
@@ -365,8 +422,9 @@ def demo_states(vocab: int = 64, hidden: int = 32, heads: int = 4, layers: int =
     for name, v in (("heads", heads), ("vocab", vocab), ("hidden", 4 * hidden)):
         if v % t:
             raise ValueError(f"{name}={v} must be divisible by world size={t}")
-    spec = tiny_spec(vocab=vocab, hidden=hidden, layers=layers, heads=heads, seq=seq,
-                     position="rotary")
+    spec = tiny_spec(
+        vocab=vocab, hidden=hidden, layers=layers, heads=heads, seq=seq, position="rotary"
+    )
     torch.manual_seed(0)
     full = TinyGPT(spec, dtype=torch.bfloat16, dropout_p=0.0).to(dev)
     model = TPGPT(full).to(dev)
@@ -377,21 +435,27 @@ def demo_states(vocab: int = 64, hidden: int = 32, heads: int = 4, layers: int =
     nn.functional.cross_entropy(logits.flatten(0, 1), target.flatten()).backward()
     opt.step()
     st = state_bytes(model, opt)
-    est = estimate(spec, ParallelConfig(tp=t),
-                   TrainingSetup(seq_len=seq, micro_batch=batch)).stages[0]
+    est = estimate(
+        spec, ParallelConfig(tp=t), TrainingSetup(seq_len=seq, micro_batch=batch)
+    ).stages[0]
     pairs = list(zip(full.parameters(), model.parameters(), strict=True))
     return {
-        "params": st.params, "grads": st.grads, "optimizer": st.optimizer,
-        "params_estimate": est.params, "grads_estimate": est.grads,
-        "optimizer_estimate": est.optimizer, "adam_steps": 4 * len(pairs),
+        "params": st.params,
+        "grads": st.grads,
+        "optimizer": st.optimizer,
+        "params_estimate": est.params,
+        "grads_estimate": est.grads,
+        "optimizer_estimate": est.optimizer,
+        "adam_steps": 4 * len(pairs),
         "sharded_numel": sum(q.numel() for p, q in pairs if p.shape != q.shape),
         "replicated_numel": sum(q.numel() for p, q in pairs if p.shape == q.shape),
         "full_numel": sum(p.numel() for p, _ in pairs),
     }
 
 
-def demo_comm(hidden: int = 32, heads: int = 4, seq: int = 16, batch: int = 2,
-              dropout_p: float = 0.1) -> dict:
+def demo_comm(
+    hidden: int = 32, heads: int = 4, seq: int = 16, batch: int = 2, dropout_p: float = 0.1
+) -> dict:
     """One bf16 tensor-parallel GPT layer, forward and backward: what it sends and what it keeps.
 
     Every call to ``torch.distributed.all_reduce`` made by f and g is recorded with the bytes of
@@ -427,10 +491,13 @@ def demo_comm(hidden: int = 32, heads: int = 4, seq: int = 16, batch: int = 2,
         y.float().square().sum().backward()
     finally:
         dist.all_reduce = original
-    return {"forward_all_reduce": sizes["forward"], "backward_all_reduce": sizes["backward"],
-            "saved_bytes": meter.bytes,
-            "table2": per_layer_bytes(seq, batch, hidden, heads, tp=t),
-            "norm_stat_bytes": norm_stat_bytes(seq * batch, 2, device=dev, dtype=torch.bfloat16)}
+    return {
+        "forward_all_reduce": sizes["forward"],
+        "backward_all_reduce": sizes["backward"],
+        "saved_bytes": meter.bytes,
+        "table2": per_layer_bytes(seq, batch, hidden, heads, tp=t),
+        "norm_stat_bytes": norm_stat_bytes(seq * batch, 2, device=dev, dtype=torch.bfloat16),
+    }
 
 
 __all__ += ["demo_states", "demo_comm"]

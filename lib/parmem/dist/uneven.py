@@ -31,8 +31,13 @@ __all__ = ["adam_step", "demo"]
 
 
 @torch.no_grad()
-def adam_step(params, state: dict, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
-              ) -> None:
+def adam_step(
+    params,
+    state: dict,
+    lr: float = 1e-3,
+    betas=(0.9, 0.999),
+    eps: float = 1e-8,
+) -> None:
     """One Adam step on fp32 master copies of 16-bit ``params`` (Kingma & Ba 2015, Algorithm 1);
     ``state`` maps each parameter to its master copy and moments, created at the first step."""
     b1, b2 = betas
@@ -40,9 +45,12 @@ def adam_step(params, state: dict, lr: float = 1e-3, betas=(0.9, 0.999), eps: fl
         if p.grad is None:
             continue
         if p not in state:
-            state[p] = {"master": p.detach().float().clone(), "step": 0,
-                        "exp_avg": torch.zeros_like(p, dtype=torch.float32),
-                        "exp_avg_sq": torch.zeros_like(p, dtype=torch.float32)}
+            state[p] = {
+                "master": p.detach().float().clone(),
+                "step": 0,
+                "exp_avg": torch.zeros_like(p, dtype=torch.float32),
+                "exp_avg_sq": torch.zeros_like(p, dtype=torch.float32),
+            }
         st = state[p]
         st["step"] += 1
         g = p.grad.float()
@@ -53,15 +61,21 @@ def adam_step(params, state: dict, lr: float = 1e-3, betas=(0.9, 0.999), eps: fl
         p.copy_(st["master"])
 
 
-def demo(seq_lens=(512, 256, 384, 320), hidden: int = 64, heads: int = 4, layers: int = 2,
-         batch: int = 2, vocab: int = 512) -> dict:
+def demo(
+    seq_lens=(512, 256, 384, 320),
+    hidden: int = 64,
+    heads: int = 4,
+    layers: int = 2,
+    batch: int = 2,
+    vocab: int = 512,
+) -> dict:
     """One training step per rank at sequence length ``seq_lens[rank % len(seq_lens)]``."""
     from parmem import ParallelConfig, TrainingSetup, estimate
     from parmem.allocator import replay
     from parmem.dist.anatomy import named_extras
-    from parmem.traces import record_allocations
     from parmem.measure import SavedTensorsMeter
     from parmem.reference import TinyGPT, tiny_spec
+    from parmem.traces import record_allocations
 
     r, dev = rank(), device()
     s = int(seq_lens[r % len(seq_lens)])
@@ -87,22 +101,30 @@ def demo(seq_lens=(512, 256, 384, 320), hidden: int = 64, heads: int = 4, layers
     cuda_stats = {}
     if cuda:
         st = torch.cuda.memory_stats(dev)
-        cuda_stats = {k: int(st[k]) for k in ("allocated_bytes.all.peak",
-                                              "reserved_bytes.all.peak",
-                                              "requested_bytes.all.peak")}
-    est = estimate(spec, ParallelConfig(dp=world_size()),
-                   TrainingSetup(seq_len=s, micro_batch=batch)).stages[0]
+        cuda_stats = {
+            k: int(st[k])
+            for k in (
+                "allocated_bytes.all.peak",
+                "reserved_bytes.all.peak",
+                "requested_bytes.all.peak",
+            )
+        }
+    est = estimate(
+        spec, ParallelConfig(dp=world_size()), TrainingSetup(seq_len=s, micro_batch=batch)
+    ).stages[0]
     n_tensors = sum(1 for _ in model.parameters())
     x = named_extras(spec, s, batch, n_tensors, dev)
-    extras = (x["norm_statistics"] + x["token_ids"] + x["labels"] + x["position_ids"]
-              + x["loss_weight"])
+    extras = (
+        x["norm_statistics"] + x["token_ids"] + x["labels"] + x["position_ids"] + x["loss_weight"]
+    )
     classic = replay(events)
     expandable = replay(events, expandable_segments=True)
     mine = torch.tensor([meter.bytes], dtype=torch.int64, device=dev)  # NCCL: on the GPU
     every = [torch.zeros_like(mine) for _ in range(world_size())]
     dist.all_gather(every, mine)
     return {
-        "rank": r, "seq_len": s,
+        "rank": r,
+        "seq_len": s,
         "activations": meter.bytes,
         "activations_estimate": est.activations + est.logits,
         "named_extras": extras,

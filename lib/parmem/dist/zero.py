@@ -38,14 +38,20 @@ __all__ = ["make_model", "demo", "demo_ddp_buckets", "demo_losses", "demo_comm"]
 
 def make_model(layers: int = 4, hidden: int = 64) -> nn.Sequential:
     """``layers`` × (Linear(h, h) → tanh), fp32; Ψ = layers · (h² + h)."""
-    return nn.Sequential(*[m for _ in range(layers) for m in (nn.Linear(hidden, hidden),
-                                                              nn.Tanh())])
+    return nn.Sequential(
+        *[m for _ in range(layers) for m in (nn.Linear(hidden, hidden), nn.Tanh())]
+    )
 
 
 def _batches(steps: int, batch: int, hidden: int, dev):
     g = torch.Generator().manual_seed(1)
-    return [(torch.randn(batch, hidden, generator=g).to(dev),
-             torch.randn(batch, hidden, generator=g).to(dev)) for _ in range(steps)]
+    return [
+        (
+            torch.randn(batch, hidden, generator=g).to(dev),
+            torch.randn(batch, hidden, generator=g).to(dev),
+        )
+        for _ in range(steps)
+    ]
 
 
 def _train(model, opt, batches, shard) -> list:
@@ -74,8 +80,9 @@ def _start(layers: int, hidden: int, batch: int):
     return d, r, dev, ref, {k: v.clone() for k, v in ref.state_dict().items()}
 
 
-def demo(layers: int = 4, hidden: int = 64, steps: int = 3, batch: int = 16,
-         lr: float = 1e-2) -> dict:
+def demo(
+    layers: int = 4, hidden: int = 64, steps: int = 3, batch: int = 16, lr: float = 1e-2
+) -> dict:
     """DDP, ZeRO-1 and FSDP2 against single-process Adam; per-rank state bytes vs. the estimate.
 
     Returns per rank ``num_params`` (Ψ), ``num_tensors`` and, for ``ddp``, ``zero1``, ``fsdp2``:
@@ -114,15 +121,17 @@ def demo(layers: int = 4, hidden: int = 64, steps: int = 3, batch: int = 16,
     ddp = DDP(fresh())
     opt = torch.optim.Adam(ddp.parameters(), lr=lr)
     grads = _train(ddp, opt, data, local)
-    out["ddp"] = _row(ddp.module, opt, ref, model_state_bytes(n_params, d, 0, "fp32"), grads,
-                      ref_grads)
+    out["ddp"] = _row(
+        ddp.module, opt, ref, model_state_bytes(n_params, d, 0, "fp32"), grads, ref_grads
+    )
     # ZeRO-1: optimizer states sharded by whole tensors
     cuda_peak_bytes(reset=True)  # each variant's CUDA peak is its own (no-op on CPU)
     ddp = DDP(fresh())
     zopt = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.Adam, lr=lr)
     grads = _train(ddp, zopt, data, local)
-    row = _row(ddp.module, zopt.optim, ref, model_state_bytes(n_params, d, 1, "fp32"), grads,
-               ref_grads)
+    row = _row(
+        ddp.module, zopt.optim, ref, model_state_bytes(n_params, d, 1, "fp32"), grads, ref_grads
+    )
     owned = [p for g in zopt.optim.param_groups for p in g["params"]]
     row["owned_params"], row["owned_tensors"] = sum(p.numel() for p in owned), len(owned)
     out["zero1"] = row
@@ -135,8 +144,9 @@ def demo(layers: int = 4, hidden: int = 64, steps: int = 3, batch: int = 16,
     fully_shard(model)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     grads = _train(model, opt, data, local)
-    out["fsdp2"] = _row(model, opt, ref, model_state_bytes(n_params, d, 3, "fp32"), grads,
-                        ref_grads)
+    out["fsdp2"] = _row(
+        model, opt, ref, model_state_bytes(n_params, d, 3, "fp32"), grads, ref_grads
+    )
     return out
 
 
@@ -145,12 +155,22 @@ def _row(model, opt, ref, est, grads, ref_grads) -> dict:
 
     sb = state_bytes(model, opt)
     extra = {"cuda_peak": cuda_peak_bytes()} if torch.cuda.is_available() else {}
-    err = max(float((_full(p).detach() - q.detach()).abs().max())
-              for p, q in zip(model.parameters(), ref.parameters(), strict=True))
+    err = max(
+        float((_full(p).detach() - q.detach()).abs().max())
+        for p, q in zip(model.parameters(), ref.parameters(), strict=True)
+    )
     grad_err = max(float((a - b).abs().max()) for a, b in zip(grads, ref_grads, strict=True))
-    return {"grad_err": grad_err, "param_err": err, "params": sb.params, "params_estimate": est.params,
-            "grads": sb.grads, "grads_estimate": est.grads,
-            "optimizer": sb.optimizer, "optimizer_estimate": est.optimizer, **extra}
+    return {
+        "grad_err": grad_err,
+        "param_err": err,
+        "params": sb.params,
+        "params_estimate": est.params,
+        "grads": sb.grads,
+        "grads_estimate": est.grads,
+        "optimizer": sb.optimizer,
+        "optimizer_estimate": est.optimizer,
+        **extra,
+    }
 
 
 def demo_ddp_buckets(layers: int = 4, hidden: int = 64) -> dict:
@@ -181,9 +201,13 @@ def demo_ddp_buckets(layers: int = 4, hidden: int = 64) -> dict:
         sizes = ddp_bucket_sizes(ddp)
         grads = state_bytes(model).grads
         share = all(p.grad.untyped_storage().nbytes() in sizes for p in model.parameters())
-        row = {"grads": grads, "buckets": sum(sizes), "grad_views_share_buckets": share,
-               "gradient_memory": grads if view else grads + sum(sizes),
-               "grads_estimate": model_state_bytes(n, d, 0, "fp32").grads}
+        row = {
+            "grads": grads,
+            "buckets": sum(sizes),
+            "grad_views_share_buckets": share,
+            "gradient_memory": grads if view else grads + sum(sizes),
+            "grads_estimate": model_state_bytes(n, d, 0, "fp32").grads,
+        }
         if cuda:
             row["cuda_allocated"] = torch.cuda.memory_allocated(dev) - before
         out["view" if view else "copy"] = row
@@ -192,8 +216,9 @@ def demo_ddp_buckets(layers: int = 4, hidden: int = 64) -> dict:
     return out
 
 
-def demo_losses(layers: int = 4, hidden: int = 64, steps: int = 5, batch: int = 16,
-                lr: float = 1e-2) -> dict:
+def demo_losses(
+    layers: int = 4, hidden: int = 64, steps: int = 5, batch: int = 16, lr: float = 1e-2
+) -> dict:
     """The loss curve of single-process Adam beside DDP, ZeRO-1 and FSDP2 on the same batches.
 
     Every variant starts from the same weights and sees the same ``steps`` global batches of
@@ -236,16 +261,22 @@ def demo_losses(layers: int = 4, hidden: int = 64, steps: int = 5, batch: int = 
     ddp = DDP(fresh())
     curves["ddp"] = curve(ddp, torch.optim.Adam(ddp.parameters(), lr=lr), True)
     ddp = DDP(fresh())
-    curves["zero1"] = curve(ddp, ZeroRedundancyOptimizer(
-        ddp.parameters(), optimizer_class=torch.optim.Adam, lr=lr), True)
+    curves["zero1"] = curve(
+        ddp,
+        ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.Adam, lr=lr),
+        True,
+    )
     model = fresh()
     for lin in model:
         if isinstance(lin, nn.Linear):
             fully_shard(lin)
     fully_shard(model)
     curves["fsdp2"] = curve(model, torch.optim.Adam(model.parameters(), lr=lr), True)
-    diff = max(abs(a - b) for k in ("ddp", "zero1", "fsdp2")
-               for a, b in zip(curves[k], curves["reference"], strict=True))
+    diff = max(
+        abs(a - b)
+        for k in ("ddp", "zero1", "fsdp2")
+        for a, b in zip(curves[k], curves["reference"], strict=True)
+    )
     return {**curves, "max_diff": diff}
 
 
@@ -270,7 +301,7 @@ def demo_comm(layers: int = 4, hidden: int = 64, batch: int = 16, lr: float = 1e
     from parmem.comm import all_reduce_bytes, broadcast_bytes
 
     d, r, dev, ref, init = _start(layers, hidden, batch)
-    (x, y), = _batches(1, batch, hidden, dev)
+    ((x, y),) = _batches(1, batch, hidden, dev)
     out: dict = {"num_params": sum(p.numel() for p in ref.parameters())}
     for name in ("ddp", "zero1"):
         model = make_model(layers, hidden).to(dev)
@@ -290,7 +321,7 @@ def demo_comm(layers: int = 4, hidden: int = 64, batch: int = 16, lr: float = 1e
             opt = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.Adam, lr=lr)
         original = dist.broadcast
 
-        def counting(tensor, src, *args, rec=rec, **kwargs):
+        def counting(tensor, src, *args, rec=rec, original=original, **kwargs):
             rec["broadcast"].append([src, tensor.numel() * tensor.element_size()])
             return original(tensor, src, *args, **kwargs)
 
@@ -302,6 +333,7 @@ def demo_comm(layers: int = 4, hidden: int = 64, batch: int = 16, lr: float = 1e
         finally:
             dist.broadcast = original
         rec["bytes_sent"] = sum(all_reduce_bytes(n, d) for n in rec["all_reduce"]) + sum(
-            broadcast_bytes(n, d) for src, n in rec["broadcast"] if (src - 1) % d != r)
+            broadcast_bytes(n, d) for src, n in rec["broadcast"] if (src - 1) % d != r
+        )
         out[name] = rec
     return out
