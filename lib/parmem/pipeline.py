@@ -46,6 +46,7 @@ __all__ = [
     "PipelineResult",
     "simulate",
     "dependency",
+    "list_schedule",
     "bubble_fraction",
     "bubble_ratio",
     "in_flight",
@@ -221,6 +222,47 @@ def dependency(
     return ("F", i, c, mb)
 
 
+def list_schedule(
+    orders: list[list[tuple[str, int, int]]], durations: list[list[float]], v: int = 1
+) -> list[list[tuple[str, int, int, float, float]]]:
+    """Run each stage's operations in the given order, with free communication.
+
+    ``orders[i]`` lists stage ``i``'s operations as ``(kind, micro-batch, chunk)`` in the order it
+    runs them, ``durations[i]`` their lengths. An operation starts when its stage has finished
+    the previous one and the operation whose output it consumes (:func:`dependency`) has ended.
+    Returns, per stage, ``(kind, micro-batch, chunk, start, end)``. :func:`simulate` runs it with
+    the schedules' nominal t_f and t_b; ``parmem.dist.pp.replay`` with a run's measured times.
+    Raises ``ValueError`` when the stages wait on each other (orders of no one schedule).
+    """
+    p = len(orders)
+    pos = [0] * p
+    free = [0.0] * p
+    done: dict[tuple[str, int, int, int], float] = {}
+    out: list[list[tuple[str, int, int, float, float]]] = [[] for _ in range(p)]
+    remaining = sum(len(o) for o in orders)
+    while remaining:
+        progressed = False
+        for i in range(p):
+            while pos[i] < len(orders[i]):
+                kind, mb, c = orders[i][pos[i]]
+                dep = dependency(kind, i, c, mb, p, v)
+                if dep is not None and dep not in done:
+                    break
+                start = max(free[i], done[dep] if dep is not None else 0.0)
+                end = start + durations[i][pos[i]]
+                done[(kind, i, c, mb)] = free[i] = end
+                out[i].append((kind, mb, c, start, end))
+                pos[i] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            raise ValueError(
+                f"orders cannot run: the stages wait on each other at positions {pos} "
+                "(not one run of one schedule)"
+            )
+    return out
+
+
 def simulate(
     schedule: str, p: int, m: int, v: int = 1, t_fwd: float = 1.0, t_bwd: float = 2.0
 ) -> PipelineResult:
@@ -245,30 +287,11 @@ def simulate(
         number(name, value, 0, lo_open=True)
     dur = {"F": t_fwd / v, "B": t_bwd / v}
     orders = [_stage_order(schedule, p, m, v, i) for i in range(p)]
-    pos = [0] * p
-    free = [0.0] * p
-    done: dict[tuple[str, int, int, int], float] = {}
-    by_stage: list[list[Event]] = [[] for _ in range(p)]
-    remaining = sum(len(o) for o in orders)
-    while remaining:
-        progressed = False
-        for i in range(p):
-            while pos[i] < len(orders[i]):
-                kind, mb, c = orders[i][pos[i]]
-                dep = dependency(kind, i, c, mb, p, v)
-                if dep is not None and dep not in done:
-                    break
-                start = max(free[i], done[dep] if dep is not None else 0.0)
-                end = start + dur[kind]
-                done[(kind, i, c, mb)] = end
-                free[i] = end
-                by_stage[i].append(Event(i, kind, mb, c, start, end))
-                pos[i] += 1
-                remaining -= 1
-                progressed = True
-        if not progressed:  # pragma: no cover - the schedules above are deadlock-free
-            raise RuntimeError(f"schedule {schedule!r} deadlocked at positions {pos}")
-    step_time = max(free)
+    timed = list_schedule(orders, [[dur[k] for k, _, _ in o] for o in orders], v)
+    by_stage = [
+        [Event(i, k, mb, c, t0, t1) for k, mb, c, t0, t1 in evs] for i, evs in enumerate(timed)
+    ]
+    step_time = max((evs[-1].end for evs in by_stage if evs), default=0.0)
     busy = [sum(e.end - e.start for e in evs) for evs in by_stage]
     idle = [step_time - b for b in busy]
     peaks = []

@@ -581,7 +581,7 @@ def replay(results: list[dict]) -> dict:
     operations, as (kind, stage, chunk, micro-batch), that started before the operation they
     consume had ended on the shared clock (none in a real run).
     """
-    from parmem.pipeline import dependency
+    from parmem.pipeline import dependency, list_schedule
 
     r0 = results[0]
     p, v = len(results), r0["v"]
@@ -602,28 +602,15 @@ def replay(results: list[dict]) -> dict:
             dep = dependency(k, i, c, mb, p, v)
             if dep is not None and t0 < ended.get(dep, float("-inf")):
                 late.append((k, i, c, mb))
-    pos, free = [0] * p, [0.0] * p
-    done: dict[tuple[str, int, int, int], float] = {}
-    remaining = sum(len(evs) for evs in ops)
-    while remaining:
-        progressed = False
-        for i, evs in enumerate(ops):
-            while pos[i] < len(evs):
-                k, c, mb, t0, t1 = evs[pos[i]]
-                dep = dependency(k, i, c, mb, p, v)
-                if dep is not None and dep not in done:
-                    break
-                ready = done[dep] if dep is not None else 0.0
-                free[i] = done[(k, i, c, mb)] = max(free[i], ready) + (t1 - t0)
-                pos[i] += 1
-                remaining -= 1
-                progressed = True
-        if not progressed:
-            raise ValueError(
-                f"the events of results cannot be replayed: the stages wait on each "
-                f"other at positions {pos} (not one run of one schedule)"
-            )
-    step = max(free)
+    try:
+        timed = list_schedule(
+            [[(k, mb, c) for k, c, mb, _, _ in evs] for evs in ops],
+            [[t1 - t0 for *_, t0, t1 in evs] for evs in ops],
+            v,
+        )
+    except ValueError as e:
+        raise ValueError(f"the events of results cannot be replayed: {e}") from None
+    step = max((evs[-1][4] for evs in timed if evs), default=0.0)
     busy = [sum(t1 - t0 for *_, t0, t1 in evs) for evs in ops]
     return {"step_s": step, "busy_s": busy, "idle_s": [step - b for b in busy], "late": late}
 
