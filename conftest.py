@@ -46,7 +46,7 @@ def pytest_addoption(parser) -> None:
     parser.addoption(
         "--nb-pool", default="shared", choices=("shared", "own"),
         help="'shared' (default): the chapters' kernels relay their torch.distributed Pool to "
-             "one pool of ranks per test worker (parmem.dist.PoolServer); 'own': each chapter "
+             "one pool of ranks per test worker (parmem.distributed.PoolServer); 'own': each chapter "
              "starts its own ranks, as the book's build does",
     )
 

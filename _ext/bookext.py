@@ -2,7 +2,7 @@
 
 The library's docstrings refer to its public API the way users call it, ``parmem.estimate`` or
 ``parmem.ModelSpec.mlp_params``, and within a package by short name (``Pool`` in
-``parmem.dist``). The API page documents each object once, where it is defined
+``parmem.distributed``). The API page documents each object once, where it is defined
 (``parmem.estimate.estimate``). When a Python cross-reference finds no target, this looks the
 name up by importing it, and retries with the object's canonical ``module.qualname``.
 

@@ -15,7 +15,7 @@ import statistics
 import sys
 import time
 
-from parmem.dist import DEMOS, Pool
+from parmem.distributed import DEMOS, Pool
 
 RUNS = [("collectives", {}), ("tp", {}), ("tp-dtensor", {}), ("sp", {}),
         ("pp", {"schedule": "gpipe"}), ("pp", {"schedule": "1f1b"}),

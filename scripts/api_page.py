@@ -89,21 +89,21 @@ ORDER = [
     "parmem.book.widgets.serving",
     "parmem.book.widgets.engines",
     "parmem.cli",
-    "parmem.dist",
-    "parmem.dist.launcher",
-    "parmem.dist.collectives",
-    "parmem.dist.anatomy",
-    "parmem.dist.dp",
-    "parmem.dist.tp",
-    "parmem.dist.sp",
-    "parmem.dist.pp",
-    "parmem.dist.zero",
-    "parmem.dist.ep",
-    "parmem.dist.uneven",
-    "parmem.dist.serve",
-    "parmem.dist.hybrid",
-    "parmem.dist.checks",
-    "parmem.dist.engine_runs",
+    "parmem.distributed",
+    "parmem.distributed.launcher",
+    "parmem.distributed.collectives",
+    "parmem.distributed.anatomy",
+    "parmem.distributed.dp",
+    "parmem.distributed.tp",
+    "parmem.distributed.sp",
+    "parmem.distributed.pp",
+    "parmem.distributed.zero",
+    "parmem.distributed.ep",
+    "parmem.distributed.uneven",
+    "parmem.distributed.serve",
+    "parmem.distributed.hybrid",
+    "parmem.distributed.checks",
+    "parmem.distributed.engine_runs",
 ]
 
 HEAD = """# API reference
@@ -114,7 +114,7 @@ The `parmem` library computes every number in the book. This page is generated f
 docstrings, which name the source of each formula. Install the library with `pip install -e .`
 from the repository, then `import parmem`; the command-line tool is `parmem --help`.
 Importing `parmem` does not import PyTorch; `parmem.measure`, `parmem.reference` and
-`parmem.dist` do.
+`parmem.distributed` do.
 
 The symbols in names and docstrings are those of {doc}`notation`.
 

@@ -9,10 +9,10 @@ from parmem import Cluster, ModelSpec, plan
 
 @pytest.fixture(scope="session")
 def pool():
-    """A started :class:`parmem.dist.Pool` of ``WORLD_SIZE`` ranks, shared by every test of a
+    """A started :class:`parmem.distributed.Pool` of ``WORLD_SIZE`` ranks, shared by every test of a
     session (of an xdist worker) and closed at its end: starting ranks is the expensive part."""
     pytest.importorskip("torch")
-    from parmem.dist import Pool
+    from parmem.distributed import Pool
 
     with Pool(world_size=WORLD_SIZE) as p:
         yield p

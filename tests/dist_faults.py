@@ -10,7 +10,7 @@ import sys
 import time
 from multiprocessing.connection import Connection
 
-from parmem.dist.launcher import rank
+from parmem.distributed.launcher import rank
 
 
 def _mark(started: str | None) -> None:

@@ -72,9 +72,9 @@ def deepspeed_config_class():
 @cache
 def torchtitan():
     """torchtitan 0.3.0's ``ConfigManager``, ``ParallelDims`` and pipeline-split functions,
-    imported under :func:`parmem.dist.engine_runs.triton_stub` (its model modules import
+    imported under :func:`parmem.distributed.engine_runs.triton_stub` (its model modules import
     ``triton``, absent from the CPU build of PyTorch)."""
-    from parmem.dist.engine_runs import triton_stub
+    from parmem.distributed.engine_runs import triton_stub
 
     with triton_stub():
         import torchtitan.experiments.transformers_modeling_backend.config_registry  # noqa: F401

@@ -4,14 +4,14 @@ import pytest
 
 pytest.importorskip("torch")
 
-from parmem.dist import Pool  # noqa: E402
-from parmem.dist.anatomy import compare  # noqa: E402
+from parmem.distributed import Pool  # noqa: E402
+from parmem.distributed.anatomy import compare  # noqa: E402
 
 
 @pytest.mark.dist
 def test_anatomy_matches_the_estimate_on_every_rank():
     with Pool(2) as pool:
-        results = pool.run("parmem.dist.anatomy:demo", layers=2, seq=32, batch=2)
+        results = pool.run("parmem.distributed.anatomy:demo", layers=2, seq=32, batch=2)
     for r in results:
         assert r["max_weight_diff_vs_rank0"] == 0.0
         rows = compare(r)

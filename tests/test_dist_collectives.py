@@ -1,4 +1,4 @@
-"""parmem.dist.collectives on real gloo ranks: bytes sent equal the ring and point-to-point
+"""parmem.distributed.collectives on real gloo ranks: bytes sent equal the ring and point-to-point
 formulas (Thakur et al. 2005 §4), written here, never copied from a run.
 World size: $PARMEM_WORLD_SIZE, default 2.
 """
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.dist
 def test_collectives_bytes_sent_equal_ring_formulas(pool):
     numel = 3840
     size = numel * FP32
-    res = pool.run("parmem.dist.collectives:demo", numel=numel)
+    res = pool.run("parmem.distributed.collectives:demo", numel=numel)
     for r, row in enumerate(res):
         assert all(row[c]["equal"] for c in row), row  # same result as gloo's own collective
         assert row["rs_then_ag"]["equal"]  # gloo's reduce-scatter + all-gather = its all-reduce
@@ -39,7 +39,7 @@ def test_send_recv_sends_the_tensor_once_per_boundary(pool):
     from parmem.comm import send_recv_bytes
 
     numel = 1000
-    res = pool.run("parmem.dist.collectives:demo_send_recv", numel=numel)
+    res = pool.run("parmem.distributed.collectives:demo_send_recv", numel=numel)
     size = 4 * numel  # fp32
     for r, row in enumerate(res):
         assert row["size_bytes"] == size and row["received_ok"]

@@ -1,4 +1,4 @@
-"""parmem.dist.dp on real gloo ranks: DDP's per-rank bytes, and what ZeRO-3 and TP shard.
+"""parmem.distributed.dp on real gloo ranks: DDP's per-rank bytes, and what ZeRO-3 and TP shard.
 
 Expected values are derived here by hand from the papers' formulas, never copied from a run:
 Rajbhandari et al. 2020 §3.1 (2 + 2 + 12 bytes per parameter), PyTorch DDP's default buckets
@@ -38,7 +38,7 @@ def extras(s, b, L):
 
 def test_ddp_states_and_buckets_per_rank_equal_estimate(pool):
     V, h, L, a, s, B = 512, 64, 2, 4, 32, 4 * N
-    res = pool.run("parmem.dist.dp:demo", global_batch=B, seq=s, vocab=V, hidden=h, layers=L,
+    res = pool.run("parmem.distributed.dp:demo", global_batch=B, seq=s, vocab=V, hidden=h, layers=L,
                    heads=a)
     psi = tiny_gpt_params(V, h, L, s)
     n_tensors = 2 + 12 * L + 2 + 1  # embeddings, 12 per layer, final norm, head
@@ -58,7 +58,7 @@ def test_ddp_states_and_buckets_per_rank_equal_estimate(pool):
 
 def test_fixed_global_batch_divides_activations_by_d(pool):
     V, h, L, a, s, B = 512, 64, 2, 4, 32, 4 * N
-    res = pool.run("parmem.dist.dp:demo", global_batch=B, seq=s, vocab=V, hidden=h, layers=L,
+    res = pool.run("parmem.distributed.dp:demo", global_batch=B, seq=s, vocab=V, hidden=h, layers=L,
                    heads=a)
     for row in res:
         act = row["activations"]
@@ -72,9 +72,9 @@ def test_fixed_global_batch_divides_activations_by_d(pool):
 
 
 def test_compare_rows_are_all_explained(pool):
-    from parmem.dist.dp import compare
+    from parmem.distributed.dp import compare
 
-    res = pool.run("parmem.dist.dp:demo", global_batch=2 * N)
+    res = pool.run("parmem.distributed.dp:demo", global_batch=2 * N)
     rows = compare(res[0])
     assert [r["unexplained"] for r in rows] == [0] * len(rows)
     assert len(rows) == 4 + (2 if N > 1 else 1)
@@ -82,12 +82,12 @@ def test_compare_rows_are_all_explained(pool):
 
 def test_global_batch_must_split_evenly(pool):
     with pytest.raises(Exception, match="global_batch"):
-        pool.run("parmem.dist.dp:demo", global_batch=2 * N + 1)
+        pool.run("parmem.distributed.dp:demo", global_batch=2 * N + 1)
 
 
 def test_zero3_keeps_activations_tp_shards_them(pool):
     h, a, s, b = 32, 4, 16, 2
-    res = pool.run("parmem.dist.dp:demo_activation_sharding", hidden=h, heads=a, seq=s, batch=b)
+    res = pool.run("parmem.distributed.dp:demo_activation_sharding", hidden=h, heads=a, seq=s, batch=b)
     sbh = s * b * h
     ln_stats = 2 * 2 * s * b * 2  # two LayerNorms x (mean, rstd) x s·b tokens, bf16 on CPU
     full = 34 * sbh + 5 * a * s * s * b  # Korthikanti et al. 2022 Table 2, t = 1

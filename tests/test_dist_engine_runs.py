@@ -1,4 +1,4 @@
-"""parmem.dist.engine_runs.datasets_stub: torchtitan is imported without Hugging Face ``datasets``
+"""parmem.distributed.engine_runs.datasets_stub: torchtitan is imported without Hugging Face ``datasets``
 (a second of CPU per rank for data loaders a one-step run never builds), and the real package is
 importable again afterwards."""
 
@@ -20,7 +20,7 @@ def _run(code: str) -> list[str]:
 def test_datasets_is_a_placeholder_inside_and_the_real_package_after():
     out = _run(
         "import sys\n"
-        "from parmem.dist.engine_runs import datasets_stub\n"
+        "from parmem.distributed.engine_runs import datasets_stub\n"
         "with datasets_stub():\n"
         "    import datasets\n"
         "    from datasets.distributed import split_dataset_by_node\n"
@@ -34,7 +34,7 @@ def test_datasets_is_a_placeholder_inside_and_the_real_package_after():
 def test_an_imported_datasets_is_left_alone():
     out = _run(
         "import datasets\n"
-        "from parmem.dist.engine_runs import datasets_stub\n"
+        "from parmem.distributed.engine_runs import datasets_stub\n"
         "with datasets_stub():\n"
         "    import datasets as inside\n"
         "print(inside is datasets)\n")

@@ -1,4 +1,4 @@
-"""parmem.dist.ep on real gloo ranks: expert parallelism equals a single-process MoE layer, and
+"""parmem.distributed.ep on real gloo ranks: expert parallelism equals a single-process MoE layer, and
 the all-to-all moves top_k tokens each (Lepikhin et al. 2021 §3). World size: $PARMEM_WORLD_SIZE,
 default 2.
 """
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.dist
 
 def test_ep_equals_single_process_moe(pool):
     h, f, per, k, T = 16, 32, 2, 2, 32
-    res = pool.run("parmem.dist.ep:demo", hidden=h, ffn=f, experts_per_rank=per, top_k=k,
+    res = pool.run("parmem.distributed.ep:demo", hidden=h, ffn=f, experts_per_rank=per, top_k=k,
                    tokens=T)
     for row in res:
         assert row["out_err"] < 1e-6 and row["input_grad_err"] < 1e-6
@@ -35,7 +35,7 @@ def test_ep_equals_single_process_moe(pool):
 
 def test_ep_unbalanced_router_overloads_the_rank_of_expert_0(pool):
     T, k = 32, 2
-    res = pool.run("parmem.dist.ep:demo", tokens=T, top_k=k, imbalance=20.0)
+    res = pool.run("parmem.distributed.ep:demo", tokens=T, top_k=k, imbalance=20.0)
     assert res[0]["out_err"] < 1e-6
     assert res[0]["tokens_per_expert"][0] == N * T  # every token picks expert 0
     assert res[0]["tokens_received"] > T * k >= max(r["tokens_received"] for r in res[1:])
@@ -45,7 +45,7 @@ def test_ep_moves_activations_to_the_ranks_that_receive_the_tokens(pool):
     # Expert parallelism shards expert weights, not activations: a rank keeps, for backward, the
     # expert activations of the (token, choice) pairs it receives, T·k on average, as many as
     # when it runs every expert on its own T tokens (e = 1)
-    res = pool.run("parmem.dist.ep:demo", hidden=64, ffn=256, tokens=128)
+    res = pool.run("parmem.distributed.ep:demo", hidden=64, ffn=256, tokens=128)
     mean = sum(r["saved_bytes"] for r in res) / N
     assert all(r["saved_bytes_local"] == res[0]["saved_bytes_local"] for r in res)  # same T
     assert mean >= res[0]["saved_bytes_local"]

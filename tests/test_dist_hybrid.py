@@ -1,4 +1,4 @@
-"""parmem.dist.hybrid on real gloo ranks: TP x DP/ZeRO-1 equals one process, and its states and
+"""parmem.distributed.hybrid on real gloo ranks: TP x DP/ZeRO-1 equals one process, and its states and
 traffic are the formulas (Shoeybi et al. 2019 §3, Rajbhandari et al. 2020 §5/§7, Thakur et al.
 2005 for the ring), derived here by hand. World size: $PARMEM_WORLD_SIZE, default 2.
 """
@@ -22,7 +22,7 @@ def test_hybrid_tp_dp_matches_one_process_and_the_formulas(pool, zero):
     L, h, V, s, b = 2, 32, 64, 16, 2
     for t in (k for k in (1, 2, 4) if N % k == 0):
         d = N // t
-        for row in pool.run("parmem.dist.hybrid:demo", tp=t, zero=zero, layers=L, hidden=h,
+        for row in pool.run("parmem.distributed.hybrid:demo", tp=t, zero=zero, layers=L, hidden=h,
                             vocab=V, seq=s, batch=b):
             assert row["d"] == d and row["t"] == t
             assert row["grad_err"] < 1e-6 and row["param_err"] < 1e-4
@@ -48,7 +48,7 @@ def test_hybrid_tp_dp_matches_one_process_and_the_formulas(pool, zero):
 
 
 def test_hybrid_rejects_bad_arguments(pool):
-    from parmem.dist import RankError
+    from parmem.distributed import RankError
 
     with pytest.raises(RankError, match="zero=2"):
-        pool.run("parmem.dist.hybrid:demo", tp=1, zero=2)
+        pool.run("parmem.distributed.hybrid:demo", tp=1, zero=2)

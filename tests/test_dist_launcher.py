@@ -12,9 +12,9 @@ import pytest
 
 pytest.importorskip("torch")
 
-from parmem.dist import DEMOS, Pool, RankError, RankHung, RunTimeout, WorkerDied  # noqa: E402
-from parmem.dist.__main__ import _kwargs  # noqa: E402
-from parmem.dist.launcher import default_world_size, format_results, resolve  # noqa: E402
+from parmem.distributed import DEMOS, Pool, RankError, RankHung, RunTimeout, WorkerDied  # noqa: E402
+from parmem.distributed.__main__ import _kwargs  # noqa: E402
+from parmem.distributed.launcher import default_world_size, format_results, resolve  # noqa: E402
 
 pytestmark = pytest.mark.dist
 
@@ -29,8 +29,8 @@ def pool():
 
 
 def test_run_returns_one_result_per_rank_and_reuses_processes(pool):
-    first = pool.run("parmem.dist.checks:ping")
-    again = pool.run("parmem.dist.checks:ping")
+    first = pool.run("parmem.distributed.checks:ping")
+    again = pool.run("parmem.distributed.checks:ping")
     assert [r["rank"] for r in first] == list(range(N))
     assert all(r["world_size"] == N and r["backend"] == "gloo" for r in first)
     assert all(r["rank_sum"] == N * (N - 1) // 2 for r in first)  # the all-reduce worked
@@ -38,27 +38,27 @@ def test_run_returns_one_result_per_rank_and_reuses_processes(pool):
 
 
 def test_a_function_object_is_accepted():
-    from parmem.dist import checks
+    from parmem.distributed import checks
 
-    assert resolve(checks.ping) == ("parmem.dist.checks:ping", checks.ping)
+    assert resolve(checks.ping) == ("parmem.distributed.checks:ping", checks.ping)
 
 
 def test_rank_that_raises_fails_fast_with_its_traceback_and_the_pool_restarts(pool):
     t0 = time.perf_counter()
     with pytest.raises(RankError) as info:
-        pool.run("parmem.dist.checks:raise_on", which=1, message="boom from rank one")
+        pool.run("parmem.distributed.checks:raise_on", which=1, message="boom from rank one")
     assert time.perf_counter() - t0 < 10  # not the 3 s group timeout of the waiting rank, x3
     err = info.value
     assert err.rank == 1 and "ValueError: boom from rank one" in str(err)
-    assert "rank 1 failed in parmem.dist.checks:raise_on" in str(err)
+    assert "rank 1 failed in parmem.distributed.checks:raise_on" in str(err)
     assert not pool.alive  # torn down...
-    assert [r["rank"] for r in pool.run("parmem.dist.checks:ping")] == list(range(N))  # ...restarted
+    assert [r["rank"] for r in pool.run("parmem.distributed.checks:ping")] == list(range(N))  # ...restarted
 
 
 def test_run_deadline(pool):
     t0 = time.perf_counter()
     with pytest.raises(RunTimeout):
-        pool.run("parmem.dist.checks:sleep", seconds=30, timeout=0.5)
+        pool.run("parmem.distributed.checks:sleep", seconds=30, timeout=0.5)
     assert time.perf_counter() - t0 < 20  # far below the 30 s sleep, with room for a busy CI
     assert not pool.alive
 
@@ -67,14 +67,14 @@ def test_group_timeout_turns_a_hang_into_an_error(pool):
     """Rank 1 skips an all-reduce; rank 0 would wait forever without the group's timeout."""
     t0 = time.perf_counter()
     with pytest.raises(RankError) as info:
-        pool.run("parmem.dist.checks:skip_collective", which=1)
+        pool.run("parmem.distributed.checks:skip_collective", which=1)
     assert info.value.rank == 0
     assert 2.5 < time.perf_counter() - t0 < 30
 
 
 def test_two_pools_at_once_do_not_collide():
     with Pool(world_size=2) as a, Pool(world_size=2) as b:
-        ra, rb = a.run("parmem.dist.checks:ping"), b.run("parmem.dist.checks:ping")
+        ra, rb = a.run("parmem.distributed.checks:ping"), b.run("parmem.distributed.checks:ping")
     assert [r["rank_sum"] for r in ra + rb] == [1, 1, 1, 1]
     assert {r["pid"] for r in ra}.isdisjoint(r["pid"] for r in rb)
 
@@ -101,8 +101,8 @@ def test_bad_pool_arguments(kw, field):
         Pool(**kw)
 
 
-@pytest.mark.parametrize("target", ["parmem.dist.checks", "no.such.module:fn",
-                                    "parmem.dist.checks:nope", 42, lambda: 0])
+@pytest.mark.parametrize("target", ["parmem.distributed.checks", "no.such.module:fn",
+                                    "parmem.distributed.checks:nope", 42, lambda: 0])
 def test_bad_targets_are_rejected_before_any_rank_starts(target):
     p = Pool(world_size=2)
     with pytest.raises(ValueError, match="target"):
@@ -122,23 +122,23 @@ def test_cli_kwargs_and_list():
         "schedule": "gpipe", "v": 2, "lr": 1e-3, "flag": True}
     with pytest.raises(SystemExit):
         _kwargs(["novalue"])
-    out = subprocess.run([sys.executable, "-m", "parmem.dist", "--list"], check=True,
+    out = subprocess.run([sys.executable, "-m", "parmem.distributed", "--list"], check=True,
                          capture_output=True, text=True).stdout
     assert all(name in out for name in DEMOS)
 
 
 def test_torchrun_runs_a_demo_on_each_rank():
-    """``torchrun -m parmem.dist`` runs the function directly on each rank (gloo on CPU)."""
+    """``torchrun -m parmem.distributed`` runs the function directly on each rank (gloo on CPU)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "parmem.dist", "collectives", "numel=64", "--json"]
+           "-m", "parmem.distributed", "collectives", "numel=64", "--json"]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     results = json.loads(proc.stdout[proc.stdout.index("["):])
     assert [r["all_reduce"]["bytes_sent"] for r in results] == [2 * 1 * 64 * 4 // 2] * 2
 
 
-# ---------------------------------------------------------------------------- python -m parmem.dist
+# ---------------------------------------------------------------------------- python -m parmem.distributed
 @pytest.mark.parametrize("args, needle", [
     (["nope"], "demo='nope' is not one of"),
     (["--world-size", "0"], "argument --world-size/-n: 0 must be an integer in 1..64"),
@@ -149,24 +149,24 @@ def test_torchrun_runs_a_demo_on_each_rank():
     (["--bogus"], "unrecognized arguments: --bogus"),
 ])
 def test_dist_cli_errors_are_one_line_exit_2(args, needle, capsys):
-    from parmem.dist.__main__ import main
+    from parmem.distributed.__main__ import main
 
     assert main(args) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and needle in err and err.startswith("python -m parmem.dist: ")
+    assert err.count("\n") == 1 and needle in err and err.startswith("python -m parmem.distributed: ")
 
 
 def test_dist_cli_a_demo_that_fails_on_a_rank_is_one_line():
-    r = subprocess.run([sys.executable, "-m", "parmem.dist", "pp", "-n", "2", "schedule=zigzag"],
+    r = subprocess.run([sys.executable, "-m", "parmem.distributed", "pp", "-n", "2", "schedule=zigzag"],
                        capture_output=True, text=True, timeout=120,
                        env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr[-2000:]
-    assert "failed in parmem.dist.pp:demo: ValueError: schedule='zigzag'" in r.stderr
+    assert "failed in parmem.distributed.pp:demo: ValueError: schedule='zigzag'" in r.stderr
 
 
 def test_dist_cli_without_torch_says_install_it():
     code = ("import sys; sys.modules['torch'] = None\n"
-            "from parmem.dist.__main__ import main\n"
+            "from parmem.distributed.__main__ import main\n"
             "sys.exit(main(['tp']))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
@@ -174,7 +174,7 @@ def test_dist_cli_without_torch_says_install_it():
 
 
 def test_dist_cli_version():
-    r = subprocess.run([sys.executable, "-m", "parmem.dist", "--version"], capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "parmem.distributed", "--version"], capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == 0 and "parmem" in r.stdout
 
@@ -184,16 +184,16 @@ def test_a_shared_pool_relays_tasks_results_and_errors(monkeypatch):
     """Pools in other processes (the chapters' kernels) relay to one PoolServer: the same ranks
     serve every client, and every error arrives as the same class, rank and exit code as on a
     pool of one's own; a pool of another world size starts its own ranks."""
-    from parmem.dist.launcher import SHARED_POOL_ENV, PoolServer
+    from parmem.distributed.launcher import SHARED_POOL_ENV, PoolServer
 
     with PoolServer(world_size=2, pg_timeout=3.0) as server:
         monkeypatch.setenv(SHARED_POOL_ENV, server.address)
         a = Pool(world_size=2).start()
         assert a.shared and a.alive and not a._procs  # no ranks of its own
-        first = a.run("parmem.dist.checks:ping")
+        first = a.run("parmem.distributed.checks:ping")
         a.close()
         b = Pool(world_size=2)
-        again = b.run("parmem.dist.checks:ping")
+        again = b.run("parmem.distributed.checks:ping")
         assert [r["rank_sum"] for r in again] == [1, 1]
         assert [r["pid"] for r in first] == [r["pid"] for r in again]  # the same ranks
         assert not any(p["pid"] == os.getpid() for p in first)
@@ -201,14 +201,14 @@ def test_a_shared_pool_relays_tasks_results_and_errors(monkeypatch):
             b.run("dist_faults:exit_in_collective", which=0, code=5)
         assert (died.value.rank, died.value.exit_code, died.value.others) == (0, 5, (1,))
         with pytest.raises(RankError, match="boom") as raised:
-            b.run("parmem.dist.checks:raise_on", which=1, message="boom")
+            b.run("parmem.distributed.checks:raise_on", which=1, message="boom")
         assert raised.value.rank == 1 and type(raised.value) is RankError
         with pytest.raises(RankHung) as hung:
             b.run("dist_faults:hang_in_collective", which=1, seconds=60)
         assert hung.value.rank == 1
         with pytest.raises(TypeError, match="nope"):  # checked here, before the relay
-            b.run("parmem.dist.checks:ping", nope=1)
-        assert [r["rank_sum"] for r in b.run("parmem.dist.checks:ping")] == [1, 1]
+            b.run("parmem.distributed.checks:ping", nope=1)
+        assert [r["rank_sum"] for r in b.run("parmem.distributed.checks:ping")] == [1, 1]
         b.close()
         assert server.served == 6
         other = Pool(world_size=1)
@@ -224,12 +224,12 @@ def test_a_shared_pool_client_interrupted_mid_task_leaves_the_server_usable(monk
     """A client interrupted while its task runs (Ctrl-C while it waits for the reply: raised at
     that very wait, not raced against the task) disconnects; the server finishes the task, drops
     the result and serves the next client."""
-    from parmem.dist.launcher import SHARED_POOL_ENV, PoolServer
+    from parmem.distributed.launcher import SHARED_POOL_ENV, PoolServer
 
     with PoolServer(world_size=2) as server:
         monkeypatch.setenv(SHARED_POOL_ENV, server.address)
         a = Pool(world_size=2).start()
-        a.run("parmem.dist.checks:ping")  # the server's ranks are up
+        a.run("parmem.distributed.checks:ping")  # the server's ranks are up
 
         class Interrupted:
             """The client's connection, with Ctrl-C arriving while it waits for the reply."""
@@ -249,9 +249,9 @@ def test_a_shared_pool_client_interrupted_mid_task_leaves_the_server_usable(monk
 
         a._shared = Interrupted(a._shared)
         with pytest.raises(KeyboardInterrupt):
-            a.run("parmem.dist.checks:sleep", seconds=1.0)
+            a.run("parmem.distributed.checks:sleep", seconds=1.0)
         assert not a.shared and not a.alive
         b = Pool(world_size=2)
-        assert [r["rank_sum"] for r in b.run("parmem.dist.checks:ping")] == [1, 1]
+        assert [r["rank_sum"] for r in b.run("parmem.distributed.checks:ping")] == [1, 1]
         b.close()
         assert server.served == 3  # the interrupted task ran to its end on the server

@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from parmem.dist import Pool, RankHung, RunTimeout, WorkerDied  # noqa: E402
+from parmem.distributed import Pool, RankHung, RunTimeout, WorkerDied  # noqa: E402
 
 pytestmark = pytest.mark.dist
 
@@ -117,13 +117,13 @@ def test_pool_arguments_are_checked_at_construction():
 def test_run_arguments_are_checked_before_any_rank_starts():
     p = Pool(world_size=2)
     with pytest.raises(TypeError, match="unexpected keyword argument 'nope'"):
-        p.run("parmem.dist.checks:ping", nope=1)
+        p.run("parmem.distributed.checks:ping", nope=1)
     with pytest.raises(ValueError, match="picklable"):
-        p.run("parmem.dist.checks:sleep", seconds=lambda: 1)
+        p.run("parmem.distributed.checks:sleep", seconds=lambda: 1)
     for kw, field in [({"timeout": float("nan")}, "timeout"), ({"timeout": 0}, "timeout"),
                       ({"seed": -1}, "seed"), ({"seed": 1.5}, "seed")]:
         with pytest.raises(ValueError, match=field):
-            p.run("parmem.dist.checks:ping", **kw)
+            p.run("parmem.distributed.checks:ping", **kw)
     assert not p.alive and not p._procs
 
 
@@ -132,12 +132,12 @@ def test_no_stale_result_after_a_failed_start():
     the next run returned them ([None, None]) as its results."""
     p = Pool(world_size=2, start_timeout=0.05)
     with pytest.raises(RunTimeout, match="<start>"):
-        p.run("parmem.dist.checks:ping")
+        p.run("parmem.distributed.checks:ping")
     assert not p.alive and not p._procs  # the half-started ranks were stopped
     p.start_timeout = 120.0
     try:
-        assert p.run("parmem.dist.checks:sleep", seconds=0) == [{"rank": 0}, {"rank": 1}]
-        assert [r["rank_sum"] for r in p.run("parmem.dist.checks:ping")] == [1, 1]
+        assert p.run("parmem.distributed.checks:sleep", seconds=0) == [{"rank": 0}, {"rank": 1}]
+        assert [r["rank_sum"] for r in p.run("parmem.distributed.checks:ping")] == [1, 1]
     finally:
         p.close()
 
@@ -168,13 +168,13 @@ def test_no_stale_result_after_ctrl_c_during_the_lazy_start(monkeypatch, sigint_
 
     monkeypatch.setattr(Pool, "_collect", interrupted_start)
     with pytest.raises(KeyboardInterrupt):
-        p.run("parmem.dist.checks:ping")
+        p.run("parmem.distributed.checks:ping")
     monkeypatch.undo()
     assert len(spawned) == 2 and all(proc.poll() is not None for proc in spawned)
     assert not p.alive
     try:
-        assert [r["rank_sum"] for r in p.run("parmem.dist.checks:ping")] == [1, 1]
-        assert p.run("parmem.dist.checks:sleep", seconds=0) == [{"rank": 0}, {"rank": 1}]
+        assert [r["rank_sum"] for r in p.run("parmem.distributed.checks:ping")] == [1, 1]
+        assert p.run("parmem.distributed.checks:sleep", seconds=0) == [{"rank": 0}, {"rank": 1}]
     finally:
         p.close()
 
@@ -183,7 +183,7 @@ def test_replies_are_matched_to_their_task(pool):
     """Replies carrying another task's id (left over from an earlier call) are dropped."""
     assert pool.run("dist_faults:stale_reply") == [{"rank": 0, "stale": False},
                                                    {"rank": 1, "stale": False}]
-    assert [r["rank"] for r in pool.run("parmem.dist.checks:ping")] == [0, 1]
+    assert [r["rank"] for r in pool.run("parmem.distributed.checks:ping")] == [0, 1]
 
 
 # ------------------------------------------------------------------ failure attribution
@@ -198,15 +198,15 @@ EACH_RANK_TWICE = pytest.mark.parametrize("which", [0, 1, 0, 1], ids=["r0", "r1"
 @EACH_RANK_TWICE
 def test_a_rank_killed_while_idle_is_named(pool, which):
     """It used to raise a bare BrokenPipeError (or hang on the live ranks)."""
-    pids = [r["pid"] for r in pool.run("parmem.dist.checks:ping")]
+    pids = [r["pid"] for r in pool.run("parmem.distributed.checks:ping")]
     os.kill(pids[which], 9)
     assert _wait_gone([pids[which]], 30) == []
     with pytest.raises(WorkerDied) as info:
-        pool.run("parmem.dist.checks:ping")
+        pool.run("parmem.distributed.checks:ping")
     err = info.value
     assert err.rank == which and err.exit_code == -9, str(err)
     assert "code -9 (killed by SIGKILL)" in str(err) and not pool.alive
-    assert [r["rank_sum"] for r in pool.run("parmem.dist.checks:ping")] == [1, 1]
+    assert [r["rank_sum"] for r in pool.run("parmem.distributed.checks:ping")] == [1, 1]
 
 
 @EACH_RANK_TWICE
@@ -225,7 +225,7 @@ def test_a_rank_killed_during_an_all_reduce_loop_is_named(pool, which, tmp_path)
     survivor's gloo fails with a reset connection, and is listed, not named."""
     import threading
 
-    pids = [r["pid"] for r in pool.run("parmem.dist.checks:ping")]
+    pids = [r["pid"] for r in pool.run("parmem.distributed.checks:ping")]
     started = tmp_path / "started"
     killed = threading.Event()
 
@@ -261,7 +261,7 @@ def test_a_rank_that_hangs_while_its_peer_waits_is_named(pool, which):
 
 def test_a_hung_rank_is_stopped_by_the_run_timeout(pool):
     """A rank that ignores SIGTERM and never returns is killed when the run's deadline passes."""
-    pids = [r["pid"] for r in pool.run("parmem.dist.checks:ping")]
+    pids = [r["pid"] for r in pool.run("parmem.distributed.checks:ping")]
     t0 = time.perf_counter()
     with pytest.raises(RunTimeout):
         pool.run("dist_faults:hang_ignoring_sigterm", seconds=60, timeout=1.0)
@@ -274,15 +274,15 @@ import json, signal, sys, time
 # as a notebook kernel does; a shell without job control starts us with SIGINT ignored
 signal.signal(signal.SIGINT, signal.default_int_handler)
 sys.path.insert(0, {tests!r})
-from parmem.dist import Pool
+from parmem.distributed import Pool
 pool = Pool(world_size=2).start()
-first = pool.run("parmem.dist.checks:ping")
+first = pool.run("parmem.distributed.checks:ping")
 try:
     print("ready", flush=True)
     time.sleep(60)  # an unrelated cell, the pool idle
 except KeyboardInterrupt:
     print("interrupted", flush=True)
-again = pool.run("parmem.dist.checks:ping")
+again = pool.run("parmem.distributed.checks:ping")
 print(json.dumps([[r["pid"] for r in first], [r["pid"] for r in again]]), flush=True)
 pool.close()
 """
@@ -314,11 +314,11 @@ def test_an_interrupt_in_an_unrelated_cell_leaves_the_pool_usable():
 _KILLED_SCRIPT = """
 import sys, threading
 sys.path.insert(0, {tests!r})
-from parmem.dist import Pool
+from parmem.distributed import Pool
 pool = Pool(world_size=2)
 if {from_thread}:  # no parent-death signal then: the watchdog alone must stop the ranks
     t = threading.Thread(target=pool.start); t.start(); t.join()
-pids = [r["pid"] for r in pool.run("parmem.dist.checks:ping")]
+pids = [r["pid"] for r in pool.run("parmem.distributed.checks:ping")]
 print(*pids, flush=True)
 pool.run({target!r}, seconds=60, started={started!r})
 """

@@ -1,8 +1,8 @@
-"""parmem.dist.pp on real gloo ranks: the schedules equal an unpipelined run and stash what the
+"""parmem.distributed.pp on real gloo ranks: the schedules equal an unpipelined run and stash what the
 papers say (Huang et al. 2019; Narayanan et al. 2021 §2.2), a GPT cut into stages holds exactly
 what :func:`parmem.estimate` says plus named extras, and the idle time of a pipeline with emulated
 compute is at least that of its schedule replayed with the measured operation times and free
-communication (:func:`parmem.dist.pp.replay`). World size: $PARMEM_WORLD_SIZE, default 2.
+communication (:func:`parmem.distributed.pp.replay`). World size: $PARMEM_WORLD_SIZE, default 2.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def expected_order(schedule, p, m, i):
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "interleaved"])
 def test_pp_schedules_equal_unpipelined_and_stash_what_the_papers_say(pool, schedule):
     m, v = 2 * N, 2
-    res = pool.run("parmem.dist.pp:demo", schedule=schedule, microbatches=m, v=v)
+    res = pool.run("parmem.distributed.pp:demo", schedule=schedule, microbatches=m, v=v)
     sim = simulate(schedule, N, m, v if schedule == "interleaved" else 1)
     assert res[-1]["loss_err"] < 1e-6
     for i, row in enumerate(res):
@@ -55,17 +55,17 @@ def test_pp_schedules_equal_unpipelined_and_stash_what_the_papers_say(pool, sche
 @pytest.mark.dist
 def test_pp_rejects_bad_schedule(pool):
     with pytest.raises(Exception, match="schedule='zigzag'"):
-        pool.run("parmem.dist.pp:demo", schedule="zigzag")
+        pool.run("parmem.distributed.pp:demo", schedule="zigzag")
 
 
 @pytest.mark.dist
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 def test_pipelined_gpt_holds_what_estimate_says(pool, schedule):
-    from parmem.dist.pp import compare_gpt
+    from parmem.distributed.pp import compare_gpt
 
     layers = 2 * N
     seq, b, h, m = 32, 2, 64, 2 * N
-    res = pool.run("parmem.dist.pp:demo_gpt", schedule=schedule, layers=layers,
+    res = pool.run("parmem.distributed.pp:demo_gpt", schedule=schedule, layers=layers,
                    microbatches=m, seq=seq, microbatch_size=b, hidden=h)
     assert res[-1]["loss_err"] == 0.0
     for i, r in enumerate(res):
@@ -92,19 +92,19 @@ def test_pipelined_gpt_holds_what_estimate_says(pool, schedule):
 def test_pipelined_gpt_micro_batch_of_one(pool):
     # b = 1: every micro-batch's token ids and labels must be its own s x 1 storage, not a view
     # of the whole batch (a transposed [1, s] slice is already contiguous)
-    from parmem.dist.pp import compare_gpt
+    from parmem.distributed.pp import compare_gpt
 
-    res = pool.run("parmem.dist.pp:demo_gpt", microbatch_size=1, microbatches=2 * N)
+    res = pool.run("parmem.distributed.pp:demo_gpt", microbatch_size=1, microbatches=2 * N)
     for r in res:
         assert all(row["unexplained"] == 0 for row in compare_gpt(r)), compare_gpt(r)
 
 
 @pytest.mark.dist
 def test_pipelined_gpt_uneven_split(pool):
-    from parmem.dist.pp import compare_gpt
+    from parmem.distributed.pp import compare_gpt
 
     split = [1] * (N - 1) + [N + 1]  # 2N layers, most of them on the last stage
-    res = pool.run("parmem.dist.pp:demo_gpt", layers=2 * N, layers_per_stage=split)
+    res = pool.run("parmem.distributed.pp:demo_gpt", layers=2 * N, layers_per_stage=split)
     for r, n in zip(res, split, strict=True):
         assert r["layers"] == n
         assert all(row["unexplained"] == 0 for row in compare_gpt(r))
@@ -117,10 +117,10 @@ def test_idle_time_with_emulated_compute_is_at_least_the_bubble(pool, schedule, 
     # only what holds on a starved machine: every sleep lasts at least its delay and an
     # operation starts after its input was computed, so the step and each stage's idle time are
     # at least the schedule's (no upper bound: a loaded machine may add any time to a hand-off)
-    from parmem.dist.pp import bubble_rows
+    from parmem.distributed.pp import bubble_rows
 
     m, t_f = k * N, 20.0  # ms
-    res = pool.run("parmem.dist.pp:demo", schedule=schedule, microbatches=m, v=v,
+    res = pool.run("parmem.distributed.pp:demo", schedule=schedule, microbatches=m, v=v,
                    delay_ms=(t_f, 2 * t_f))
     # (p-1)/(v m + p-1) of the step (Narayanan et al. 2021 §2.2), t_b = 2 t_f as delayed
     expect = (N - 1) / (v * m + N - 1)
@@ -148,7 +148,7 @@ def _simulated_results(schedule, p, m, v, t_fwd=1.0, t_bwd=2.0):
                                             ("1f1b", 3, 2, 1), ("interleaved", 4, 8, 2),
                                             ("interleaved", 2, 4, 4)])
 def test_replay_of_nominal_times_is_the_papers_step(schedule, p, m, v):
-    from parmem.dist.pp import replay
+    from parmem.distributed.pp import replay
 
     rep = replay(_simulated_results(schedule, p, m, v))
     # (m + (p-1)/v)(t_f + t_b) (Huang et al. 2019 §2.3; Narayanan et al. 2021 §2.2.2)
@@ -158,7 +158,7 @@ def test_replay_of_nominal_times_is_the_papers_step(schedule, p, m, v):
 
 
 def test_replay_finds_an_operation_that_began_before_its_input_and_a_slow_one():
-    from parmem.dist.pp import replay
+    from parmem.distributed.pp import replay
 
     res = _simulated_results("1f1b", 2, 4, 1)
     evs = res[1]["events"]
@@ -172,7 +172,7 @@ def test_replay_finds_an_operation_that_began_before_its_input_and_a_slow_one():
 
 
 def test_replay_rejects_rows_out_of_order():
-    from parmem.dist.pp import replay
+    from parmem.distributed.pp import replay
 
     res = _simulated_results("1f1b", 2, 2, 1)
     with pytest.raises(ValueError, match=r"results\[0\]\['stage'\]"):
@@ -181,7 +181,7 @@ def test_replay_rejects_rows_out_of_order():
 
 def test_delay_rejects_negative_time():
     pytest.importorskip("torch")
-    from parmem.dist.pp import Delay
+    from parmem.distributed.pp import Delay
 
     with pytest.raises(ValueError, match="must be >= 0"):
         Delay(-1.0, 2.0)

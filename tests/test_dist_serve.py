@@ -1,4 +1,4 @@
-"""parmem.dist.serve: the decoder's KV cache in one process and on tensor-parallel gloo ranks
+"""parmem.distributed.serve: the decoder's KV cache in one process and on tensor-parallel gloo ranks
 equals the formula (KV bytes per token: 2 · L · kv_heads · head_dim · bytes).
 World size: $PARMEM_WORLD_SIZE, default 2.
 """
@@ -16,7 +16,7 @@ from parmem import ModelSpec  # noqa: E402
 
 def test_single_process_decoder_cache_grows_one_token_per_step():
     torch = pytest.importorskip("torch")
-    from parmem.dist.serve import Decoder, generate, generate_without_cache
+    from parmem.distributed.serve import Decoder, generate, generate_without_cache
     from parmem.reference import tiny_spec
 
     spec = tiny_spec("llama", vocab=64, hidden=32, layers=3, heads=4, kv_heads=2, ffn_hidden=64,
@@ -34,7 +34,7 @@ def test_single_process_decoder_cache_grows_one_token_per_step():
 
 def test_decoder_rejects_shapes_it_cannot_shard():
     pytest.importorskip("torch")
-    from parmem.dist.serve import Decoder
+    from parmem.distributed.serve import Decoder
     from parmem.reference import tiny_spec
 
     with pytest.raises(ValueError, match="tp=3"):
@@ -46,7 +46,7 @@ def test_decoder_rejects_shapes_it_cannot_shard():
 @pytest.mark.dist
 @pytest.mark.parametrize("kv_heads", [8, 2, 1])
 def test_tp_kv_cache_bytes_equal_the_formula(pool, kv_heads):
-    res = pool.run("parmem.dist.serve:demo", heads=8, kv_heads=kv_heads)
+    res = pool.run("parmem.distributed.serve:demo", heads=8, kv_heads=kv_heads)
     kv_local = max(kv_heads // N, 1)            # one head, duplicated, once t > kv_heads
     for r in res:
         assert r["kv_heads_local"] == kv_local

@@ -1,4 +1,4 @@
-"""parmem.dist.sp on real gloo ranks: sequence parallelism equals one process and divides every
+"""parmem.distributed.sp on real gloo ranks: sequence parallelism equals one process and divides every
 activation by t (Korthikanti et al. 2022 §4.2.2), and every case of their Table 2 is measured.
 World size: $PARMEM_WORLD_SIZE, default 2.
 """
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.dist
 
 def test_sp_equals_single_process_and_divides_every_activation_by_t(pool):
     h, a, s, b = 32, 4, 16, 2
-    res = pool.run("parmem.dist.sp:demo", hidden=h, heads=a, seq=s, batch=b)
+    res = pool.run("parmem.distributed.sp:demo", hidden=h, heads=a, seq=s, batch=b)
     sbh = s * b * h
     for row in res:
         assert row["out_err"] < 1e-5 and row["input_grad_err"] < 1e-5 and row["grad_err"] < 1e-5
@@ -41,7 +41,7 @@ def test_sp_equals_single_process_and_divides_every_activation_by_t(pool):
 
 def test_every_case_of_table2_measured(pool):
     h, a, s, b = 32, 4, 16, 2
-    res = pool.run("parmem.dist.sp:demo_recompute", hidden=h, heads=a, seq=s, batch=b)
+    res = pool.run("parmem.distributed.sp:demo_recompute", hidden=h, heads=a, seq=s, batch=b)
     stats = 2 * 2 * s * b * 2  # 2 LayerNorms x (mean, rstd) x tokens x 2 bytes (bf16 on CPU)
     for row in res:
         for case, (sp, recompute) in {"tp": (False, "none"), "tp+sp": (True, "none"),

@@ -1,4 +1,4 @@
-"""parmem.dist.tp on real gloo ranks: equal to one process, and the bytes each rank holds, saves
+"""parmem.distributed.tp on real gloo ranks: equal to one process, and the bytes each rank holds, saves
 and all-reduces equal Shoeybi et al. 2019 §3 and Korthikanti et al. 2022 Table 2 (derived here by
 hand, never copied from a run). World size: $PARMEM_WORLD_SIZE, default 2.
 """
@@ -27,7 +27,7 @@ def tp_param_bytes(V, h, L, t):
 @pytest.mark.dist
 def test_tp_equals_single_process_and_bytes_equal_formulas(pool):
     V, h, a, L, s, b = 64, 32, 4, 2, 16, 2
-    res = pool.run("parmem.dist.tp:demo", vocab=V, hidden=h, heads=a, layers=L, seq=s, batch=b)
+    res = pool.run("parmem.distributed.tp:demo", vocab=V, hidden=h, heads=a, layers=L, seq=s, batch=b)
     for row in res:
         assert row["loss_err"] < 1e-6 and row["logits_err"] < 1e-5 and row["grad_err"] < 1e-6
         assert row["param_bytes"] == row["param_bytes_estimate"] == tp_param_bytes(V, h, L, N)
@@ -48,7 +48,7 @@ def test_tp_equals_single_process_and_bytes_equal_formulas(pool):
 @pytest.mark.dist
 def test_tp_through_dtensor_parallelize_module(pool):
     h = 32
-    res = pool.run("parmem.dist.tp:demo_dtensor", hidden=h, heads=4)
+    res = pool.run("parmem.distributed.tp:demo_dtensor", hidden=h, heads=4)
     for row in res:
         assert row["out_err"] < 1e-5 and row["input_grad_err"] < 1e-5 and row["grad_err"] < 1e-5
         full = 12 * h * h + 13 * h
@@ -60,7 +60,7 @@ def test_tp_through_dtensor_parallelize_module(pool):
 @pytest.mark.dist
 def test_tp_mixed_precision_states_per_rank(pool):
     V, h, a, L, s, b = 64, 32, 4, 2, 16, 2
-    res = pool.run("parmem.dist.tp:demo_states", vocab=V, hidden=h, heads=a, layers=L, seq=s,
+    res = pool.run("parmem.distributed.tp:demo_states", vocab=V, hidden=h, heads=a, layers=L, seq=s,
                    batch=b)
     # Shoeybi et al. 2019 §3: QKV (3h^2 + 3h), proj weight (h^2), FC1 (4h^2 + 4h) and FC2
     # weight (4h^2) split by t, embedding and head by vocabulary; row biases and norms replicated
@@ -81,7 +81,7 @@ def test_tp_mixed_precision_states_per_rank(pool):
 @pytest.mark.dist
 def test_tp_layer_all_reduces_one_sbh_tensor_per_block(pool):
     h, a, s, b = 32, 4, 16, 2
-    res = pool.run("parmem.dist.tp:demo_comm", hidden=h, heads=a, seq=s, batch=b)
+    res = pool.run("parmem.distributed.tp:demo_comm", hidden=h, heads=a, seq=s, batch=b)
     sbh2 = 2 * s * b * h  # one bf16 [s, b, h] tensor
     for row in res:
         assert row["forward_all_reduce"] == [sbh2, sbh2]    # g after attention and after MLP
@@ -92,7 +92,7 @@ def test_tp_layer_all_reduces_one_sbh_tensor_per_block(pool):
 
 
 def test_tp_gpt_shards_only_a_model_without_position_table():
-    from parmem.dist.tp import TPGPT
+    from parmem.distributed.tp import TPGPT
 
     with pytest.raises(ValueError, match="without a position table"):
         TPGPT(TinyGPT(tiny_spec(vocab=40, hidden=16, heads=2, seq=8)))  # learned positions

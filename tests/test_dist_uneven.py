@@ -1,4 +1,4 @@
-"""parmem.dist.uneven on real gloo ranks: uneven sequence lengths are fully explained by the
+"""parmem.distributed.uneven on real gloo ranks: uneven sequence lengths are fully explained by the
 activations each rank's length implies (Korthikanti et al. 2022 Table 2 through parmem.estimate).
 """
 
@@ -13,7 +13,7 @@ pytestmark = pytest.mark.dist
 
 def test_uneven_sequence_lengths_are_fully_explained(pool):
     lens = (256, 128, 192, 160)
-    res = pool.run("parmem.dist.uneven:demo", seq_lens=lens, hidden=32, heads=2)
+    res = pool.run("parmem.distributed.uneven:demo", seq_lens=lens, hidden=32, heads=2)
     for r in res:
         assert r["seq_len"] == lens[r["rank"] % 4]
         assert r["unexplained"] == 0

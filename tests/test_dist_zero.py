@@ -1,4 +1,4 @@
-"""parmem.dist.zero on real gloo ranks: DDP, ZeRO-1 and FSDP2 train alike, shard what ZeRO says
+"""parmem.distributed.zero on real gloo ranks: DDP, ZeRO-1 and FSDP2 train alike, shard what ZeRO says
 (Rajbhandari et al. 2020 §5), and DDP's buckets are a second copy unless views.
 World size: $PARMEM_WORLD_SIZE, default 2.
 """
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.dist
 
 def test_ddp_zero1_fsdp2_train_alike_and_shard_what_zero_says(pool):
     L, h = 4, 64
-    res = pool.run("parmem.dist.zero:demo", layers=L, hidden=h, steps=3)
+    res = pool.run("parmem.distributed.zero:demo", layers=L, hidden=h, steps=3)
     psi = L * (h * h + h)
     n_t = 2 * L  # weight and bias per layer; Adam keeps a 4-byte step counter for each
     for row in res:
@@ -47,7 +47,7 @@ def test_ddp_zero1_fsdp2_train_alike_and_shard_what_zero_says(pool):
 
 def test_ddp_buckets_are_a_second_copy_unless_views(pool):
     L, h = 4, 64
-    res = pool.run("parmem.dist.zero:demo_ddp_buckets", layers=L, hidden=h)
+    res = pool.run("parmem.distributed.zero:demo_ddp_buckets", layers=L, hidden=h)
     psi = L * (h * h + h)
     for row in res:
         copy, view = row["copy"], row["view"]
@@ -59,7 +59,7 @@ def test_ddp_buckets_are_a_second_copy_unless_views(pool):
 
 def test_ddp_zero1_fsdp2_loss_curves_equal_single_process(pool):
     steps = 4
-    res = pool.run("parmem.dist.zero:demo_losses", steps=steps)
+    res = pool.run("parmem.distributed.zero:demo_losses", steps=steps)
     for row in res:
         ref = row["reference"]
         assert len(ref) == steps
@@ -73,7 +73,7 @@ def test_zero_redundancy_optimizer_sends_half_again_what_ddp_sends(pool):
     from parmem.comm import zero_redundancy_comm
 
     L, h = 4, 64
-    res = pool.run("parmem.dist.zero:demo_comm", layers=L, hidden=h)
+    res = pool.run("parmem.distributed.zero:demo_comm", layers=L, hidden=h)
     psi = L * (h * h + h)
     size = 4 * psi  # fp32 gradients and parameters
     for r, row in enumerate(res):

@@ -309,11 +309,11 @@ ENTRIES = [
         "backend": (bad_choice(("gloo", "nccl")), None),
         "pg_timeout": (bad_number(0.0, 86_400.0, lo_open=True), None),
         "start_timeout": (bad_number(0.0, 86_400.0, lo_open=True), None)}),
-    Entry("Pool.run", lambda target="parmem.dist.checks:ping", **kw: _pool()(2).run(target, **kw),
+    Entry("Pool.run", lambda target="parmem.distributed.checks:ping", **kw: _pool()(2).run(target, **kw),
           {}, {"timeout": (bad_number(0.0, 86_400.0, lo_open=True), None),
                "seed": (bad_int(0, 2**63 - 1), None),
                "target": (st.one_of(bad_type(str), TEXT, st.just("no.such:fn"),
-                                    st.just("parmem.dist.checks:nope")), "target"),
+                                    st.just("parmem.distributed.checks:nope")), "target"),
                "bogus": (st.integers(), "bogus")}),
     Entry("explore_estimate", _widget("explore_estimate"), {"static": False}, {
         "gpu_gib": (bad_number(0.0, 2**20, lo_open=True), None),
@@ -336,7 +336,7 @@ ENTRIES = [
 
 
 def _pool():
-    from parmem.dist import Pool
+    from parmem.distributed import Pool
 
     return Pool
 

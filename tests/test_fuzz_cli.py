@@ -1,6 +1,6 @@
 """Property-based fuzzing of the command lines with invalid input (issue 21): ``parmem`` in-process
 (``parmem.cli.main(argv)``, stderr and the exit status captured) and, for the exit path itself,
-the console script and ``python -m parmem.dist`` as real processes.
+the console script and ``python -m parmem.distributed`` as real processes.
 
 Hypothesis draws a command and breaks one thing: a flag's value (not a number, out of range,
 NaN, hundreds of digits), a name that is not a choice, a model that is no preset or a hostile
@@ -240,8 +240,8 @@ def test_invalid_command_lines_end_in_one_line_naming_the_flag_and_exit_2(config
     (["-m", "parmem.cli", "estimate", "--model", "llama-2-7b", "--seq", "9" * 400], "--seq"),
     (["-m", "parmem.cli", "plan", "--model", "llama-2-7b", "--nodes", str(10**8),
       "--global-batch", "8", "--seq", "4096"], "--nodes"),
-    (["-m", "parmem.dist", "nope"], "demo='nope'"),
-    (["-m", "parmem.dist", "--world-size", "0"], "--world-size"),
+    (["-m", "parmem.distributed", "nope"], "demo='nope'"),
+    (["-m", "parmem.distributed", "--world-size", "0"], "--world-size"),
 ])
 def test_real_processes_exit_2_with_one_line(argv, needle):
     r = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=60,

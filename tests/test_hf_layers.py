@@ -11,7 +11,7 @@ data/engines.toml, evaluated on device "cpu") to the byte. The only differences 
 run and the GPU numbers the profile gives are named in the profile's ``[devices.*]`` tables:
 dropout masks (the activation dtype on CPU, 1 byte on CUDA) and LayerNorm statistics (the input
 dtype on CPU, fp32 on CUDA); they matter for GPT-2 only. GPT-2's SDPA case runs with
-attn_pdrop = 0 (CPU SDPA has no fused kernel with dropout; see parmem.dist.engine_runs).
+attn_pdrop = 0 (CPU SDPA has no fused kernel with dropout; see parmem.distributed.engine_runs).
 
 Two cases are also derived by hand from the modelling code, term by term, independently of the
 table.
@@ -22,7 +22,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from parmem.dist.engine_runs import HF_FAMILIES, hf_layer, hf_spec  # noqa: E402
+from parmem.distributed.engine_runs import HF_FAMILIES, hf_layer, hf_spec  # noqa: E402
 
 S, B = 24, 3  # hf_layer's defaults
 T = S * B

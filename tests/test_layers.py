@@ -17,7 +17,7 @@ same layer may not import each other either, so that a formula cannot drift into
     engine_analyses,                      one job under each engine profile;
     measure, reference                    the torch side
     planner                               search and cost model
-    book, dist                            glue, tables, plots, widgets; the demos
+    book, distributed                     glue, tables, plots, widgets; the demos
     cli                                   the command line
 
 Imports inside ``if TYPE_CHECKING:`` blocks are type annotations only and are not counted.
@@ -43,7 +43,7 @@ LAYERS: list[set[str]] = [
     {"estimate", "inference"},
     {"allocator", "traces", "analyses", "engine_analyses", "measure", "reference"},
     {"planner"},
-    {"book", "dist", "plots", "widgets", "tables"},
+    {"book", "distributed", "plots", "widgets", "tables"},
     {"cli"},
 ]
 LEVEL = {name: i for i, names in enumerate(LAYERS) for name in names}

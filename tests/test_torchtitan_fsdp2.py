@@ -3,7 +3,7 @@
 torchtitan 0.3.0's Llama 3 ``debugmodel`` (dim 256, 16 heads, 6 layers, ffn 768, vocabulary
 2048) is parallelized by torchtitan's ``parallelize_llama`` over the session's gloo ranks
 (fully_shard per block, MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)) and takes one
-step of the AdamW that torchtitan's optimizer container builds (parmem.dist.engine_runs names
+step of the AdamW that torchtitan's optimizer container builds (parmem.distributed.engine_runs names
 what a CPU run changes). Per rank, each number is derived here by hand from the shapes and
 compared with the measurement and with the profile (parmem.estimate, engine="fsdp2", ZeRO-3):
 
@@ -36,11 +36,11 @@ S, B = 64, 2  # demo_torchtitan's defaults
 
 @pytest.fixture(scope="module")
 def rows(pool):
-    return pool.run("parmem.dist.engine_runs:demo_torchtitan", timeout=600)
+    return pool.run("parmem.distributed.engine_runs:demo_torchtitan", timeout=600)
 
 
 def test_the_spec_counts_what_torchtitan_builds(rows):
-    from parmem.dist.engine_runs import torchtitan_spec
+    from parmem.distributed.engine_runs import torchtitan_spec
 
     assert torchtitan_spec().num_params() == PSI
     for r in rows:

@@ -2,14 +2,14 @@
 
 Exact, sourced estimators of per-GPU memory under data, tensor, sequence, pipeline, expert and
 context parallelism and ZeRO; measurements that check them; and real ``torch.distributed`` demos.
-Everything here except :mod:`parmem.measure`, :mod:`parmem.reference` and :mod:`parmem.dist`
+Everything here except :mod:`parmem.measure`, :mod:`parmem.reference` and :mod:`parmem.distributed`
 is plain Python: importing ``parmem`` does not import torch.
 
 Layers (each module imports only from the layers below it; ``tests/test_layers.py`` checks it):
 ``units``, ``_check``, ``_data`` → ``sharding``, ``engines``, ``hardware`` → ``model`` →
 ``config``, ``papers`` → ``states``, ``pipeline``, ``activations`` → ``comm``, ``flops`` →
 ``estimate``, ``inference`` → ``allocator``, ``traces``, ``analyses``, ``engine_analyses``,
-``measure``, ``reference`` → ``planner`` → ``book``, ``dist`` → ``cli``.
+``measure``, ``reference`` → ``planner`` → ``book``, ``distributed`` → ``cli``.
 """
 
 from . import activations, comm, pipeline

@@ -5,7 +5,7 @@ names the field and the rule, e.g. ``tp=3 must divide heads=32`` or
 ``seq_len='4k' must be an integer >= 1``. Booleans are booleans (the string ``'false'`` is not
 ``False``), integers are integers (``True`` is not 1, ``4.0`` is not 4), numbers are finite.
 
-The commands (``parmem`` and ``python -m parmem.dist``) share :class:`OneLineParser`: a bad
+The commands (``parmem`` and ``python -m parmem.distributed``) share :class:`OneLineParser`: a bad
 command line is one line and exit status 2, like every other bad input.
 
 Work that grows with a size has an upper bound here, one home for each: :data:`MAX_GPUS`,

@@ -19,7 +19,7 @@ profiles existed. Each other profile names the engine version it describes and i
 cite the engine source of every number; ``tests/test_engines.py`` checks them against DeepSpeed's
 estimators and Megatron-LM's ``theoretical_memory_usage.py``, ``tests/test_hf_layers.py`` against
 Transformers' decoder layers and ``tests/test_torchtitan_fsdp2.py`` against torchtitan's FSDP2
-(:mod:`parmem.dist.engine_runs` runs both measurements).
+(:mod:`parmem.distributed.engine_runs` runs both measurements).
 
 This module imports only the validators and the data loader (it sits on the layer of
 :mod:`parmem.sharding`).

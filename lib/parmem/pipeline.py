@@ -231,7 +231,7 @@ def list_schedule(
     runs them, ``durations[i]`` their lengths. An operation starts when its stage has finished
     the previous one and the operation whose output it consumes (:func:`dependency`) has ended.
     Returns, per stage, ``(kind, micro-batch, chunk, start, end)``. :func:`simulate` runs it with
-    the schedules' nominal t_f and t_b; ``parmem.dist.pp.replay`` with a run's measured times.
+    the schedules' nominal t_f and t_b; ``parmem.distributed.pp.replay`` with a run's measured times.
     Raises ``ValueError`` when the stages wait on each other (orders of no one schedule).
     """
     p = len(orders)

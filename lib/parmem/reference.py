@@ -78,7 +78,7 @@ def tiny_spec(
 
     ``shape="gpt"`` is the model :class:`TinyGPT` builds (GeLU MLP, LayerNorm, biases, learned
     positions unless ``position="rotary"``: a model without a position table);
-    ``shape="llama"`` the one :class:`parmem.dist.serve.Decoder` builds (SwiGLU, RMSNorm, no
+    ``shape="llama"`` the one :class:`parmem.distributed.serve.Decoder` builds (SwiGLU, RMSNorm, no
     biases, rotary, grouped-query attention with ``kv_heads``). ``seq`` is ``max_positions``;
     ``ffn_hidden`` defaults to 4h (:class:`~parmem.model.ModelSpec`'s default).
     """
@@ -143,8 +143,8 @@ class GPTLayer(nn.Module):
 
     :meth:`attention` projects QKV, runs :meth:`core` (scores, softmax, dropout, the product with
     V) and projects back; subclasses swap the projections for parallel ones
-    (:class:`parmem.dist.tp.ParallelGPTLayer`) or recompute the core
-    (selective recomputation in :func:`parmem.dist.sp.demo_recompute`).
+    (:class:`parmem.distributed.tp.ParallelGPTLayer`) or recompute the core
+    (selective recomputation in :func:`parmem.distributed.sp.demo_recompute`).
     """
 
     def __init__(

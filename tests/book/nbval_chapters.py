@@ -118,7 +118,7 @@ SERVER = pytest.StashKey[object]()
 
 
 def _serve_pool(config) -> None:
-    """Start this worker's :class:`parmem.dist.PoolServer` and point the kernels it starts at it
+    """Start this worker's :class:`parmem.distributed.PoolServer` and point the kernels it starts at it
     (``$PARMEM_SHARED_POOL``): every chapter's ``Pool()`` then relays to the same ranks, which
     start, and import torch and the engines' modules, once per worker instead of once per
     chapter. ``--nb-pool own`` (or ``$PARMEM_SHARED_POOL`` set to ``0``) leaves each chapter its
@@ -127,7 +127,7 @@ def _serve_pool(config) -> None:
         return
     if os.environ.get("PARMEM_SHARED_POOL") == "0":
         return
-    from parmem.dist.launcher import SHARED_POOL_ENV, PoolServer
+    from parmem.distributed.launcher import SHARED_POOL_ENV, PoolServer
 
     server = PoolServer()
     config.stash[SERVER] = server

@@ -3,8 +3,8 @@
 Starting ranks is the expensive part on a laptop (spawning a Python process and importing torch:
 seconds per rank on two cores), so a chapter starts its ranks once::
 
-    with parmem.dist.Pool(world_size=2) as pool:
-        rows = pool.run("parmem.dist.tp:demo", hidden=64)   # one result per rank
+    with parmem.distributed.Pool(world_size=2) as pool:
+        rows = pool.run("parmem.distributed.tp:demo", hidden=64)   # one result per rank
 
 How it works:
 
@@ -49,7 +49,7 @@ pickled for ``spawn``. They take keyword arguments and return something picklabl
 return plain dicts of numbers).
 
 Inside a worker, :func:`rank`, :func:`world_size` and :func:`device` describe the rank; the same
-functions work under ``torchrun`` (see ``python -m parmem.dist --help``).
+functions work under ``torchrun`` (see ``python -m parmem.distributed --help``).
 """
 
 from __future__ import annotations
@@ -217,7 +217,7 @@ def resolve(target):
 def set_state(rank_: int, ws: int, backend_: str) -> None:
     """Record this process's rank, world size and backend (what :func:`rank`, :func:`world_size`,
     :func:`device` and :func:`backend` report); under NCCL also select GPU ``$LOCAL_RANK``.
-    Called by a pool's rank before it joins the group, and by ``python -m parmem.dist`` under
+    Called by a pool's rank before it joins the group, and by ``python -m parmem.distributed`` under
     torchrun."""
     import torch
 
@@ -487,7 +487,7 @@ class Pool:
             cmd = [
                 sys.executable,
                 "-c",
-                "from parmem.dist.launcher import rank_main; rank_main()",
+                "from parmem.distributed.launcher import rank_main; rank_main()",
                 str(child.fileno()),
                 str(os.getpid()),
                 main,

@@ -3,8 +3,8 @@
 
 Ranks are ordered as in Megatron-LM, tensor-parallel rank varying fastest: rank = i_dp · t + i_tp.
 The t ranks of a TP group are neighbours (on a cluster: inside one node, on NVLink); the d ranks
-of a DP group are t apart. Each DP replica is a :class:`~parmem.dist.tp.TPGPT` (the tiny GPT of
-:mod:`parmem.dist.tp`, :class:`parmem.reference.TinyGPT`, sharded over its TP group) and trains on
+of a DP group are t apart. Each DP replica is a :class:`~parmem.distributed.tp.TPGPT` (the tiny GPT of
+:mod:`parmem.distributed.tp`, :class:`parmem.reference.TinyGPT`, sharded over its TP group) and trains on
 its own b sequences of the global batch of d · b.
 
 After the backward pass every rank's local gradients are flattened into one buffer (as
@@ -18,11 +18,11 @@ Megatron-LM's contiguous gradient buffer) and reduced over the DP group:
 Parameters live in one flat buffer too (every parameter is a view into it) so that the shard
 Adam updates is the parameters themselves, not a copy.
 
-Every collective is recorded while the step runs: the f/g operators of :mod:`parmem.dist.tp`
+Every collective is recorded while the step runs: the f/g operators of :mod:`parmem.distributed.tp`
 (which call ``torch.distributed.all_reduce`` and ``all_gather``) and the DP reduction. For each the
 record holds the size of the full tensor and the group size; :func:`parmem.comm.collective_bytes`
 turns it into bytes sent per rank with the ring algorithm (the ring itself is measured on real
-sends in :mod:`parmem.dist.collectives`). :func:`demo` compares the totals with
+sends in :mod:`parmem.distributed.collectives`). :func:`demo` compares the totals with
 :func:`parmem.comm.step_comm` for the same layout. Three collectives of the tiny GPT are not in
 that model (it counts transformer layers only) and are named: the vocabulary-parallel
 embedding's forward all-reduce, the LM head's backward all-reduce (its f operator) and the
@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from parmem.dist.launcher import device, rank, world_size
+from parmem.distributed.launcher import device, rank, world_size
 
 __all__ = ["make_groups", "CommLog", "demo"]
 
@@ -162,8 +162,8 @@ def demo(
     """
     from parmem import ParallelConfig, TrainingSetup, estimate
     from parmem.comm import all_gather_bytes, all_reduce_bytes, step_comm
-    from parmem.dist.collectives import all_gather_tensor, reduce_scatter_tensor
-    from parmem.dist.tp import TPGPT, tp_slice
+    from parmem.distributed.collectives import all_gather_tensor, reduce_scatter_tensor
+    from parmem.distributed.tp import TPGPT, tp_slice
     from parmem.measure import state_bytes
     from parmem.reference import TinyGPT, tiny_spec
 

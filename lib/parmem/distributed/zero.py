@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from parmem.dist.launcher import device, rank, world_size
+from parmem.distributed.launcher import device, rank, world_size
 
 __all__ = ["make_model", "demo", "demo_ddp_buckets", "demo_losses", "demo_comm"]
 
@@ -185,7 +185,7 @@ def demo_ddp_buckets(layers: int = 4, hidden: int = 64) -> dict:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from parmem import model_state_bytes
-    from parmem.dist.dp import ddp_bucket_sizes
+    from parmem.distributed.dp import ddp_bucket_sizes
     from parmem.measure import state_bytes
 
     d, dev = world_size(), device()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import time
 
-from parmem.dist.launcher import rank, world_size
+from parmem.distributed.launcher import rank, world_size
 
 
 def ping() -> dict:
@@ -17,7 +17,7 @@ def ping() -> dict:
     import torch
     import torch.distributed as dist
 
-    from parmem.dist.launcher import device
+    from parmem.distributed.launcher import device
 
     t = torch.tensor([float(rank())], device=device())
     dist.all_reduce(t)

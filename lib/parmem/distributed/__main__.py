@@ -1,16 +1,16 @@
-"""Run a ``parmem.dist`` demo from the shell, on CPU ranks or under ``torchrun`` on GPUs.
+"""Run a ``parmem.distributed`` demo from the shell, on CPU ranks or under ``torchrun`` on GPUs.
 
 On a laptop (spawns a pool of gloo ranks, prints one column per rank)::
 
-    python -m parmem.dist tp --world-size 2
-    python -m parmem.dist pp --world-size 4 schedule=interleaved v=2
-    python -m parmem.dist --list
+    python -m parmem.distributed tp --world-size 2
+    python -m parmem.distributed pp --world-size 4 schedule=interleaved v=2
+    python -m parmem.distributed --list
 
 On a GPU node (one process per GPU; torchrun sets RANK/WORLD_SIZE/LOCAL_RANK; with CUDA the
 demos use NCCL and GPU ``LOCAL_RANK``, otherwise gloo on CPU)::
 
-    torchrun --nproc-per-node 4 -m parmem.dist tp
-    torchrun --nproc-per-node 8 -m parmem.dist zero steps=5
+    torchrun --nproc-per-node 4 -m parmem.distributed tp
+    torchrun --nproc-per-node 8 -m parmem.distributed zero steps=5
 
 Extra ``key=value`` arguments are passed to the demo function (values parsed as Python
 literals when they are, strings otherwise); they are checked against the demo's signature before
@@ -29,8 +29,8 @@ import os
 import sys
 
 from parmem._check import OneLineParser, UsageError, one_line, quiet_broken_pipe
-from parmem.dist import DEMOS
-from parmem.dist.launcher import (
+from parmem.distributed import DEMOS
+from parmem.distributed.launcher import (
     MAX_WORLD_SIZE,
     Pool,
     RankError,
@@ -41,7 +41,7 @@ from parmem.dist.launcher import (
     resolve,
 )
 
-PROG = "python -m parmem.dist"
+PROG = "python -m parmem.distributed"
 
 
 def _kwargs(items: list[str]) -> dict:
@@ -108,7 +108,7 @@ def run_torchrun(target: str, kwargs: dict, seed: int = 0, timeout_s: float = 30
     import torch
     import torch.distributed as dist
 
-    from parmem.dist import launcher
+    from parmem.distributed import launcher
 
     rank, ws = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     backend = "nccl" if torch.cuda.is_available() else "gloo"
@@ -180,7 +180,7 @@ def _rank_error(e: RankError) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run ``python -m parmem.dist`` with ``argv``; the exit status (errors: one line, 2)."""
+    """Run ``python -m parmem.distributed`` with ``argv``; the exit status (errors: one line, 2)."""
     try:
         status = _run(_parser().parse_intermixed_args(argv))
         sys.stdout.flush()

@@ -33,7 +33,7 @@ import time
 import torch
 from torch import nn
 
-from parmem.dist.launcher import device, rank, world_size
+from parmem.distributed.launcher import device, rank, world_size
 
 __all__ = ["make_model", "StashMeter", "demo"]
 
@@ -97,7 +97,7 @@ class StashMeter(nn.Module):
 
 class Events(tuple):
     """The (kind, micro-batch, chunk, start, end) events of one stage: a tuple whose repr is
-    short, so that tables of demo results (``python -m parmem.dist pp``) stay readable."""
+    short, so that tables of demo results (``python -m parmem.distributed pp``) stay readable."""
 
     __slots__ = ()
 
@@ -408,7 +408,7 @@ def demo_gpt(
     (:func:`parmem.measure.state_bytes`), the peak of the live bytes autograd saves
     (activations and logits of every micro-batch in flight), the bytes sent per micro-batch. Beside
     them: :func:`parmem.estimate` for the same spec, ``pp = p`` and split, and
-    the stage's :func:`parmem.dist.anatomy.named_extras` for the micro-batches measured in flight.
+    the stage's :func:`parmem.distributed.anatomy.named_extras` for the micro-batches measured in flight.
     Returned: ``measured``, ``estimate``, ``extras`` (dicts of bytes), ``in_flight`` (measured:
     the micro-batches whose saved tensors were alive when the stage's saved bytes peaked),
     ``peak_in_flight`` (measured: the most alive at any time), ``in_flight_model``
@@ -425,7 +425,7 @@ def demo_gpt(
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
     from parmem import ParallelConfig, TrainingSetup, estimate
-    from parmem.dist.anatomy import named_extras
+    from parmem.distributed.anatomy import named_extras
     from parmem.measure import SavedTensorsMeter, state_bytes
     from parmem.pipeline import in_flight_units
     from parmem.reference import MixedPrecisionAdamW, TinyGPT, tiny_spec
@@ -555,9 +555,9 @@ def demo_gpt(
 
 def compare_gpt(result: dict) -> list[dict]:
     """Rows of measured vs estimated bytes for one stage of :func:`demo_gpt`, with the named extras
-    that explain each difference (the accounting of :func:`parmem.dist.anatomy.compare`; here the
+    that explain each difference (the accounting of :func:`parmem.distributed.anatomy.compare`; here the
     activations are the stage's peak over the schedule); ``unexplained`` is what is left."""
-    from parmem.dist.anatomy import compare
+    from parmem.distributed.anatomy import compare
 
     return compare(result, activations_label="activations + logits (peak)")
 

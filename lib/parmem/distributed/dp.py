@@ -1,6 +1,6 @@
 """Data parallelism measured: what every rank keeps, what DDP adds, and what it divides.
 
-Two workers for a :class:`~parmem.dist.Pool`:
+Two workers for a :class:`~parmem.distributed.Pool`:
 
 :func:`demo` trains :class:`parmem.reference.TinyGPT` (bf16 weights, fp32 master weights and
 AdamW moments, :class:`~parmem.reference.MixedPrecisionAdamW`, dropout off) for one step with
@@ -16,7 +16,7 @@ batch** of B sequences, and measures on every rank:
   d = 1 (the whole global batch in one process: the single-process reference) and with d = world
   size (this rank's B/d sequences under DDP). Both equal ``estimate(...).activations + logits``
   for b = B and b = B/d plus the small terms the estimate leaves out, each named and computed from
-  its shape (:func:`parmem.dist.anatomy.named_extras`). The estimate is linear in b, so a fixed
+  its shape (:func:`parmem.distributed.anatomy.named_extras`). The estimate is linear in b, so a fixed
   global batch divides each rank's activations by d.
 
 :func:`demo_activation_sharding` measures what ZeRO-3 (FSDP2 ``fully_shard``) and tensor
@@ -31,7 +31,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from parmem.dist.launcher import device, rank, world_size
+from parmem.distributed.launcher import device, rank, world_size
 
 __all__ = ["ddp_bucket_sizes", "ddp_bucket_bytes", "demo", "compare", "demo_activation_sharding"]
 
@@ -80,7 +80,7 @@ def demo(
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from parmem import ParallelConfig, TrainingSetup, estimate
-    from parmem.dist.anatomy import named_extras
+    from parmem.distributed.anatomy import named_extras
     from parmem.measure import state_bytes
     from parmem.reference import MixedPrecisionAdamW, TinyGPT, tiny_spec
 
@@ -209,7 +209,7 @@ def demo_activation_sharding(
     The same layer (:class:`parmem.reference.GPTLayer`, dropout ``dropout_p``, the same input on
     every rank) runs three ways: on one process; wrapped in FSDP2 ``fully_shard`` over all ranks
     (ZeRO-3: each rank stores 1/d of the parameters and all-gathers them for the computation);
-    and tensor-parallel over all ranks (:class:`parmem.dist.tp.ParallelGPTLayer`).
+    and tensor-parallel over all ranks (:class:`parmem.distributed.tp.ParallelGPTLayer`).
 
     The gathered weights that the linear layers save for backward are parameters, not
     activations: FSDP2 frees them after forward and gathers them again in backward, so they are
@@ -224,7 +224,7 @@ def demo_activation_sharding(
     from torch.distributed.fsdp import fully_shard
 
     from parmem.activations import per_layer_bytes
-    from parmem.dist.tp import ParallelGPTLayer
+    from parmem.distributed.tp import ParallelGPTLayer
     from parmem.measure import SavedTensorsMeter, state_bytes
     from parmem.reference import GPTLayer, norm_stat_bytes
 

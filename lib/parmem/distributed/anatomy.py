@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from parmem.dist.launcher import device, rank, world_size
+from parmem.distributed.launcher import device, rank, world_size
 
 __all__ = ["compare", "demo", "named_extras"]
 
@@ -45,7 +45,7 @@ def named_extras(
     :class:`parmem.reference.TinyGPT` of ``spec`` in ``dtype`` on ``device``, each from its shape
     (see the module doc), for ``units`` micro-batches of ``batch`` sequences of ``seq`` tokens.
 
-    The whole model by default; a pipeline stage (:class:`parmem.dist.pp.GPTStage`) of ``layers``
+    The whole model by default; a pipeline stage (:class:`parmem.distributed.pp.GPTStage`) of ``layers``
     layers, ``first`` (it holds the embeddings: token and position ids) and/or ``last`` (the final
     LayerNorm and the loss: labels, loss weight):
 
@@ -136,7 +136,7 @@ def demo(
 
 def compare(result: dict, activations_label: str = "activations + logits") -> list[dict]:
     """Rows of measured vs estimated bytes for one rank's :func:`demo` result (or one stage of
-    :func:`parmem.dist.pp.demo_gpt`, which reports the same keys), with the named extras that
+    :func:`parmem.distributed.pp.demo_gpt`, which reports the same keys), with the named extras that
     explain every difference; ``unexplained`` is what is left (0 when theory holds)."""
     m, e, x = result["measured"], result["estimate"], result["extras"]
     act_extra = (

@@ -16,7 +16,7 @@ projection and the MLP's down projection are row-parallel (one all-reduce each);
 and the LM head split the vocabulary (vocab-parallel lookup with an all-reduce, logits gathered).
 So each rank's weight bytes equal :func:`parmem.inference.serving_weight_bytes`.
 
-:func:`demo` runs on a :class:`~parmem.dist.Pool`: every rank decodes greedily with its shard and
+:func:`demo` runs on a :class:`~parmem.distributed.Pool`: every rank decodes greedily with its shard and
 its share of the cache, and compares the tokens and logits with a single-process decoder that
 recomputes the whole sequence at every step without a cache.
 """
@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from parmem.dist.launcher import device, rank, world_size
+from parmem.distributed.launcher import device, rank, world_size
 
 __all__ = ["Decoder", "KVCache", "generate", "generate_without_cache", "demo"]
 

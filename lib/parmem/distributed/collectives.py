@@ -25,7 +25,7 @@ which is why it is the number to plan with; a tree all-reduce sends more per ran
 
 from __future__ import annotations
 
-from parmem.dist.launcher import device, rank, world_size
+from parmem.distributed.launcher import device, rank, world_size
 
 __all__ = [
     "all_gather_tensor",

@@ -7,7 +7,7 @@
   the ``hf`` profile's ``layer`` and ``stage`` tables on device ``"cpu"``
   (:func:`parmem.activations.layer_terms`): the layer is the model's only one, so it is also the
   one that keeps the rotary cos and sin every layer shares.
-* :func:`demo_torchtitan` (a :class:`parmem.dist.Pool` worker): torchtitan 0.3.0's Llama 3
+* :func:`demo_torchtitan` (a :class:`parmem.distributed.Pool` worker): torchtitan 0.3.0's Llama 3
   ``debugmodel`` parallelized by torchtitan's own ``parallelize_llama`` (FSDP2 ``fully_shard``
   per block, bf16 parameters for compute, fp32 reduction) on the pool's ranks, one AdamW step
   built by torchtitan's optimizer container. Per rank: parameter, gradient and optimizer bytes
@@ -34,7 +34,7 @@ What a CPU run changes, each named (the profiles describe CUDA; the ``[devices.c
   states do not depend on it); the loss is a plain cross-entropy on the logits.
 
 Model states measured differ from the profile by one named term: AdamW's ``step`` counters,
-one 0-d fp32 tensor per parameter tensor (as in :mod:`parmem.dist.zero`).
+one 0-d fp32 tensor per parameter tensor (as in :mod:`parmem.distributed.zero`).
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from parmem.dist.launcher import device, rank, world_size
+from parmem.distributed.launcher import device, rank, world_size
 from parmem.reference import GPTLayer, TinyGPT, norm_stat_bytes, norm_stat_itemsize, tiny_spec
 
 __all__ = [
@@ -124,7 +124,7 @@ class ColumnParallelLinear(nn.Module):
     """Y_i = f(X)·A_iᵀ + b_i: weight [out/t, in], bias [out/t] (Shoeybi et al. 2019 §3).
 
     With ``sequence_parallel`` the input is this rank's s/t slice of the sequence; f becomes
-    an all-gather whose backward reduce-scatters (:func:`parmem.dist.sp.all_gather_linear`,
+    an all-gather whose backward reduce-scatters (:func:`parmem.distributed.sp.all_gather_linear`,
     Korthikanti et al. 2022 §4.2.2), and only the s/t slice is saved for backward.
     """
 
@@ -136,7 +136,7 @@ class ColumnParallelLinear(nn.Module):
 
     def forward(self, x):
         if self.sequence_parallel:
-            from parmem.dist.sp import all_gather_linear
+            from parmem.distributed.sp import all_gather_linear
 
             return all_gather_linear(x, self.weight, self.bias, self.group)
         return nn.functional.linear(CopyToTP.apply(x, self.group), self.weight, self.bias)
@@ -158,7 +158,7 @@ class RowParallelLinear(nn.Module):
     def forward(self, y):
         z = nn.functional.linear(y, self.weight)
         if self.sequence_parallel:
-            from parmem.dist.sp import reduce_scatter_seq
+            from parmem.distributed.sp import reduce_scatter_seq
 
             z = reduce_scatter_seq(z, self.group)
         else:

@@ -12,7 +12,7 @@ them): ``torch.optim``'s first use imports TorchDynamo, seconds per rank on a sm
 
 * the bytes autograd saved for backward (:class:`parmem.measure.SavedTensorsMeter`), which must
   equal :func:`parmem.estimate`'s activations + logits for that s plus the named extras of
-  :func:`parmem.dist.anatomy.named_extras` (norm statistics, token/label/position ids, loss weight);
+  :func:`parmem.distributed.anatomy.named_extras` (norm statistics, token/label/position ids, loss weight);
 * every tensor allocation and free of the step (:func:`parmem.traces.record_allocations`),
   replayed through the CUDA caching allocator's rules (:func:`parmem.allocator.replay`), with and
   without expandable segments: the reserved memory that rank would hold on a GPU;
@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from parmem.dist.launcher import device, rank, world_size
+from parmem.distributed.launcher import device, rank, world_size
 
 __all__ = ["adam_step", "demo"]
 
@@ -72,7 +72,7 @@ def demo(
     """One training step per rank at sequence length ``seq_lens[rank % len(seq_lens)]``."""
     from parmem import ParallelConfig, TrainingSetup, estimate
     from parmem.allocator import replay
-    from parmem.dist.anatomy import named_extras
+    from parmem.distributed.anatomy import named_extras
     from parmem.measure import SavedTensorsMeter
     from parmem.reference import TinyGPT, tiny_spec
     from parmem.traces import record_allocations

@@ -27,8 +27,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from parmem.dist.collectives import all_gather_tensor, reduce_scatter_tensor
-from parmem.dist.launcher import device, rank, world_size
+from parmem.distributed.collectives import all_gather_tensor, reduce_scatter_tensor
+from parmem.distributed.launcher import device, rank, world_size
 
 __all__ = [
     "AllGatherSeq",
@@ -176,7 +176,7 @@ def demo(
     the same keys).
     """
     from parmem.activations import layer_terms, per_layer_bytes
-    from parmem.dist.tp import ParallelGPTLayer
+    from parmem.distributed.tp import ParallelGPTLayer
     from parmem.measure import SavedTensorsMeter
     from parmem.reference import GPTLayer, norm_stat_bytes, norm_stat_itemsize, tiny_spec
 
@@ -245,12 +245,12 @@ def demo(
 
 
 def _selective_layer(full, sequence_parallel: bool):
-    """A :class:`~parmem.dist.tp.ParallelGPTLayer` whose attention core (QKᵀ, softmax, dropout,
+    """A :class:`~parmem.distributed.tp.ParallelGPTLayer` whose attention core (QKᵀ, softmax, dropout,
     the product with V) runs under ``torch.utils.checkpoint`` and is recomputed in backward:
     Korthikanti et al. 2022 §5, selective activation recomputation."""
     from torch.utils.checkpoint import checkpoint
 
-    from parmem.dist.tp import ParallelGPTLayer
+    from parmem.distributed.tp import ParallelGPTLayer
 
     class SelectiveRecomputeLayer(ParallelGPTLayer):
         def core(self, q, k, v):
@@ -286,7 +286,7 @@ def demo_recompute(
     from torch.utils.checkpoint import checkpoint
 
     from parmem.activations import per_layer_bytes
-    from parmem.dist.tp import ParallelGPTLayer
+    from parmem.distributed.tp import ParallelGPTLayer
     from parmem.measure import SavedTensorsMeter
     from parmem.reference import GPTLayer, norm_stat_bytes
 
