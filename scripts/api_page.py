@@ -33,6 +33,7 @@ ORDER = [
     "parmem.sharding",
     "parmem.table",
     "parmem.config",
+    "parmem.layout",
     "parmem.estimate",
     "parmem.engines",
     "parmem.states",

@@ -25,10 +25,13 @@ def test_each_engine_runs_the_nearest_layout_it_can():
     assert got["paper"] == (PAR, TrainingSetup(**{**SETUP.__dict__, "engine": "paper"}))
     assert got["megatron-core"][0] == PAR
     ds_par, ds_run = got["deepspeed"]
-    assert ds_par == PAR and ds_run.recompute == "full"  # Transformers checkpointing only
+    # DeepSpeed trains the Transformers layers: no TP or SP; the 8 TP ranks become d
+    assert (ds_par.dp, ds_par.tp, ds_par.pp, ds_par.sp, ds_par.zero) == (16, 1, 4, False, 1)
+    assert ds_run.recompute == "full"  # Transformers checkpointing only
     assert got["fsdp2"][0].zero == 3  # ZeRO-1 is not an FSDP2 mode: it shards everything
     hf_par, hf_run = got["hf"]
-    assert (hf_par.dp, hf_par.pp, hf_par.zero) == (8, 1, 0)  # no pipeline: 4 stages become d
+    # no TP and no pipeline: t = 8 and 4 stages become d
+    assert (hf_par.dp, hf_par.tp, hf_par.pp, hf_par.zero) == (64, 1, 1, 0)
     assert hf_par.world_size == PAR.world_size and hf_run.recompute == "full"
     # DeepSpeed with a pipeline cannot go past ZeRO-1
     assert engine_layout("deepspeed", ParallelConfig(dp=2, pp=2, zero=3), SETUP)[0].zero == 1
@@ -36,6 +39,9 @@ def test_each_engine_runs_the_nearest_layout_it_can():
     inter = TrainingSetup(seq_len=1024, num_microbatches=8, schedule="interleaved")
     par, run = engine_layout("hf", ParallelConfig(pp=2, vpp=2, dp=2), inter)
     assert (par.pp, par.vpp, run.schedule) == (1, 1, "1f1b")
+    # DeepSpeed's PipelineEngine has no virtual stages: interleaving becomes 1F1B
+    par, run = engine_layout("deepspeed", ParallelConfig(pp=2, vpp=2, dp=2), inter)
+    assert (par.pp, par.vpp, run.schedule) == (2, 1, "1f1b")
 
 
 def test_engine_table_rows_are_the_estimates_peaks():

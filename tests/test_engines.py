@@ -409,8 +409,12 @@ def _estimate(spec, c):
     v = c.get("v") or 1
     par = ParallelConfig(dp=c["d"], tp=c["t"], pp=c["p"], ep=c.get("e", 1), sp=c["t"] > 1,
                          zero=1 if c["dist_opt"] else 0, vpp=v)
+    # Megatron's compute_activation_memory counts the unfused attention core (the s x s scores
+    # selective recompute drops): compare with the local (non-TE) attention, flash_attention=False,
+    # not the profile's default fused kernel
     setup = TrainingSetup(seq_len=2048, num_microbatches=c["m"], recompute=c["recompute"],
-                          engine="megatron-core", schedule="interleaved" if v > 1 else "1f1b")
+                          engine="megatron-core", schedule="interleaved" if v > 1 else "1f1b",
+                          flash_attention=False)
     return estimate(spec, par, setup)
 
 

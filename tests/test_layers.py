@@ -9,6 +9,7 @@ same layer may not import each other either, so that a formula cannot drift into
     sharding, hardware, engines           the parameter table; GPUs and links; engine profiles
     model                                 ModelSpec
     config, papers                        ParallelConfig, TrainingSetup, vocabularies; published tables
+    layout                                the Layout: groups, stage walk, boundaries, engine rules
     states, pipeline, activations,        model states; schedules; saved activations;
     kvcache                               the KV cache per token and layer
     comm, flops                           communication; FLOPs
@@ -38,6 +39,7 @@ LAYERS: list[set[str]] = [
     {"sharding", "hardware", "engines"},
     {"model"},
     {"config", "papers"},
+    {"layout"},
     {"states", "pipeline", "activations", "kvcache"},
     {"comm", "flops"},
     {"estimate", "inference"},

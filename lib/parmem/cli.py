@@ -52,6 +52,7 @@ from .estimate import estimate
 from .inference import KV_DTYPES, WEIGHT_DTYPES, kv_cache_bytes, kv_cache_bytes_per_token
 from .inference import weight_bytes as _weight_bytes
 from .model import ModelSpec, presets
+from .planner.emit import PROFILES
 from .units import GIB
 
 
@@ -281,6 +282,7 @@ def _cmd_plan(args) -> int:
         optimizer=args.optimizer,
         flash_attention=args.flash,
         dropout=False if args.no_dropout else None,
+        engine=args.engine or (PROFILES[args.emit] if args.emit else "paper"),
         **opts,
     )
     if args.json:
@@ -324,7 +326,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--optimizer", default="adamw", choices=tuple(OPTIMIZERS))
     p.add_argument("--recompute", default="none", choices=RECOMPUTE)
     p.add_argument("--schedule", default=None, choices=SCHEDULES)
-    p.add_argument("--flash", action="store_true", help="attention keeps no s x s matrix")
+    flash = p.add_mutually_exclusive_group()
+    flash.add_argument(
+        "--flash",
+        action="store_true",
+        default=None,
+        help="attention keeps no s x s matrix (default: the engine's kernel)",
+    )
+    flash.add_argument("--no-flash", dest="flash", action="store_false", help="it keeps it")
     drop = p.add_mutually_exclusive_group()
     drop.add_argument(
         "--dropout",
@@ -390,7 +399,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--emit",
         choices=("megatron", "deepspeed", "torchtitan"),
         default=None,
-        help="print the best layout as settings for this engine",
+        help="print the best layout as this engine's recipe (plans with its profile)",
+    )
+    p.add_argument(
+        "--engine",
+        default=None,
+        choices=tuple(engines()),
+        help="engine profile to search, size and time with (default: --emit's, else paper)",
     )
     p.add_argument("--json", action="store_true", help="the whole plan as JSON")
     for flag in ("tp", "pp", "cp", "ep", "zero", "micro-batch", "vpp"):
@@ -406,7 +421,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--uneven-pp", action="store_true", help="allow pp not dividing the layers")
     p.add_argument("--precision", default="bf16-mixed", choices=tuple(PRECISIONS))
     p.add_argument("--optimizer", default="adamw", choices=tuple(OPTIMIZERS))
-    p.add_argument("--flash", action="store_true", help="attention keeps no s x s matrix")
+    flash = p.add_mutually_exclusive_group()
+    flash.add_argument(
+        "--flash",
+        action="store_true",
+        default=None,
+        help="attention keeps no s x s matrix (default: the engine's kernel)",
+    )
+    flash.add_argument("--no-flash", dest="flash", action="store_false", help="it keeps it")
     p.add_argument("--no-dropout", action="store_true")
     for flag, what in (
         ("mfu", "busy fraction of peak FLOP/s"),

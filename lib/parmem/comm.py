@@ -31,16 +31,14 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from fractions import Fraction
 
 from ._check import boolean, integer
-from .config import PRECISIONS, ParallelConfig, TrainingSetup, check_layout
+from .config import PRECISIONS, ParallelConfig, TrainingSetup
 from .hardware import Hardware, Link, hardware_preset, link_preset
+from .layout import Layout, dispatch_slots, layout
 from .model import ModelSpec
-from .sharding import moe_layer_count, stage_params
 from .states import reduced_grad_itemsize
 
 __all__ = [
@@ -319,55 +317,46 @@ class StageShape:
     recompute: str = "none"
     sp_regather: bool = False
 
+    @property
+    def dp_group(self) -> int:
+        """The ranks that reduce the dense gradients together: d·cp (as
+        :attr:`parmem.layout.Layout.dp_group`)."""
+        return self.dp * self.cp
 
-def stage_shape(
-    spec: ModelSpec,
-    parallel: ParallelConfig,
-    setup: TrainingSetup,
-    stage: int,
-    n_layers: int,
-    *,
-    sp_regather: bool = False,
-    start: int | None = None,
-) -> StageShape:
-    """The :class:`StageShape` of pipeline stage ``stage`` holding ``n_layers`` layers (the
-    layout already checked by :func:`parmem.config.check_layout`): parameters from the sharding
-    table, element sizes from the setup's precision; ``start``: the stage's first layer (default:
-    0 on the first stage, L - n on the others), which decides how many of its layers are MoE
-    layers (:func:`parmem.sharding.moe_layer_count`)."""
-    prec = PRECISIONS[setup.precision]
-    p = parallel.pp
-    n = n_layers
-    first, last = stage == 0, stage == p - 1
-    start = (0 if first else spec.layers - n) if start is None else start
-    dense, expert = stage_params(spec, parallel.tp, parallel.ep, n, first, last, start=start)
-    cf = setup.capacity_factor if spec.is_moe and setup.capacity_factor != 1.0 else None
+
+def stage_shape(lay: Layout, stage: int, *, sp_regather: bool = False) -> StageShape:
+    """The :class:`StageShape` of pipeline stage ``stage`` of a :class:`~parmem.layout.Layout`:
+    the stage's parameters (the layout's stage walk, with the engine's vocabulary padding), the
+    gradient element the engine reduces (:func:`~parmem.states.reduced_grad_itemsize`), the
+    precision's weight and activation elements."""
+    spec, par, setup = lay.spec, lay.parallel, lay.setup
+    st = lay.stages[stage]
     return StageShape(
-        params=dense,
+        params=st.dense_params,
         seq_len=setup.seq_len,
         micro_batch=setup.micro_batch,
         hidden=spec.hidden,
-        layers=n,
+        layers=st.layers,
         num_microbatches=setup.num_microbatches,
-        dp=parallel.dp,
-        zero=parallel.zero,
+        dp=par.dp,
+        zero=par.zero,
         grad_bytes=reduced_grad_itemsize(
-            setup.engine, setup.precision, parallel.zero, setup.grad_dtype, setup.master_weights
+            setup.engine, setup.precision, par.zero, setup.grad_dtype, setup.master_weights
         ),
-        param_bytes=prec["param"],
-        tp=parallel.tp,
-        sp=parallel.sp,
-        pp=p,
-        v=parallel.vpp,
+        param_bytes=PRECISIONS[setup.precision]["param"],
+        tp=par.tp,
+        sp=par.sp,
+        pp=par.pp,
+        v=par.vpp,
         stage=stage,
-        cp=parallel.cp,
+        cp=par.cp,
         kv_hidden=spec.kv_dim,
-        ep=parallel.ep,
-        moe_layers=moe_layer_count(spec, start, n),
-        expert_params=expert,
+        ep=par.ep,
+        moe_layers=st.moe_layers,
+        expert_params=st.expert_params,
         top_k=spec.top_k or 1,
-        capacity_factor=cf,
-        act_bytes=prec["act"],
+        capacity_factor=lay.capacity_factor,
+        act_bytes=lay.act_bytes,
         recompute=setup.recompute,
         sp_regather=sp_regather,
     )
@@ -443,12 +432,12 @@ def collectives(x: StageShape) -> CommBreakdown:
         if n > 1 and size and count:
             ops.append(CommOp(cat, what, op, size, n, count))
 
-    _zero_ops(add, x.params, x.dp * x.cp, x.zero, m, x.grad_bytes, x.param_bytes, "")
+    _zero_ops(add, x.params, x.dp_group, x.zero, m, x.grad_bytes, x.param_bytes, "")
     if x.expert_params:
         _zero_ops(
             add,
             x.expert_params,
-            x.dp * x.cp // x.ep,
+            x.dp_group // x.ep,
             x.zero,
             m,
             x.grad_bytes,
@@ -478,9 +467,9 @@ def collectives(x: StageShape) -> CommBreakdown:
         add("cp", "K/V all-gather (ring), backward", "all_gather", kv, x.cp, L * m)
         add("cp", "dK/dV reduce-scatter (ring)", "reduce_scatter", kv, x.cp, L * m)
     if x.ep > 1 and x.moe_layers:
-        slots = s_local * x.micro_batch // (tp if x.sp else 1) * x.top_k
-        if x.capacity_factor is not None:
-            slots = math.ceil(Fraction(repr(x.capacity_factor)) * slots)
+        slots = dispatch_slots(
+            s_local * x.micro_batch // (tp if x.sp else 1), x.top_k, x.capacity_factor
+        )
         buf, n = slots * x.hidden * x.act_bytes, x.moe_layers * m
         add("ep", "dispatch + combine all-to-all, forward", "all_to_all", buf, x.ep, 2 * n * fwd)
         add("ep", "dispatch + combine all-to-all, backward", "all_to_all", buf, x.ep, 2 * n)
@@ -510,21 +499,12 @@ def step_comm(
     if setup is None:
         setup = TrainingSetup(seq_len=min(2048, spec.max_positions))
     boolean("sp_regather", sp_regather)
-    lps = check_layout(spec, par, setup, layers_per_stage)
-    p = par.pp
+    lay = layout(spec, par, setup, layers_per_stage)
     if stage is not None:
-        integer("stage", stage, 0, p - 1)
-    if par.sp and (setup.seq_len // par.cp) % par.tp:
-        raise ValueError(
-            f"seq_len / cp = {setup.seq_len // par.cp} must be divisible by "
-            f"tp={par.tp} with sp=True"
-        )
+        integer("stage", stage, 0, par.pp - 1)
     best = None
-    for i in range(p) if stage is None else (stage,):
-        shape = stage_shape(
-            spec, par, setup, i, lps[i], sp_regather=sp_regather, start=sum(lps[:i])
-        )
-        out = collectives(shape)
+    for i in range(par.pp) if stage is None else (stage,):
+        out = collectives(stage_shape(lay, i, sp_regather=sp_regather))
         if best is None or out.total > best.total:
             best = out
     assert best is not None

@@ -7,13 +7,14 @@ Each vocabulary is defined here once and imported everywhere else: number format
 (:data:`RECOMPUTE`, Korthikanti et al. 2022 §5), pipeline schedules (:data:`SCHEDULES`: GPipe,
 Huang et al. 2019; 1F1B and interleaved 1F1B, Narayanan et al. 2021 §2.2) and DDP gradient buckets
 (:data:`GRAD_BUCKETS`). :func:`even_split` is the one default layer split of a pipeline and
-:func:`check_layout` the one check that a layout fits a model.
+:func:`parmem.layout.check_layout` (a :class:`~parmem.layout.Layout`) the one check that a
+layout fits a model and its engine.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ._check import (
     MAX_BATCH,
@@ -22,12 +23,10 @@ from ._check import (
     MAX_SEQ_LEN,
     boolean,
     choice,
-    instance,
     integer,
     number,
 )
 from .engines import GRAD_DTYPES, OFFLOADS, engine, engines, optimizer_presets
-from .sharding import check_tp
 
 if TYPE_CHECKING:  # pragma: no cover
     from .model import ModelSpec
@@ -44,7 +43,6 @@ __all__ = [
     "GRAD_DTYPES",
     "OFFLOADS",
     "even_split",
-    "check_layout",
 ]
 
 #: bytes per parameter of (16/32-bit) weights, gradients, fp32 master copy, optimizer state
@@ -149,8 +147,12 @@ class TrainingSetup:
 
     ``engine`` names the profile of :mod:`parmem.engines` the estimate follows (``"paper"``, the
     default: the papers' accounting; ``"megatron-core"``, ``"deepspeed"``, ``"fsdp2"``, ``"hf"``).
-    ``dropout=None`` (the default) follows the model (:attr:`ModelSpec.has_dropout
-    <parmem.model.ModelSpec.has_dropout>`: GPT-2 and GPT-3 have dropout, Llama and Mixtral none).
+    ``flash_attention=None`` and ``dropout=None`` (the defaults) take the engine's own defaults
+    (``[engines.*.defaults]`` of ``data/engines.toml``: Megatron-Core, torchtitan and Transformers
+    run a fused attention kernel that keeps no s × s scores, the papers' accounting keeps them;
+    dropout follows the model, :attr:`ModelSpec.has_dropout
+    <parmem.model.ModelSpec.has_dropout>`, except under torchtitan, whose models have none);
+    :class:`parmem.layout.Layout` resolves them.
 
     ``grad_buckets="copy"`` models PyTorch DDP's default (``gradient_as_bucket_view=False``): the
     all-reduce buckets hold a second copy of every gradient. ``"view"`` is DDP with
@@ -171,7 +173,7 @@ class TrainingSetup:
     optimizer: str = "adamw"
     recompute: str = "none"
     schedule: str = "1f1b"
-    flash_attention: bool = False
+    flash_attention: bool | None = None
     dropout: bool | None = None
     grad_buckets: str | None = None
     capacity_factor: float = 1.0
@@ -190,7 +192,6 @@ class TrainingSetup:
         choice("optimizer", self.optimizer, OPTIMIZERS)
         choice("recompute", self.recompute, RECOMPUTE)
         choice("schedule", self.schedule, SCHEDULES)
-        boolean("flash_attention", self.flash_attention)
         number("capacity_factor", self.capacity_factor, 1.0, 1e6)
         choice("engine", self.engine, engines())
         choice("offload", self.offload, OFFLOADS)
@@ -198,6 +199,8 @@ class TrainingSetup:
 
     def _check_optional(self) -> None:
         """The fields where ``None`` means "the model's" or "the profile's"."""
+        if self.flash_attention is not None:
+            boolean("flash_attention", self.flash_attention)
         if self.dropout is not None:
             boolean("dropout", self.dropout)
         if self.grad_buckets is not None:
@@ -213,68 +216,22 @@ class TrainingSetup:
                 )
 
     def dropout_for(self, spec: ModelSpec) -> bool:
-        """Whether the layers keep dropout masks: ``dropout`` if given, else the model's own
-        (:attr:`~parmem.model.ModelSpec.has_dropout`)."""
-        return spec.has_dropout if self.dropout is None else self.dropout
+        """Whether the layers keep dropout masks: ``dropout`` if given, else the engine's
+        default for the model (the model's own, :attr:`~parmem.model.ModelSpec.has_dropout`, or
+        none under an engine whose models have no dropout)."""
+        if self.dropout is not None:
+            return self.dropout
+        return spec.has_dropout and engine(self.engine).defaults.dropout == "model"
+
+    @property
+    def flash(self) -> bool:
+        """Whether attention keeps no s × s scores: ``flash_attention`` if given, else the
+        engine's default."""
+        if self.flash_attention is not None:
+            return self.flash_attention
+        return engine(self.engine).defaults.flash_attention
 
     @property
     def buckets(self) -> str:
         """The DDP bucket mode: ``grad_buckets``, or the engine profile's default."""
         return self.grad_buckets or engine(self.engine).grad_buckets
-
-
-def check_layout(
-    spec: ModelSpec, par: ParallelConfig, setup: TrainingSetup, layers_per_stage: Any = None
-) -> list[int]:
-    """Raise ``ValueError`` unless ``par`` and ``setup`` fit ``spec``; return the layers of each
-    pipeline stage (``layers_per_stage``, checked, or :func:`even_split`)."""
-    instance("parallel", par, ParallelConfig, "ParallelConfig(dp=..., tp=..., ...)")
-    instance("setup", setup, TrainingSetup, "TrainingSetup(seq_len=...)")
-    p = par.pp
-    check_tp(spec, par.tp, par.ep)
-    if p > spec.layers:
-        raise ValueError(f"pp={p} > layers={spec.layers}: every stage needs at least one layer")
-    if setup.seq_len % par.cp:
-        raise ValueError(f"cp={par.cp} must divide seq_len={setup.seq_len}")
-    if spec.position == "learned" and setup.seq_len > spec.max_positions:
-        raise ValueError(
-            f"seq_len={setup.seq_len} > max_positions={spec.max_positions} "
-            f"(learned positions of {spec.name})"
-        )
-    engine(setup.engine).check(par.zero, p, setup.recompute, setup.offload)
-    interleaved = setup.schedule == "interleaved"
-    if interleaved != (par.vpp > 1):
-        raise ValueError(
-            f"schedule={setup.schedule!r} and vpp={par.vpp}: the interleaved "
-            "schedule needs vpp >= 2 and vpp >= 2 needs schedule='interleaved'"
-        )
-    if interleaved and setup.num_microbatches % p:
-        raise ValueError(
-            f"num_microbatches={setup.num_microbatches} must be a multiple of "
-            f"pp={p} for the interleaved schedule (Megatron-LM requirement)"
-        )
-    return _stage_layers(spec, par, layers_per_stage)
-
-
-def _stage_layers(spec: ModelSpec, par: ParallelConfig, layers_per_stage: Any) -> list[int]:
-    """The layers of each stage: ``layers_per_stage`` checked (p entries, integers >= 1 summing
-    to L, multiples of v when interleaved), or :func:`even_split`."""
-    p = par.pp
-    if layers_per_stage is None:
-        lps = list(even_split(spec.layers, p))
-    else:
-        if isinstance(layers_per_stage, str | bytes) or not hasattr(layers_per_stage, "__len__"):
-            raise ValueError(
-                f"layers_per_stage={layers_per_stage!r} must be a list of {p} layer counts"
-            )
-        lps = [integer(f"layers_per_stage[{i}]", n) for i, n in enumerate(layers_per_stage)]
-        if len(lps) != p:
-            raise ValueError(f"layers_per_stage has {len(lps)} entries; it needs pp={p}")
-        if sum(lps) != spec.layers:
-            raise ValueError(
-                f"layers_per_stage sums to {sum(lps)}; it must sum to layers={spec.layers}"
-            )
-    for i, n in enumerate(lps):
-        if n % par.vpp:
-            raise ValueError(f"vpp={par.vpp} must divide the {n} layers of stage {i}")
-    return lps

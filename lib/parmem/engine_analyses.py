@@ -18,18 +18,29 @@ __all__ = ["engine_layout", "engine_table"]
 def engine_layout(
     name: str, parallel: ParallelConfig, setup: TrainingSetup
 ) -> tuple[ParallelConfig, TrainingSetup]:
-    """``parallel`` and ``setup`` as the engine profile ``name`` can run them: the least ZeRO
-    sharding at or above the asked stage (FSDP2: ZeRO-1 becomes 3), else its largest, within its
-    pipeline's limit when p > 1 (DeepSpeed: ZeRO-1); p stages folded into d where it has no
-    pipeline (hf); full recomputation, no offload where it lacks the asked one. Same GPUs."""
+    """``parallel`` and ``setup`` as the engine profile ``name`` can run them, on the same GPUs:
+    the parallelisms it refuses (``[engines.*.refuses]``: DeepSpeed on Transformers layers and
+    the Trainer have no TP, SP, CP or EP) folded into data parallelism; p stages folded into d
+    where it has no pipeline (hf); no virtual stages where it cannot interleave; 1F1B where it
+    has no GPipe; the least ZeRO sharding at or above the asked stage (FSDP2: ZeRO-1 becomes 3),
+    else its largest, within its pipeline's limit when p > 1 (DeepSpeed: ZeRO-1); full
+    recomputation, no offload where it lacks the asked one."""
     prof = engine(name)
-    pp, vpp = (parallel.pp, parallel.vpp) if prof.pipeline else (1, 1)
+    t = 1 if prof.refusal("tp") else parallel.tp
+    cp = 1 if prof.refusal("cp") else parallel.cp
+    ep = 1 if prof.refusal("ep") else parallel.ep
+    sp = parallel.sp and t > 1 and not prof.refusal("sp")
+    pp = parallel.pp if prof.pipeline else 1
+    vpp = parallel.vpp if pp > 1 and not prof.refusal("interleaved") else 1
     stages = [z for z in prof.zero_stages if pp == 1 or z <= prof.pipeline_zero_max]
     zero = min((z for z in stages if z >= parallel.zero), default=max(stages))
-    par = replace(parallel, zero=zero, pp=pp, vpp=vpp, dp=parallel.dp * parallel.pp // pp)
+    dp = parallel.world_size // (t * cp * pp)
+    par = ParallelConfig(dp=dp, tp=t, pp=pp, ep=ep, cp=cp, sp=sp, zero=zero, vpp=vpp)
     rec = setup.recompute if setup.recompute in prof.recompute else "full"
     offload = setup.offload if setup.offload in prof.offload else "none"
-    schedule = setup.schedule if vpp > 1 or setup.schedule != "interleaved" else "1f1b"
+    schedule = "interleaved" if vpp > 1 else setup.schedule
+    if schedule == "interleaved" and vpp == 1 or prof.refusal(schedule):
+        schedule = "1f1b"
     return par, replace(setup, engine=name, recompute=rec, offload=offload, schedule=schedule)
 
 

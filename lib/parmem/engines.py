@@ -40,6 +40,8 @@ __all__ = [
     "SavedTensor",
     "StateCategory",
     "Buffers",
+    "Defaults",
+    "FEATURES",
     "OFFLOADS",
     "GRAD_DTYPES",
     "engine",
@@ -120,6 +122,16 @@ STATE_OFFLOAD: tuple[str, ...] = ("never", "optimizer", "params", "drop")
 NEVER = 4  # shard_from for a category no ZeRO stage shards
 RECOMPUTE_MODES: tuple[str, ...] = ("none", "selective", "full")
 ZERO3_PARAMS: tuple[str, ...] = ("layers", "largest-module", "none")
+#: What the ZeRO-3 buffers span under pipeline parallelism: one layer at a time (``layers``), or
+#: the whole stage, unsharded between micro-batches (``stage``: torchtitan's FSDP2 under PP).
+PIPELINE_ZERO3: tuple[str, ...] = ("layers", "stage")
+#: When a model-state category exists: throughout the step, or only in the optimizer step.
+PHASES: tuple[str, ...] = ("always", "step")
+#: The layout features an engine may refuse (``[engines.*.refuses]``): tensor, sequence, context
+#: and expert parallelism, virtual pipeline stages, and the GPipe and 1F1B schedules.
+FEATURES: tuple[str, ...] = ("tp", "sp", "cp", "ep", "interleaved", "gpipe", "1f1b")
+#: Overlap features an engine turns on by default (``[engines.*.defaults] overlap``).
+OVERLAPS: tuple[str, ...] = ("fsdp-prefetch", "ddp-buckets", "grad-reduce", "param-gather")
 
 
 @dataclass(frozen=True)
@@ -152,6 +164,7 @@ class StateCategory:
     precisions: tuple[str, ...] = ()
     offload: str = "never"
     note: str = ""
+    phase: str = "always"
 
 
 @dataclass(frozen=True)
@@ -187,6 +200,18 @@ class Buffers:
     zero3_params: str = "layers"
     zero3_grads: str = "none"
     reduce_bucket: int = 0
+    pipeline_zero3: str = "layers"
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """What an engine does unless told otherwise: its attention kernel keeps no s × s scores
+    (``flash_attention``), its dropout (``"model"``: as the model's config says, or ``False``),
+    the communication overlaps it turns on (:data:`OVERLAPS`)."""
+
+    flash_attention: bool
+    dropout: bool | str
+    overlap: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -212,6 +237,17 @@ class EngineProfile:
     stage: tuple[SavedTensor, ...]
     first: tuple[SavedTensor, ...]
     last: tuple[SavedTensor, ...]
+    defaults: Defaults = Defaults(flash_attention=False, dropout="model")
+    refuses: tuple[tuple[str, str], ...] = ()
+
+    def refusal(self, feature: str) -> str:
+        """Why the engine cannot run ``feature`` (one of :data:`FEATURES`), or ``""``."""
+        return dict(self.refuses).get(feature, "")
+
+    @property
+    def who(self) -> str:
+        """The profile's name and engine version, for messages."""
+        return f"engine={self.name!r} ({self.version})"
 
     def check(self, zero: int, pp: int, recompute: str, offload: str) -> None:
         """Raise ``ValueError``, naming the profile, unless it can express ZeRO stage ``zero``
@@ -345,6 +381,18 @@ def _category(row: dict[str, Any], where: str) -> StateCategory:
         precisions=tuple(str(p) for p in row.get("precisions", ())),
         offload=choice(f"{here} offload", row.get("offload", "never"), STATE_OFFLOAD),
         note=str(row.get("note", "")),
+        phase=choice(f"{here} phase", row.get("phase", "always"), PHASES),
+    )
+
+
+def _defaults(t: dict[str, Any], where: str) -> Defaults:
+    dropout = t.get("dropout", "model")
+    if dropout not in ("model", False):
+        raise ValueError(f"data/engines.toml: {where} defaults dropout must be 'model' or false")
+    return Defaults(
+        flash_attention=bool(_get(t, "flash_attention", f"{where} defaults")),
+        dropout=dropout,
+        overlap=tuple(choice(f"{where} overlap", o, OVERLAPS) for o in t.get("overlap", ())),
     )
 
 
@@ -375,6 +423,14 @@ def _profile(name: str, t: dict[str, Any], tables: dict[str, Any]) -> EngineProf
             zero3_params=choice(f"{where} zero3_params", b["zero3_params"], ZERO3_PARAMS),
             zero3_grads=choice(f"{where} zero3_grads", b["zero3_grads"], STATE_DTYPES),
             reduce_bucket=integer(f"{where} reduce_bucket", b["reduce_bucket"], 0),
+            pipeline_zero3=choice(
+                f"{where} pipeline_zero3", b.get("pipeline_zero3", "layers"), PIPELINE_ZERO3
+            ),
+        ),
+        defaults=_defaults(_get(t, "defaults", where), where),
+        refuses=tuple(
+            (choice(f"{where} refuses", k, FEATURES), str(v))
+            for k, v in _get(t, "refuses", where).items()
         ),
         layer=tuple(_saved(r, aw) for r in _get(acts, "layer", aw)),
         stage=tuple(_saved(r, aw) for r in acts.get("stage", ())),

@@ -29,17 +29,12 @@ from typing import Any
 
 from ._check import cdiv, integer
 from .activations import saved_tensor_bytes
-from .config import PRECISIONS, ParallelConfig, TrainingSetup, check_layout
-from .engines import EngineProfile, engine, itemsizes
+from .config import PRECISIONS, ParallelConfig, TrainingSetup
+from .engines import itemsizes
+from .layout import Layout, Stage, layout
 from .model import ModelSpec
 from .pipeline import in_flight_profile
-from .sharding import (
-    factored_numel,
-    largest_module_params,
-    moe_layer_count,
-    stage_params,
-    vocab_rows,
-)
+from .sharding import factored_numel, largest_module_params, stage_params, vocab_rows
 from .states import apply_rule, state_rule
 from .units import GIB
 
@@ -49,8 +44,11 @@ __all__ = ["MemoryBreakdown", "Estimate", "estimate"]
 # ---------------------------------------------------------------------------- results
 @dataclass(frozen=True)
 class MemoryBreakdown:
-    """Bytes on one GPU of one pipeline stage. ``total`` is the sum of the other byte fields,
-    except ``host``: the model states this GPU's process keeps on the host (offload)."""
+    """Bytes on one GPU of one pipeline stage. ``total`` is the larger of the step's two peaks:
+    the sum of the byte fields of :attr:`FIELDS` (forward and backward, activations held), and
+    the optimizer step, when the activations and logits are freed and ``optimizer_step`` bytes
+    exist (DeepSpeed's fp32 gradient partition at ZeRO-1/2). ``host``: the model states this
+    GPU's process keeps on the host (offload)."""
 
     stage: int
     layers: int
@@ -64,6 +62,7 @@ class MemoryBreakdown:
     cuda_context: int
     notes: tuple[str, ...] = field(default=(), compare=False)
     host: int = 0
+    optimizer_step: int = 0
 
     FIELDS = (
         "params",
@@ -77,11 +76,14 @@ class MemoryBreakdown:
 
     @property
     def model_states(self) -> int:
-        return self.params + self.grads + self.optimizer
+        """Parameters, gradients and optimizer states at their largest (the optimizer step's
+        own gradient copies included)."""
+        return self.params + self.grads + self.optimizer + self.optimizer_step
 
     @property
     def total(self) -> int:
-        return sum(getattr(self, f) for f in self.FIELDS)
+        fwd_bwd = sum(getattr(self, f) for f in self.FIELDS)
+        return fwd_bwd + max(0, self.optimizer_step - self.activations - self.logits)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -238,35 +240,31 @@ def estimate(
     """
     if not isinstance(spec, ModelSpec):
         raise ValueError(f"spec must be a ModelSpec, got {type(spec).__name__}")
-    par = parallel if parallel is not None else ParallelConfig()
-    if setup is None:
-        setup = TrainingSetup(seq_len=min(2048, spec.max_positions))
-    lps = check_layout(spec, par, setup, layers_per_stage)  # checks the types first
+    lay = layout(spec, parallel, setup, layers_per_stage)  # checks the types and every rule
+    par, setup = lay.parallel, lay.setup
     if world_size is not None:
         par.check_world_size(world_size)
     gpn = (
         min(8, par.world_size) if gpus_per_node is None else integer("gpus_per_node", gpus_per_node)
     )
-    prof = engine(setup.engine)
-    dropout = setup.dropout_for(spec)
-    full, kept, stage_b, first_b, last_b = _activation_bytes(spec, par, setup, dropout)
-    buffers = _buffers(spec, par, setup)
-    zero3, bucket = _engine_buffers(spec, par, setup, prof)
-    ddp_copy = par.dp * par.cp > 1 and par.zero == 0 and setup.buckets == "copy"
+    prof = lay.engine
+    full, kept, stage_b, first_b, last_b = _activation_bytes(lay)
+    buffers = lay.comm_buffer_bytes
+    ddp_copy = lay.dp_group > 1 and par.zero == 0 and setup.buckets == "copy"
+    bucket = _reduce_bucket(lay)
     bucket_note = (
         f"{prof.name}: gradient-reduction bucket of {prof.buffers.reduce_bucket:,} elements"
     )
     in_flight = in_flight_profile(setup.schedule, par.pp, setup.num_microbatches, par.vpp)
-    states: dict[tuple[int, int, bool, bool], tuple[int, int, int, int, int]] = {}
+    states: dict[tuple[int, int, bool, bool], tuple[int, int, int, int, int, int]] = {}
     stages = []
-    for i, n_layers in enumerate(lps):
-        first, last, start = i == 0, i == par.pp - 1, sum(lps[:i])
-        key = (n_layers, moe_layer_count(spec, start, n_layers), first, last)
+    for st in lay.stages:
+        key = (st.layers, st.moe_layers, st.first, st.last)
         if key not in states:
-            states[key] = _stage_states(spec, par, setup, prof, (start, n_layers), first, last)
-        n_params, p_bytes, g_bytes, o_bytes, host = states[key]
-        units = in_flight[i]
-        layer_units = units * (n_layers // par.vpp)  # layer-micro-batches held at the peak
+            states[key] = _stage_states(lay, st)
+        n_params, p_bytes, g_bytes, o_bytes, host, step = states[key]
+        units = in_flight[st.index]
+        layer_units = units * (st.layers // par.vpp)  # layer-micro-batches held at the peak
         act = kept * layer_units + (full - kept if layer_units else 0)
         notes = [
             f"{units} micro-batch{'es' if units != 1 else ''} in flight"
@@ -274,25 +272,30 @@ def estimate(
             else f"{units} chunk-micro-batches in flight (v={par.vpp})"
         ]
         mb_units = cdiv(units, par.vpp)
-        if n_layers:
+        if st.layers:
             act += stage_b * mb_units
-        if first:
+        if st.first:
             act += first_b * mb_units
         logits = 0
-        if last:
+        if st.last:
             act += last_b * mb_units
             rows = vocab_rows(spec, par.tp, prof.vocab_multiple)
-            logits = 4 * (setup.seq_len // par.cp) * setup.micro_batch * rows * mb_units
-        comm = buffers + bucket + (zero3 if n_layers else 0)
+            logits = 4 * lay.tokens * rows * mb_units
+        zero3, zero3_note = _zero3_buffers(lay, st)
+        comm = buffers + bucket + zero3
+        if zero3_note:
+            notes.append(zero3_note)
         if ddp_copy:
             comm += g_bytes
             notes.append("DDP buckets hold a second copy of the gradients")
         if bucket:
             notes.append(bucket_note)
+        if step:
+            notes.append(f"{prof.name}: fp32 gradient partition during the optimizer step only")
         stages.append(
             MemoryBreakdown(
-                stage=i,
-                layers=n_layers,
+                stage=st.index,
+                layers=st.layers,
                 num_params=n_params,
                 params=p_bytes,
                 grads=g_bytes,
@@ -303,31 +306,20 @@ def estimate(
                 cuda_context=setup.cuda_context,
                 notes=tuple(notes),
                 host=host,
+                optimizer_step=step,
             )
         )
     return Estimate(spec=spec, parallel=par, setup=setup, stages=tuple(stages), gpus_per_node=gpn)
 
 
-def _boundary(spec: ModelSpec, par: ParallelConfig, setup: TrainingSetup) -> int:
-    """One s·b·h activation tensor on this GPU (s/cp tokens; divided by t under SP)."""
-    act = PRECISIONS[setup.precision]["act"]
-    return (
-        act
-        * (setup.seq_len // par.cp)
-        * setup.micro_batch
-        * spec.hidden
-        // (par.tp if par.sp else 1)
-    )
-
-
-def _activation_bytes(
-    spec: ModelSpec, par: ParallelConfig, setup: TrainingSetup, dropout: bool
-) -> tuple[int, int, int, int, int]:
+def _activation_bytes(lay: Layout) -> tuple[int, int, int, int, int]:
     """(all, kept) activation bytes of one layer and one micro-batch, and per micro-batch the
     tensors every stage keeps once (shared by its layers) and the first and the last stage's
     own tensors, from the profile's saved-tensor tables
     (:func:`~parmem.activations.layer_terms`). Kept: all under no recompute; all but the core
-    under selective; the layer's input under full (Korthikanti et al. 2022 Table 2)."""
+    under selective; the layer's input (the layout's boundary tensor) under full (Korthikanti
+    et al. 2022 Table 2)."""
+    spec, par, setup = lay.spec, lay.parallel, lay.setup
     layer, stage, first, last = saved_tensor_bytes(
         spec,
         setup.seq_len,
@@ -336,9 +328,9 @@ def _activation_bytes(
         tp=par.tp,
         sp=par.sp,
         cp=par.cp,
-        flash=setup.flash_attention,
-        dropout=dropout,
-        act_bytes=PRECISIONS[setup.precision]["act"],
+        flash=lay.flash,
+        dropout=lay.dropout,
+        act_bytes=lay.act_bytes,
         capacity_factor=setup.capacity_factor,
         engine=setup.engine,
     )
@@ -348,64 +340,56 @@ def _activation_bytes(
     elif setup.recompute == "selective":
         kept = sum(n for x, n in layer if not x.core)
     else:
-        kept = _boundary(spec, par, setup)
+        kept = lay.boundary_bytes
     stage_b, first_b, last_b = (sum(n for _, n in place) for place in (stage, first, last))
     return full, kept, stage_b, first_b, last_b
 
 
-def _buffers(spec: ModelSpec, par: ParallelConfig, setup: TrainingSetup) -> int:
-    """Communication buffers every stage holds: the TP all-reduce (or SP all-gather) output,
-    one s·b·h tensor; the pipeline's send and receive buffers; the MoE dispatch send and
-    receive buffers, padded to the capacity factor."""
-    act = PRECISIONS[setup.precision]["act"]
-    tokens = (setup.seq_len // par.cp) * setup.micro_batch
-    out = act * tokens * spec.hidden if par.tp > 1 else 0
-    if par.pp > 1:
-        out += 2 * _boundary(spec, par, setup)
-    if spec.is_moe and par.ep > 1:
-        out += int(2 * act * tokens * spec.top_k * spec.hidden * setup.capacity_factor)
-    return out
+def _reduce_bucket(lay: Layout) -> int:
+    """The profile's 16-bit gradient-reduction bucket (DeepSpeed at ZeRO >= 1)."""
+    if lay.parallel.zero < 1:
+        return 0
+    return _sizes(lay)["param"] * lay.engine.buffers.reduce_bucket
 
 
-def _engine_buffers(
-    spec: ModelSpec, par: ParallelConfig, setup: TrainingSetup, prof: EngineProfile
-) -> tuple[int, int]:
-    """(ZeRO-3 buffers of a stage with layers, gradient-reduction bucket) of the profile:
-    the gathered weights of the current and the prefetched layer when d·cp > 1 (``layers``), or
-    DeepSpeed's estimator's 4 × the largest module (``largest-module``, 2 × 16-bit); one layer's
-    unsharded gradient in ``zero3_grads`` (FSDP2's reduce-scatter input); the 16-bit
-    reduction bucket DeepSpeed allocates at ZeRO >= 1."""
-    b = prof.buffers
-    sizes = itemsizes(PRECISIONS[setup.precision], setup.grad_dtype, setup.master_weights)
-    bucket = sizes["param"] * b.reduce_bucket if par.zero >= 1 else 0
-    if par.zero != 3:
-        return 0, bucket
-    gathered = par.dp * par.cp > 1
+def _sizes(lay: Layout) -> dict[str, int]:
+    st = lay.setup
+    return itemsizes(PRECISIONS[st.precision], st.grad_dtype, st.master_weights)
+
+
+def _zero3_buffers(lay: Layout, stage: Stage) -> tuple[int, str]:
+    """The profile's ZeRO-3 buffers on a stage with layers, and a note: the gathered weights of
+    the current and the prefetched layer when d·cp > 1 (``layers``), or DeepSpeed's estimator's
+    4 × the largest module (``largest-module``, 2 × 16-bit); one layer's unsharded gradient in
+    ``zero3_grads`` (FSDP2's reduce-scatter input). Under pipeline parallelism a profile whose
+    ``pipeline_zero3`` is ``stage`` keeps the whole stage unsharded between micro-batches: its
+    16-bit weights and its gradient accumulators in ``zero3_grads`` (torchtitan sets
+    ``reshard_after_forward=False`` with PP, and the pipeline schedule reduce-scatters the
+    gradients once, after the last micro-batch)."""
+    par, prof = lay.parallel, lay.engine
+    b, spec = prof.buffers, lay.spec
+    if par.zero != 3 or not stage.layers:
+        return 0, ""
+    sizes = _sizes(lay)
+    gathered = lay.dp_group > 1
+    if gathered and par.pp > 1 and b.pipeline_zero3 == "stage":
+        note = f"{prof.name} under PP: the stage's weights and gradients stay unsharded"
+        return (sizes["param"] + sizes[b.zero3_grads]) * stage.params, note
     layer = sum(stage_params(spec, par.tp, par.ep, 1, False, False)) if gathered else 0
     zero3 = sizes[b.zero3_grads] * layer
     if b.zero3_params == "layers":  # the current layer and the prefetched next one
         zero3 += 2 * sizes["param"] * layer
     elif b.zero3_params == "largest-module":
         zero3 += 2 * sizes["param"] * largest_module_params(spec, par.tp, prof.vocab_multiple)
-    return zero3, bucket
+    return zero3, ""
 
 
-def _stage_states(
-    spec: ModelSpec,
-    par: ParallelConfig,
-    setup: TrainingSetup,
-    prof: EngineProfile,
-    layers: tuple[int, int],
-    first: bool,
-    last: bool,
-) -> tuple[int, int, int, int, int]:
-    """(parameters, their bytes, gradient bytes, optimizer bytes, host bytes) on one GPU of a
-    stage: dense parameters ZeRO-sharded over d·cp, expert parameters over the d·cp/e
-    expert-data ranks, each category as the engine profile says. ``layers``: (first layer,
-    how many), so that dense and MoE layers (and the MTP modules on the last stage) count."""
-    start, n_layers = layers
-    where = (par.tp, par.ep, n_layers, first, last, prof.vocab_multiple)
-    dense_n, expert_n = stage_params(spec, *where, start=start)
+def _stage_states(lay: Layout, st: Stage) -> tuple[int, int, int, int, int, int]:
+    """(parameters, their bytes, gradient bytes, optimizer bytes, host bytes, optimizer-step
+    bytes) on one GPU of a stage: dense parameters ZeRO-sharded over the layout's d·cp group,
+    expert parameters over its d·cp/e expert-data group, each category as the engine profile
+    says."""
+    par, setup = lay.parallel, lay.setup
     rule = state_rule(
         setup.engine,
         setup.precision,
@@ -417,14 +401,15 @@ def _stage_states(
     )
     fac: tuple[int | None, int | None] = (None, None)
     if rule.preset.factored and not rule.opt_sharded:
-        fac = factored_numel(spec, *where, start=start)
-    group = par.dp * par.cp
-    dense = apply_rule(rule, dense_n, group, fac[0])
-    expert = apply_rule(rule, expert_n, group // par.ep, fac[1])
+        where = (par.tp, par.ep, st.layers, st.first, st.last, lay.engine.vocab_multiple)
+        fac = factored_numel(lay.spec, *where, start=st.start)
+    dense = apply_rule(rule, st.dense_params, lay.dp_group, fac[0])
+    expert = apply_rule(rule, st.expert_params, lay.expert_dp_group, fac[1])
     return (
-        dense_n + expert_n,
+        st.params,
         dense.params + expert.params,
         dense.grads + expert.grads,
         dense.optimizer + expert.optimizer,
         dense.host + expert.host,
+        dense.step + expert.step,
     )

@@ -29,6 +29,7 @@ from ._check import (
     number,
 )
 from .comm import collective_bytes, collective_time
+from .config import even_split
 from .hardware import MAX_MEMORY_BYTES
 from .kvcache import KV_DTYPES, kv_cache_bytes, kv_cache_bytes_per_token, layer_kv_values
 from .model import ModelSpec
@@ -77,9 +78,11 @@ def weight_bytes(
     group_size: int | None = 128,
     zero_point: bool | None = None,
     tp: int = 1,
+    mtp: bool = False,
 ) -> int:
     """Bytes of the model weights for serving on one GPU of a t-way tensor-parallel group
-    (``tp=1``: one whole copy).
+    (``tp=1``: one whole copy). DeepSeek-V3's multi-token-prediction modules count only with
+    ``mtp=True`` (an engine loads them for speculative decoding only), in every dtype alike.
 
     ``dtype`` fp32/fp16/bf16 stores every parameter at that size. int8/int4 quantise the layer
     weight matrices (:func:`parmem.sharding.linear_shapes`) with one fp16 scale per
@@ -97,13 +100,15 @@ def weight_bytes(
     if zero_point is not None:
         boolean("zero_point", zero_point)
     bits = WEIGHT_DTYPES[dtype]
+    boolean("mtp", mtp)
     if bits >= 16:
-        return sum(stage_params(spec, tp)) * bits // 8
+        return sum(stage_params(spec, tp, mtp=mtp)) * bits // 8
     zp = (bits == 4) if zero_point is None else zero_point
     per_group = 2 + (2 if zp else 0)
     total = 0
     rows = [(x, k) for k, group in layer_groups(spec) for x in group]
-    for x, copies in rows + [(x, 1) for x in model_tensors(spec) if x.component[:3] != "mtp"]:
+    whole = [(x, 1) for x in model_tensors(spec) if mtp or x.component[:3] != "mtp"]
+    for x, copies in rows + whole:
         n = local_numel(spec, x, tp)
         if x.kind != "linear":
             total += 2 * n * copies
@@ -424,14 +429,6 @@ class _Server:
 
 
 # ---------------------------------------------------------------------------- parallel layouts
-def _even_layers(layers: int, pp: int) -> list[int]:
-    integer("pp", pp, 1, MAX_GPUS)
-    if pp > layers:
-        raise ValueError(f"pp={pp} must be at most layers={layers}")
-    base, extra = divmod(layers, pp)
-    return [base + (i < extra) for i in range(pp)]
-
-
 def serving_layout(
     spec: ModelSpec,
     gpu="h100-sxm",
@@ -477,10 +474,13 @@ def serving_layout(
     if bits < 16 and (pp > 1 or ep > 1):
         raise ValueError(f"weight_dtype={weight_dtype!r} is supported with pp = ep = 1 only")
     budget = int(_memory_bytes(gpu) * utilization) - reserved
-    split = _even_layers(spec.layers, pp)
+    integer("pp", pp, 1, MAX_GPUS)
+    if pp > spec.layers:
+        raise ValueError(f"pp={pp} must be at most layers={spec.layers}")
+    split = even_split(spec.layers, pp)
     stages = []
     for i, n in enumerate(split):
-        if bits < 16:
+        if pp == ep == 1:  # one home for a whole copy's bytes, quantised or not
             w = weight_bytes(spec, weight_dtype, tp=tp)
         else:
             start = sum(split[:i])

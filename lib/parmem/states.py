@@ -46,22 +46,25 @@ __all__ = [
 ]
 
 _FIELD = {"params": 0, "grads": 1, "optimizer": 2}
-_GPU, _HOST, _DROP = 0, 1, 2
+_GPU, _HOST, _DROP, _STEP = 0, 1, 2, 3
 
 
 @dataclass(frozen=True)
 class ModelStateBytes:
-    """Per-GPU bytes of parameters, gradients and optimizer states (``total``, on the GPU), and
-    the bytes this GPU's process keeps on its host (``host``: offloaded states)."""
+    """Per-GPU bytes of parameters, gradients and optimizer states (``total``, on the GPU), the
+    bytes this GPU's process keeps on its host (``host``: offloaded states), and the bytes that
+    exist only during the optimizer step (``step``: DeepSpeed's fp32 gradient partition at ZeRO-1
+    and 2; counted in ``total``, which is what the states need at their largest)."""
 
     params: int
     grads: int
     optimizer: int
     host: int = 0
+    step: int = 0
 
     @property
     def total(self) -> int:
-        return self.params + self.grads + self.optimizer
+        return self.params + self.grads + self.optimizer + self.step
 
 
 class StateRule(NamedTuple):
@@ -99,6 +102,8 @@ def state_rule(
         place = _GPU
         if sharded and offloads_to_host(c.offload, offload):
             place = _DROP if c.offload == "drop" else _HOST
+        elif c.phase == "step":
+            place = _STEP
         if size:
             cats.append((_FIELD[c.field], size, sharded, place))
     return StateRule(
@@ -134,17 +139,18 @@ def apply_rule(rule: StateRule, n: int, dp: int, factored: int | None = None) ->
     ``factored``: the factored second-moment elements of these parameters (used only while the
     optimizer states are unsharded: a ZeRO shard is a flat 1-D buffer)."""
     shard = cdiv(n, dp)
-    out = [0, 0, 0, 0]  # params, grads, optimizer, host
+    out = [0, 0, 0, 0, 0]  # params, grads, optimizer, host, optimizer step only
     for field, size, sharded, place in rule.cats:
         if place == _DROP:
             continue
-        out[3 if place == _HOST else field] += size * (shard if sharded else n)
+        slot = {_HOST: 3, _STEP: 4}.get(place, field)
+        out[slot] += size * (shard if sharded else n)
     o_n = shard if rule.opt_sharded else n
     opt = optimizer_state_bytes(
         o_n, rule.preset, rule.opt_itemsize, None if rule.opt_sharded else factored
     )
     out[3 if rule.opt_host else 2] += opt
-    return ModelStateBytes(params=out[0], grads=out[1], optimizer=out[2], host=out[3])
+    return ModelStateBytes(params=out[0], grads=out[1], optimizer=out[2], host=out[3], step=out[4])
 
 
 def model_state_bytes(

@@ -14,13 +14,17 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 
 from ._check import cdiv, integer
 from .activations import layer_terms
-from .config import OPTIMIZERS, PRECISIONS, ParallelConfig, TrainingSetup, even_split
+from .config import PRECISIONS, ParallelConfig, TrainingSetup
+from .engines import optimizer_preset
+from .layout import layout
 from .model import ModelSpec
 from .pipeline import simulate
 from .sharding import stage_tensor_numels
+from .states import optimizer_state_bytes, state_rule
 
 __all__ = ["record_allocations", "training_step_events", "stage_weight_tensors"]
 
@@ -147,6 +151,17 @@ def training_step_events(
     """
     par = parallel or ParallelConfig()
     setup = setup or TrainingSetup(seq_len=2048)
+    lay = layout(spec, par, setup)
+    if setup.engine != "paper":
+        raise ValueError(
+            f"engine={setup.engine!r}: training_step_events builds the paper profile's tensors "
+            "(16-bit weights and gradients, fp32 master copy); other engines are not modelled"
+        )
+    if optimizer_preset(setup.optimizer).factored and par.zero == 0:
+        raise ValueError(
+            f"optimizer={setup.optimizer!r} with zero=0: the factored second moment needs each "
+            "matrix's shape, which training_step_events does not model (use zero >= 1)"
+        )
     if par.zero == 3:
         raise ValueError("zero=3 is not modelled by training_step_events (use zero <= 2)")
     if par.vpp > 1 or setup.schedule == "interleaved":
@@ -159,8 +174,8 @@ def training_step_events(
         trace.alloc(prec["param"] * n)
     order = simulate(setup.schedule, par.pp, setup.num_microbatches).stage_events(stage)
     first_backward = next(o for o in order if o.kind == "B")
-    n_layers = even_split(spec.layers, par.pp)[stage]
-    shard = par.dp * par.cp
+    n_layers = lay.stages[stage].layers
+    shard = lay.dp_group
     for step, s in enumerate(list(seq_lens) if seq_lens is not None else [setup.seq_len]):
         terms = [
             x.bytes
@@ -171,13 +186,12 @@ def training_step_events(
                 tp=par.tp,
                 sp=par.sp,
                 cp=par.cp,
-                flash=setup.flash_attention,
-                dropout=setup.dropout,
+                flash=lay.flash,
+                dropout=lay.dropout,
                 act_bytes=prec["act"],
             )
         ]
-        grad_in = prec["act"] * (s // par.cp) * setup.micro_batch * spec.hidden
-        grad_in //= par.tp if par.sp else 1
+        grad_in = layout(spec, par, replace(setup, seq_len=s)).boundary_bytes
         kept: dict[int, list[list[int]]] = {}
         for op in order:
             if op.kind == "F":
@@ -190,7 +204,7 @@ def training_step_events(
                 for n in weights:
                     trace.alloc(prec["grad"] * (cdiv(n, shard) if par.zero >= 2 else n))
         if step == 0:  # the optimizer creates its states at the first step
-            _optimizer_states(trace, weights, shard if par.zero >= 1 else 1, setup)
+            _optimizer_states(trace, weights, shard if par.zero >= 1 else 1, setup, par.zero)
     return trace.events
 
 
@@ -220,16 +234,22 @@ class _Trace:
         self.free(below)
 
 
-def _optimizer_states(trace: _Trace, weights: list[int], shard: int, setup: TrainingSetup) -> None:
-    """The fp32 master copy and the optimizer's states of each weight, ⌈n/shard⌉ values each."""
+def _optimizer_states(
+    trace: _Trace, weights: list[int], shard: int, setup: TrainingSetup, zero: int
+) -> None:
+    """The fp32 master copy and the optimizer's states of each weight, ⌈n/shard⌉ values each,
+    in the bytes :func:`parmem.states.apply_rule` gives the estimator (8-bit Adam's block
+    scales included)."""
+    rule = state_rule("paper", setup.precision, setup.optimizer, zero)
     prec = PRECISIONS[setup.precision]
-    per_state = 1 if setup.optimizer == "adam-8bit" else prec["state"]
     for n in weights:
         n_local = cdiv(n, shard)
         if prec["master"]:
             trace.alloc(prec["master"] * n_local)
-        for _ in range(OPTIMIZERS[setup.optimizer]):
-            trace.alloc(per_state * n_local)
+        opt = optimizer_state_bytes(n_local, rule.preset, rule.opt_itemsize)
+        states = max(rule.preset.states, 1)
+        for i in range(states):  # one tensor per state; the remainder on the last
+            trace.alloc(opt // states + (opt % states if i == states - 1 else 0))
 
 
 def stage_weight_tensors(
@@ -240,7 +260,5 @@ def stage_weight_tensors(
     of the even split): 2 bytes times the sum is the estimate's ``params`` for 16-bit weights."""
     par = parallel or ParallelConfig()
     integer("stage", stage, 0, par.pp - 1)
-    split = even_split(spec.layers, par.pp)
-    first, last = stage == 0, stage == par.pp - 1
-    start = sum(split[:stage])
-    return stage_tensor_numels(spec, par.tp, par.ep, split[stage], first, last, start=start)
+    st = layout(spec, par, TrainingSetup(seq_len=min(2048, spec.max_positions))).stages[stage]
+    return stage_tensor_numels(spec, par.tp, par.ep, st.layers, st.first, st.last, start=st.start)

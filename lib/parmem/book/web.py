@@ -28,7 +28,11 @@ with its default:
 * ``recompute``: ``none``, ``selective`` or ``full``, ``none``;
 * ``seq``: sequence length s, 4096; ``b``: micro-batch size, 1; ``m``: micro-batches per step, 1;
 * ``precision``: ``bf16-mixed``, ``fp16-mixed``, ``bf16`` or ``fp32``, ``bf16-mixed``;
-* ``flash``: flash attention (no s x s scores kept), 0 or 1, 0.
+* ``flash``: fused attention (no s x s scores kept): ``auto`` (the engine's kernel), 1 or 0,
+  ``auto``.
+
+"fits" is judged on the usable memory, the GPU's memory less the planner's headroom
+(:meth:`parmem.planner.Assumptions.usable_bytes`): one rule for both pages and the chapters.
 
 URL parameters of the planner (``planner.html?model=gpt3-175b&gpu=a100-80gb&nodes=96``):
 
@@ -36,7 +40,11 @@ URL parameters of the planner (``planner.html?model=gpt3-175b&gpu=a100-80gb&node
 * ``gpn``: GPUs per node, 8; ``nodes``: nodes, 1;
 * ``batch``: global batch (sequences per step), 64; ``seq``: sequence length, 4096;
 * ``top``: how many layouts to list (1-50), 10;
-* ``emit``: launch recipe for ``megatron``, ``deepspeed`` or ``torchtitan``, ``megatron``;
+* ``engine``: the engine profile whose layouts are searched, sized and timed,
+  ``megatron-core``;
+* ``emit``: launch recipe, ``auto`` (the engine's: ``megatron`` for ``megatron-core``,
+  ``deepspeed``, ``torchtitan`` for ``fsdp2``; none for ``paper`` and ``hf``) or the name of the
+  engine's own recipe;
 * ``pick``: the layout (its rank, from 1) whose recipe is shown, 1.
 
 A chapter's Explore section links to the calculator with its own settings with a raw HTML link
@@ -61,7 +69,8 @@ from ..engines import engines
 from ..estimate import MemoryBreakdown, estimate
 from ..hardware import hardware_preset, hardware_presets
 from ..model import ModelSpec, presets
-from ..planner import ENGINES, Cluster, Plan, plan
+from ..planner import ENGINES, Assumptions, Cluster, Plan, plan
+from ..planner.emit import EMITTER_OF, PROFILES
 from ..units import GIB
 from .svg import LABELS, stacked_bars
 
@@ -96,7 +105,7 @@ CALC_FIELDS: dict[str, tuple[str, str]] = {
     "b": ("1", "micro-batch size"),
     "m": ("1", "micro-batches per step"),
     "precision": ("bf16-mixed", "number formats"),
-    "flash": ("0", "flash attention, 0 or 1"),
+    "flash": ("auto", "fused attention (no s x s scores kept): auto (the engine's kernel), 1 or 0"),
 }
 
 #: The planner's settings, as :data:`CALC_FIELDS`.
@@ -108,7 +117,8 @@ PLAN_FIELDS: dict[str, tuple[str, str]] = {
     "batch": ("64", "global batch, sequences per step"),
     "seq": ("4096", "sequence length"),
     "top": ("10", "how many layouts to list"),
-    "emit": ("megatron", "launch recipe: megatron, deepspeed or torchtitan"),
+    "engine": ("megatron-core", "engine to plan for: its layouts, memory, time and recipe"),
+    "emit": ("auto", "launch recipe: auto (the engine's), megatron, deepspeed or torchtitan"),
     "pick": ("1", "the layout (rank, from 1) whose recipe is shown"),
 }
 
@@ -178,6 +188,11 @@ def _flag(values: Mapping[str, str], key: str) -> bool:
     return text in _TRUE
 
 
+def _auto_flag(values: Mapping[str, str], key: str) -> bool | None:
+    """``None`` for ``auto`` (the engine's default), else :func:`_flag`."""
+    return None if values[key].lower() == "auto" else _flag(values, key)
+
+
 def _one_of(values: Mapping[str, str], key: str, known: Any) -> str:
     text = values[key]
     if text not in known:
@@ -235,7 +250,7 @@ def _calc_inputs(v: Mapping[str, str]) -> tuple[ModelSpec, ParallelConfig, Train
         precision=_one_of(v, "precision", tuple(PRECISIONS)),
         recompute=_one_of(v, "recompute", RECOMPUTE),
         schedule="interleaved" if vpp > 1 else "1f1b",
-        flash_attention=_flag(v, "flash"),
+        flash_attention=_auto_flag(v, "flash"),
         engine=_one_of(v, "engine", tuple(engines())),
     )
     return spec, par, setup
@@ -258,6 +273,7 @@ def calculate(settings: Mapping[str, Any]) -> dict[str, Any]:
         spec, par, setup = _calc_inputs(values)
         est = estimate(spec, par, setup)
         hw = hardware_preset(values["gpu"])
+        usable = Assumptions().usable_bytes(hw)  # the planner's rule: headroom kept free
         stages = [_stage_row(s) for s in est.stages]
         return {
             "model": spec.name,
@@ -269,7 +285,10 @@ def calculate(settings: Mapping[str, Any]) -> dict[str, Any]:
             "peak_stage": est.peak.stage,
             "peak_bytes": est.peak_bytes,
             "peak_gib": f"{est.peak_bytes / GIB:.2f}",
-            "fits": est.peak_bytes <= hw.memory_bytes,
+            "usable_bytes": usable,
+            "usable_gib": f"{usable / GIB:.2f}",
+            "headroom": f"{Assumptions().headroom:.0%}",
+            "fits": est.peak_bytes <= usable,
             "components": list(MemoryBreakdown.FIELDS),
             "labels": {k: LABELS.get(k, k) for k in MemoryBreakdown.FIELDS},
             "stages": stages,
@@ -308,10 +327,11 @@ def _candidate_row(rank: int, c: Any) -> dict[str, Any]:
 
 
 @lru_cache(maxsize=8)
-def _plan(spec: ModelSpec, gpu: str, gpn: int, nodes: int, batch: int, seq: int, top: int) -> Plan:
-    """:func:`~parmem.planner.plan`, remembered: picking another row or recipe does not search
-    again."""
-    return plan(spec, Cluster(gpu, gpn, nodes), batch, seq, top=top)
+def _plan(
+    spec: ModelSpec, gpu: str, gpn: int, nodes: int, batch: int, seq: int, top: int, engine: str
+) -> Plan:
+    """:func:`~parmem.planner.plan`, remembered: picking another row does not search again."""
+    return plan(spec, Cluster(gpu, gpn, nodes), batch, seq, top=top, engine=engine)
 
 
 def plan_layouts(settings: Mapping[str, Any]) -> dict[str, Any]:
@@ -322,13 +342,20 @@ def plan_layouts(settings: Mapping[str, Any]) -> dict[str, Any]:
         values = _settings(settings, PLAN_FIELDS)
         spec = _model(values)
         _one_of(values, "gpu", hardware_presets())
-        emit = _one_of(values, "emit", ENGINES)
+        engine = _one_of(values, "engine", tuple(engines()))
+        emit = _one_of(values, "emit", ("auto", *ENGINES))
+        if emit != "auto" and PROFILES[emit] != engine:
+            raise FieldError(
+                "emit",
+                f"emit={emit!r} needs engine={PROFILES[emit]!r}: a recipe is written for the "
+                "engine the layouts were planned with",
+            )
         top, pick = _int(values, "top"), _int(values, "pick")
         if not 1 <= top <= 50:
             raise FieldError("top", f"top={top} must be between 1 and 50")
         result = _plan(
             spec, values["gpu"], _int(values, "gpn"), _int(values, "nodes"),
-            _int(values, "batch"), _int(values, "seq"), top,
+            _int(values, "batch"), _int(values, "seq"), top, engine,
         )  # fmt: skip
         rows = [_candidate_row(i, c) for i, c in enumerate(result.candidates, 1)]
         if rows and not 1 <= pick <= len(rows):
@@ -340,7 +367,8 @@ def plan_layouts(settings: Mapping[str, Any]) -> dict[str, Any]:
             "candidates": rows,
             "message": result.message or "",
             "rejected": dict(result.rejected),
-            "recipe": result.emit(emit, pick - 1) if rows else "",
+            "engine": engine,
+            "recipe": result.emit(None, pick - 1) if rows and engine in EMITTER_OF else "",
             "query": to_query(values, PLAN_FIELDS),
         }
 
@@ -356,7 +384,7 @@ def options() -> dict[str, Any]:
         "engines": dict(engines()),
         "precisions": list(PRECISIONS),
         "recompute": list(RECOMPUTE),
-        "emit": list(ENGINES),
+        "emit": ["auto", *ENGINES],
         "calc_fields": {k: {"default": d, "doc": doc} for k, (d, doc) in CALC_FIELDS.items()},
         "plan_fields": {k: {"default": d, "doc": doc} for k, (d, doc) in PLAN_FIELDS.items()},
     }

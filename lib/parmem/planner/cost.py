@@ -51,7 +51,7 @@ Liu et al. 2023 (ring attention).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 from ..comm import CommOp, StageShape, category_times, collectives, placement, stage_shape
@@ -59,25 +59,21 @@ from ..config import PRECISIONS, ParallelConfig, TrainingSetup
 from ..estimate import Estimate, estimate
 from ..flops import flops_per_sequence
 from ..hardware import Hardware
+from ..layout import Layout, Stage, layout
 from ..model import ModelSpec
 from ..pipeline import bubble_ratio
-from ..sharding import stage_params
+from ..states import reduced_grad_itemsize
 from .inputs import Assumptions, Cluster, SetupOptions
 
 __all__ = [
     "busy_fraction",
     "CostModel",
     "StageComm",
-    "StageKey",
     "StepTime",
     "StepTimer",
-    "stage_keys",
 ]
 
 _ACT = ("tp", "cp", "ep", "pp")
-
-#: A distinct pipeline stage: ``(n_layers, first, last)``; stages with equal keys cost the same.
-StageKey = tuple[int, bool, bool]
 
 
 # ---------------------------------------------------------------------------- inputs
@@ -151,21 +147,12 @@ class StageComm:
         return self.dp_fixed + m * self.dp_per_mb
 
 
-def stage_keys(lps: tuple[int, ...], p: int) -> list[tuple[StageKey, int]]:
-    """The distinct stages of a split ``lps`` over ``p`` stages: ``((n_layers, first, last),
-    index of its first stage)`` in stage order (stages with equal keys cost the same)."""
-    seen: dict[StageKey, int] = {}
-    for i, n in enumerate(lps):
-        seen.setdefault((n, i == 0, i == p - 1), i)
-    return [(k, i) for k, i in seen.items()]
-
-
 # cache keys of CostModel: what each cached value depends on
 _EstKey = tuple[ParallelConfig, TrainingSetup, tuple[int, ...]]
-_ParamsKey = tuple[int, int, int, bool, bool]  # t, e, n_layers, first, last
-# tp, cp, pp, ep, sp, recompute, vpp, n_layers, stage, first, last, cp/ep/pp_intra
-_ActKey = tuple[int, int, int, int, bool, str, int, int, int, bool, bool, bool, bool, bool]
-_DpKey = tuple[int, int, int, int, int, int, bool]  # cp, dp, ep, zero, dense, expert, dp_intra
+# tp, cp, pp, ep, sp, recompute, vpp, n_layers, moe layers, stage, cp/ep/pp_intra
+_ActKey = tuple[int, int, int, int, bool, str, int, int, int, int, bool, bool, bool]
+# cp, dp, ep, zero, dense, expert, reduced gradient element, dp_intra
+_DpKey = tuple[int, int, int, int, int, int, int, bool]
 
 
 class CostModel:
@@ -189,12 +176,18 @@ class CostModel:
         self.usable = a.usable_bytes(hw)
         self.f_layer, self.f_core, self.f_head = flops_per_sequence(spec, seq_len)
         prec = PRECISIONS[setup_kw["precision"]]
-        self.act_bytes, self.grad_bytes, self.param_bytes = prec["act"], prec["grad"], prec["param"]
+        self.act_bytes, self.param_bytes = prec["act"], prec["param"]
         self._est: dict[_EstKey, Estimate] = {}
         self._act: dict[_ActKey, tuple[dict[str, float], dict[str, float]]] = {}
         self._dp: dict[_DpKey, tuple[float, float, float]] = {}
-        self._params: dict[_ParamsKey, tuple[int, int]] = {}
         self.estimates = 0
+
+    def grad_bytes(self, zero: int) -> int:
+        """Bytes of one gradient element as the engine reduces it at ZeRO stage ``zero``
+        (:func:`~parmem.states.reduced_grad_itemsize`: Megatron-Core reduces its fp32 main
+        gradients, DeepSpeed and the papers 16-bit ones)."""
+        kw = self.setup_kw
+        return reduced_grad_itemsize(kw["engine"], kw["precision"], zero, None, None)
 
     # ------------------------------------------------------------------ pieces
     def setup(self, b: int, m: int, recompute: str, v: int) -> TrainingSetup:
@@ -219,14 +212,17 @@ class CostModel:
             self.estimates += 1
         return est
 
-    def params(self, t: int, e: int, n_layers: int, first: bool, last: bool) -> tuple[int, int]:
-        """(dense, expert) parameters of one stage's GPU: :func:`parmem.sharding.stage_params`,
-        cached."""
-        key = (t, e, n_layers, first, last)
-        out = self._params.get(key)
-        if out is None:
-            out = self._params[key] = stage_params(self.spec, t, e, n_layers, first, last)
-        return out
+    def layout(
+        self,
+        par: ParallelConfig,
+        recompute: str,
+        lps: tuple[int, ...],
+        b: int = 1,
+        m: int = 1,
+    ) -> Layout:
+        """The :class:`~parmem.layout.Layout` of ``par`` with split ``lps`` at micro-batch ``b``,
+        ``m`` micro-batches and ``recompute`` (cached by :func:`parmem.layout.layout`)."""
+        return layout(self.spec, par, self.setup(b, m, recompute, par.vpp), lps)
 
     def intra(self, par: ParallelConfig) -> dict[str, bool]:
         """Which groups of ``par`` fit in a node: :func:`parmem.comm.placement`."""
@@ -246,31 +242,13 @@ class CostModel:
                 total += o.time(link) / o.count
         return total
 
-    def _shape(
-        self,
-        par: ParallelConfig,
-        recompute: str,
-        n_layers: int,
-        stage: int,
-        b: int = 1,
-        m: int = 1,
-    ) -> StageShape:
-        v = par.vpp
-        return stage_shape(self.spec, par, self.setup(b, m, recompute, v), stage, n_layers)
-
-    def stage_comm_linear(
-        self,
-        par: ParallelConfig,
-        recompute: str,
-        n_layers: int,
-        stage: int,
-        first: bool,
-        last: bool,
-    ) -> StageComm:
-        """Coefficients from step_comm at (b, m) = (1, 1), (2, 1) for the per-micro-batch part
-        and m = 1, 2 for the data-parallel part, each cached on what it depends on."""
+    def stage_comm_linear(self, lay: Layout, st: Stage) -> StageComm:
+        """Coefficients of stage ``st`` of ``lay`` (built at b = m = 1) from the collectives at
+        (b, m) = (1, 1), (2, 1) for the per-micro-batch part and m = 1, 2 for the data-parallel
+        part, each cached on what it depends on."""
+        par = lay.parallel
         intra = self.intra(par)
-        rc = "full" if recompute == "full" else "none"  # selective adds no collective
+        rc = "full" if lay.setup.recompute == "full" else "none"  # selective adds no collective
         akey = (
             par.tp,
             par.cp,
@@ -279,10 +257,9 @@ class CostModel:
             par.sp,
             rc,
             par.vpp,
-            n_layers,
-            stage,
-            first,
-            last,
+            st.layers,
+            st.moe_layers,
+            st.index if par.pp > 1 and (st.first or st.last) else -1,
             intra["cp_intra"],
             intra["ep_intra"],
             intra["pp_intra"],
@@ -290,22 +267,26 @@ class CostModel:
         act = self._act.get(akey)
         if act is None:
             x = replace(
-                self._shape(par, rc, n_layers, stage),
+                stage_shape(lay, st.index),
                 dp=par.ep,
                 zero=0,
                 params=0,
                 expert_params=0,
+                recompute=rc,
+                micro_batch=1,
+                num_microbatches=1,
             )
             t1 = self._times(collectives(x).ops, intra)
             t2 = self._times(collectives(replace(x, micro_batch=2)).ops, intra)
             beta = {c: t2[c] - t1[c] for c in _ACT}
             act = self._act[akey] = ({c: t1[c] - beta[c] for c in _ACT}, beta)
-        dense, expert = self.params(par.tp, par.ep, n_layers, first, last)
-        dkey = (par.cp, par.dp, par.ep, par.zero, dense, expert, intra["dp_intra"])
+        gb = self.grad_bytes(par.zero)
+        dkey = (par.cp, par.dp, par.ep, par.zero, st.dense_params, st.expert_params, gb,
+                intra["dp_intra"])  # fmt: skip
         dpc = self._dp.get(dkey)
         if dpc is None:
             x = StageShape(
-                params=dense,
+                params=st.dense_params,
                 seq_len=self.s,
                 micro_batch=1,
                 hidden=self.spec.hidden,
@@ -314,8 +295,8 @@ class CostModel:
                 zero=par.zero,
                 cp=par.cp,
                 ep=par.ep,
-                expert_params=expert,
-                grad_bytes=self.grad_bytes,
+                expert_params=st.expert_params,
+                grad_bytes=gb,
                 param_bytes=self.param_bytes,
             )
             ops1 = collectives(x).ops
@@ -331,21 +312,12 @@ class CostModel:
             )
         return StageComm(act[0], act[1], *dpc)
 
-    def stage_comm_exact(
-        self,
-        par: ParallelConfig,
-        recompute: str,
-        b: int,
-        m: int,
-        n_layers: int,
-        stage: int,
-        first: bool,
-        last: bool,
-    ) -> StageComm:
-        """One stage's communication from the exact collectives of its own ``b`` and ``m``
-        (per-micro-batch parts averaged over the ``m`` micro-batches)."""
-        intra = self.intra(par)
-        ops = collectives(self._shape(par, recompute, n_layers, stage, b, m)).ops
+    def stage_comm_exact(self, lay: Layout, st: Stage) -> StageComm:
+        """Stage ``st``'s communication from the exact collectives of ``lay``'s own ``b`` and
+        ``m`` (per-micro-batch parts averaged over the ``m`` micro-batches)."""
+        intra = self.intra(lay.parallel)
+        m = lay.setup.num_microbatches
+        ops = collectives(stage_shape(lay, st.index)).ops
         tot = self._times(ops, intra)
         return StageComm(
             {c: tot[c] / m for c in _ACT},
@@ -359,23 +331,19 @@ class CostModel:
     def linear_timer(self, par: ParallelConfig, recompute: str, lps: tuple[int, ...]) -> StepTimer:
         """A :class:`StepTimer` of ``par`` and ``recompute`` whose communication is linear in
         ``b`` and ``m`` (:meth:`stage_comm_linear`): the search's timer."""
-        comm = {
-            k: self.stage_comm_linear(par, recompute, k[0], i, k[1], k[2])
-            for k, i in stage_keys(lps, par.pp)
-        }
-        return StepTimer(self, par, recompute, lps, comm)
+        # one micro-batch (p of them when interleaved: m must be a multiple of p); the linear
+        # coefficients are taken per micro-batch
+        lay = self.layout(par, recompute, lps, 1, par.pp if par.vpp > 1 else 1)
+        return StepTimer(self, lay, self.stage_comm_linear)
 
     def exact_time(
         self, par: ParallelConfig, setup: TrainingSetup, lps: tuple[int, ...]
     ) -> tuple[StepTime, int]:
         """The step time of one layout with the exact communication of its own ``b`` and ``m``
         (:meth:`stage_comm_exact`), and its critical stage."""
-        b, m, rc = setup.micro_batch, setup.num_microbatches, setup.recompute
-        comm = {
-            k: self.stage_comm_exact(par, rc, b, m, k[0], i, k[1], k[2])
-            for k, i in stage_keys(lps, par.pp)
-        }
-        return StepTimer(self, par, rc, lps, comm).breakdown(b, m)
+        b, m = setup.micro_batch, setup.num_microbatches
+        lay = self.layout(par, setup.recompute, lps, b, m)
+        return StepTimer(self, lay, self.stage_comm_exact).breakdown(b, m)
 
 
 # compute, recompute, exposed tp, cp, ep, pp seconds of one micro-batch on one stage
@@ -398,39 +366,40 @@ class _StageGroup:
 class StepTimer:
     """Modelled step time of one layout and recompute mode as a function of (b, m).
 
-    Per distinct stage it keeps, for b = 1, the forward, recompute and attention seconds and the
-    communication coefficients, so that trying a micro-batch size is a few multiplications.
-    ``comm`` maps each distinct stage key (n_layers, first, last) to its :class:`StageComm`."""
+    Per distinct stage of the :class:`~parmem.layout.Layout` it keeps, for b = 1, the forward,
+    recompute and attention seconds and the communication coefficients (``comm`` of the layout
+    and a stage), so that trying a micro-batch size is a few multiplications."""
 
     __slots__ = ("a", "p", "v", "zero", "groups")
 
     def __init__(
         self,
         model: CostModel,
-        par: ParallelConfig,
-        recompute: str,
-        lps: tuple[int, ...],
-        comm: dict[StageKey, StageComm],
+        lay: Layout,
+        comm: Callable[[Layout, Stage], StageComm],
     ) -> None:
+        par, recompute = lay.parallel, lay.setup.recompute
         self.a = a = model.a
         self.p, self.v = par.pp, par.vpp
         self.zero = par.zero
         split_rate = par.tp * par.cp * model.peak * busy_fraction(a, model.spec.hidden, par.tp)
         rc_flops = {"none": 0, "selective": model.f_core, "full": model.f_layer}[recompute]
-        seen: dict[StageKey, _StageGroup] = {}
-        for i, n in enumerate(lps):
-            key = (n, i == 0, i == par.pp - 1)
-            if key in seen:
-                seen[key].count += 1
-                continue
-            sc = comm[key]
-            fwd = (n * model.f_layer + (model.f_head if key[2] else 0)) / split_rate
-            dense, expert = model.params(par.tp, par.ep, n, key[1], key[2])
-            frac = min(1.0, a.dp_bucket_params / max(dense + expert, 1))
-            seen[key] = _StageGroup(
-                i, 1, fwd, n * rc_flops / split_rate, 3 * n * model.f_core / split_rate, sc, frac
+        self.groups = []
+        for st, count in lay.distinct_stages():
+            n = st.layers
+            fwd = (n * model.f_layer + (model.f_head if st.last else 0)) / split_rate
+            frac = min(1.0, a.dp_bucket_params / max(st.params, 1))
+            self.groups.append(
+                _StageGroup(
+                    st.index,
+                    count,
+                    fwd,
+                    n * rc_flops / split_rate,
+                    3 * n * model.f_core / split_rate,
+                    comm(lay, st),
+                    frac,
+                )
             )
-        self.groups = list(seen.values())
 
     def _stage(self, g: _StageGroup, b: int, m: int) -> tuple[float, _Parts, float]:
         a, sc = self.a, g.comm

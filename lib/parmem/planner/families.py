@@ -15,6 +15,7 @@ from typing import NamedTuple, TypeVar
 
 from .._check import integer
 from ..config import OPTIMIZERS, PRECISIONS, RECOMPUTE, even_split
+from ..engines import EngineProfile
 from ..model import ModelSpec
 from .inputs import Cluster
 
@@ -187,23 +188,42 @@ class Families:
     (family -> reason, in the order met) with the reason."""
 
     def __init__(
-        self, spec: ModelSpec, cluster: Cluster, global_batch: int, seq_len: int, space: SearchSpace
+        self,
+        spec: ModelSpec,
+        cluster: Cluster,
+        global_batch: int,
+        seq_len: int,
+        space: SearchSpace,
+        prof: EngineProfile,
     ):
         self.spec, self.space, self.G, self.s = spec, space, global_batch, seq_len
         self.N, self.gpn = cluster.world_size, cluster.gpus_per_node
+        self.prof = prof
         self.rejected: dict[str, str] = {}
         self.reached_batch = self.batch_ok = False
+
+    def _refused(self, key: str, feature: str, what: str) -> bool:
+        """Whether the engine refuses ``feature``; if so, file the family ``key`` as rejected
+        with the engine's reason."""
+        why = self.prof.refusal(feature)
+        if why:
+            self.rejected.setdefault(key, f"{self.prof.who} cannot run {what}: {why}")
+        return bool(why)
 
     def __iter__(self) -> Iterator[Family]:
         tps = self.space.tp
         for t in tps or _divisors(self.N):
             if t > self.spec.heads and tps is None:
                 continue
+            if t > 1 and self._refused("t>1" if tps is None else f"t={t}", "tp", f"tp={t}"):
+                continue
             problem = _tp_problem(self.spec, t, self.N, self.gpn)
             if problem:
                 self.rejected[f"t={t}"] = problem
                 continue
             for c in self.space.cp:
+                if c > 1 and self._refused(f"t={t}, cp={c}", "cp", f"cp={c}"):
+                    continue
                 if (self.N // t) % c:
                     self.rejected[f"t={t}, cp={c}"] = (
                         f"cp={c} does not divide the {self.N // t} GPUs left by tp"
@@ -214,9 +234,16 @@ class Families:
                     yield from self._over_pp(t, c)
 
     def _over_pp(self, t: int, c: int) -> Iterator[Family]:
-        rest, L, zero = self.N // (t * c), self.spec.layers, self.space.zero
+        rest, L, prof = self.N // (t * c), self.spec.layers, self.prof
+        zero = [z for z in self.space.zero if z in prof.zero_stages]
         for p in self.space.pp or _divisors(rest):
             fam_tp = f"t={t}, p={p}" + (f", cp={c}" if c > 1 else "")
+            if p > 1 and not prof.pipeline:
+                self.rejected.setdefault(
+                    "p>1" + (f", cp={c}" if c > 1 else ""),
+                    f"{prof.who} has no pipeline parallelism",
+                )
+                continue
             if rest % p:
                 self.rejected[fam_tp] = f"pp={p} does not divide the {rest} GPUs left"
                 continue
@@ -229,11 +256,16 @@ class Families:
             if L % p and not self.space.uneven_pp:
                 self.rejected[fam_tp] = f"pp={p} must divide layers={L} (or pass uneven_pp=True)"
                 continue
-            zeros = [z for z in sorted(zero, reverse=True) if p == 1 or z <= 1]
+            zeros = [z for z in sorted(zero, reverse=True) if p == 1 or z <= prof.pipeline_zero_max]
             if not zeros:
+                asked = "/".join(map(str, self.space.zero))
                 self.rejected[fam_tp] = (
-                    f"ZeRO-{'/'.join(map(str, zero))} cannot be combined "
-                    f"with pp={p} (DeepSpeed rule)"
+                    f"{prof.who} cannot combine ZeRO-{asked} with pp={p}: it runs ZeRO stage "
+                    + (
+                        f"<= {prof.pipeline_zero_max} with PP"
+                        if p > 1
+                        else "/".join(map(str, prof.zero_stages))
+                    )
                 )
                 continue
             yield from self._settings(t, c, p, zeros, fam_tp)
@@ -280,20 +312,23 @@ class Families:
             yield Family(t, c, p, d, e, lps, zeros, sps, self.space.rc_order, bs, vs, per_replica)
 
     def _sps(self, t: int, c: int) -> list[bool]:
-        sps = [True, False] if t > 1 else [False]
+        sps = [True, False] if t > 1 and not self.prof.refusal("sp") else [False]
         sps = [x for x in sps if x in self.space.sp or t == 1]
         if (self.s // c) % t:
             sps = [x for x in sps if not x]
         return sps
 
     def _vs(self, p: int, lps: tuple[int, ...]) -> list[int]:
-        vs = [1] + [v for v in range(2, min(lps) + 1) if p > 1 and all(n % v == 0 for n in lps)]
+        interleave = p > 1 and not self.prof.refusal("interleaved")
+        vs = [1] + [
+            v for v in range(2, min(lps) + 1) if interleave and all(n % v == 0 for n in lps)
+        ]
         if self.space.vpp is not None:
             vs = [v for v in vs if v in self.space.vpp]
         return vs
 
     def _eps(self, d: int) -> list[int]:
-        if not self.spec.is_moe:
+        if not self.spec.is_moe or self.prof.refusal("ep"):
             return [1]
         es = [e for e in _divisors(self.spec.num_experts) if d % e == 0]
         if self.space.ep is not None:

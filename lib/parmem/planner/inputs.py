@@ -178,10 +178,11 @@ class SetupOptions(TypedDict):
 
     precision: str
     optimizer: str
-    flash_attention: bool
+    flash_attention: bool | None
     dropout: bool | None
     capacity_factor: float
     cuda_context: int
+    engine: str
 
 
 # ---------------------------------------------------------------------------- results

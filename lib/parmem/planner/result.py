@@ -14,7 +14,7 @@ from ..estimate import Estimate
 from ..model import ModelSpec
 from ..units import GIB
 from .cost import StepTime
-from .emit import EMITTERS, ENGINES, Recipe
+from .emit import EMITTER_OF, EMITTERS, ENGINES, PROFILES, Recipe
 from .inputs import Assumptions, Cluster
 
 __all__ = ["Candidate", "CandidateDict", "ClusterDict", "Plan", "PlanDict", "PlanStats"]
@@ -79,6 +79,7 @@ class PlanDict(TypedDict):
     rejected: dict[str, str]
     message: str | None
     stats: PlanStats
+    engine: str
 
 
 @dataclass(frozen=True, repr=False)
@@ -174,7 +175,8 @@ class Plan:
     when nothing fits); ``rejected``: family → why it was rejected; ``pareto``: the layouts no
     other is both faster and smaller than; ``points``: (peak bytes, step seconds) of every
     feasible layout estimated; ``message``: why nothing fits (``None`` otherwise); ``stats``:
-    search counts and seconds.
+    search counts and seconds; ``engine``: the profile every layout was searched, sized and
+    timed with (:meth:`recipe` writes that engine's launch recipe).
     """
 
     spec: ModelSpec
@@ -188,6 +190,7 @@ class Plan:
     points: list[tuple[int, float]]
     message: str | None
     stats: PlanStats
+    engine: str = "paper"
 
     @property
     def best(self) -> Candidate | None:
@@ -350,18 +353,35 @@ class Plan:
             "rejected": dict(self.rejected),
             "message": self.message,
             "stats": self.stats,
+            "engine": self.engine,
         }
 
     # ------------------------------------------------------------------ engines
-    def recipe(self, engine: str, candidate: Candidate | int | None = None) -> Recipe:
+    def recipe(self, engine: str | None = None, candidate: Candidate | int | None = None) -> Recipe:
         """The layout (default: the best; an ``int`` picks a rank, 0-based) as a launch
-        :class:`~parmem.planner.emit.recipe.Recipe` for a real engine: ``"megatron"`` (Megatron-LM's
-        ``pretrain_gpt.py`` with its flags and environment), ``"deepspeed"`` (a
-        ``ds_config.json`` and its launch; Megatron-DeepSpeed when ``t > 1`` or ``p > 1``) or
-        ``"torchtitan"`` (``torchtitan.train`` with command-line overrides). Each names the
-        engine version it targets (``parmem.planner.emit.TARGETS``)."""
+        :class:`~parmem.planner.emit.recipe.Recipe` for the engine the plan was sized for
+        (``engine=None``, or its name): ``"megatron"`` (Megatron-LM's ``pretrain_gpt.py`` with its
+        flags and environment; a plan of ``engine="megatron-core"``), ``"deepspeed"`` (a
+        ``ds_config.json`` and its launch; Megatron-DeepSpeed when ``p > 1``; a plan of
+        ``engine="deepspeed"``) or ``"torchtitan"`` (``torchtitan.train`` with command-line
+        overrides; a plan of ``engine="fsdp2"``). Each names the engine version it targets
+        (``parmem.planner.emit.TARGETS``). A recipe for another engine than the plan's raises
+        ``ValueError``: its memory and step time were not the ones planned."""
+        own = EMITTER_OF.get(self.engine)
+        if engine is None:
+            if own is None:
+                raise ValueError(
+                    f"engine={self.engine!r} writes no recipe: plan with engine= one of "
+                    f"{tuple(PROFILES.values())} to emit its recipe"
+                )
+            engine = own
         if engine not in ENGINES:
             raise ValueError(f"engine={engine!r} must be one of {ENGINES}")
+        if PROFILES[engine] != self.engine:
+            raise ValueError(
+                f"engine={engine!r}: this plan was sized and timed with engine={self.engine!r}; "
+                f"plan with engine={PROFILES[engine]!r} to emit a {engine} recipe"
+            )
         if candidate is None or isinstance(candidate, int):
             if not self.candidates:
                 raise ValueError(f"nothing to emit: {self.message}")
@@ -373,7 +393,7 @@ class Plan:
             )
         return EMITTERS[engine](self, candidate)
 
-    def emit(self, engine: str, candidate: Candidate | int | None = None) -> str:
+    def emit(self, engine: str | None = None, candidate: Candidate | int | None = None) -> str:
         """:meth:`recipe` as the shell script a user pastes: the target engine version, notes,
         the environment, the files to write and the launch command."""
         return str(self.recipe(engine, candidate))

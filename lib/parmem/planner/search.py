@@ -32,10 +32,12 @@ from itertools import product
 from typing import NamedTuple, Unpack
 
 from .._check import MAX_BATCH, boolean, integer
-from ..config import RECOMPUTE, ParallelConfig, TrainingSetup, check_layout
+from ..config import RECOMPUTE, ParallelConfig, TrainingSetup
+from ..engines import engine as engine_profile
 from ..estimate import Estimate, estimate
 from ..flops import step_flops
 from ..hardware import hardware_preset, hardware_presets
+from ..layout import check_layout
 from ..model import ModelSpec
 from ..units import GIB
 from .cost import CostModel, StepTimer
@@ -324,10 +326,11 @@ def plan(
     uneven_pp: bool = False,
     precision: str = "bf16-mixed",
     optimizer: str = "adamw",
-    flash_attention: bool = False,
+    flash_attention: bool | None = None,
     dropout: bool | None = None,
     capacity_factor: float = 1.0,
     cuda_context: int = 0,
+    engine: str = "paper",
     **assumptions: Unpack[AssumptionOptions],
 ) -> Plan:
     """Search the layouts of ``cluster`` for ``spec`` at ``global_batch`` sequences of
@@ -365,9 +368,11 @@ def plan(
         dropout=dropout,
         capacity_factor=capacity_factor,
         cuda_context=cuda_context,
+        engine=engine,
     )
     TrainingSetup(seq_len=seq_len, **setup_kw)  # validates every setup field, each by name
     check_setup(precision, optimizer)
+    prof = engine_profile(engine)
     a = Assumptions.from_kwargs(assumptions)
     space = search_space(
         spec,
@@ -382,9 +387,15 @@ def plan(
         vpp=vpp,
         uneven_pp=uneven_pp,
     )
+    rcs = tuple(r for r in space.rc_order if r in prof.recompute)
+    if not rcs:
+        raise ValueError(
+            f"recompute={recompute!r}: {prof.who} offers recompute {', '.join(prof.recompute)}"
+        )
+    space = space._replace(rc_order=rcs)
     model = CostModel(spec, cluster, global_batch, seq_len, a, setup_kw)
     # 2. enumerate the families, 3. search each
-    families = Families(spec, cluster, global_batch, seq_len, space)
+    families = Families(spec, cluster, global_batch, seq_len, space, prof)
     feasible, lower_bounds, searched = _search(model, families)
     _check_batch(families)
     # 4. rank, 5. the Pareto front
@@ -410,6 +421,7 @@ def plan(
         points=[(x.peak, x.time) for x in feasible],
         message=message,
         stats=stats,
+        engine=engine,
     )
 
 
@@ -430,7 +442,7 @@ def evaluate(
         raise ValueError(f"spec must be a ModelSpec, got {type(spec).__name__}")
     if not isinstance(cluster, Cluster):
         raise ValueError(f"cluster must be a Cluster, got {type(cluster).__name__}")
-    lps = tuple(check_layout(spec, parallel, setup, layers_per_stage))
+    lps = tuple(check_layout(spec, parallel, setup, layers_per_stage))  # the engine's rules too
     parallel.check_world_size(cluster.world_size)
     a = Assumptions.from_kwargs(assumptions)
     if parallel.tp > cluster.gpus_per_node:
@@ -443,6 +455,7 @@ def evaluate(
         dropout=setup.dropout,
         capacity_factor=setup.capacity_factor,
         cuda_context=setup.cuda_context,
+        engine=setup.engine,
     )
     model = CostModel(spec, cluster, G, setup.seq_len, a, setup_kw)
     est = estimate(spec, parallel, setup, layers_per_stage=list(lps))

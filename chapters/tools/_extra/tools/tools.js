@@ -31,8 +31,9 @@ const CHOICES = {
   precision: (o) => o.precisions,
   emit: (o) => o.emit,
   zero: () => ["0", "1", "2", "3"],
+  flash: () => ["auto", "1", "0"],
 };
-const FLAGS = new Set(["sp", "flash"]);
+const FLAGS = new Set(["sp"]);
 
 function el(tag, attrs = {}, text = "") {
   const node = document.createElement(tag);
@@ -117,7 +118,7 @@ function renderCalculation(r) {
   const fits = r.fits ? "fits" : "does not fit";
   out.querySelector(".parmem-summary").textContent =
     `${r.model} on ${r.world_size} GPUs: peak ${r.peak_gib} GiB per GPU (stage ${r.peak_stage}) — ` +
-    `${fits} in the ${r.gpu}'s ${r.memory_gib} GiB.`;
+    `${fits} in the ${r.usable_gib} GiB usable of the ${r.gpu}'s ${r.memory_gib} GiB (${r.headroom} kept free).`;
   out.querySelector(".parmem-summary").dataset.fits = String(r.fits);
   out.querySelector(".parmem-summary").dataset.peakBytes = String(r.peak_bytes);
   const table = el("table", { class: "parmem-table" });

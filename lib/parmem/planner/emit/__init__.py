@@ -19,7 +19,7 @@ from .recipe import Recipe
 if TYPE_CHECKING:
     from ..result import Candidate, Plan
 
-__all__ = ["EMITTERS", "ENGINES", "TARGETS", "Recipe"]
+__all__ = ["EMITTERS", "EMITTER_OF", "ENGINES", "PROFILES", "TARGETS", "Recipe"]
 
 #: Engine name -> the function that writes its recipe.
 EMITTERS: dict[str, Callable[[Plan, Candidate], Recipe]] = {
@@ -37,3 +37,13 @@ TARGETS: dict[str, str] = {
 
 #: Engines :meth:`parmem.planner.Plan.emit` writes recipes for.
 ENGINES = tuple(EMITTERS)
+
+#: Recipe engine -> the profile of :mod:`parmem.engines` a plan must be sized with to emit it
+#: (a recipe is written only for the engine whose memory and time the plan priced).
+PROFILES: dict[str, str] = {
+    "megatron": "megatron-core",
+    "deepspeed": "deepspeed",
+    "torchtitan": "fsdp2",
+}
+#: Profile -> its recipe engine (the inverse of :data:`PROFILES`).
+EMITTER_OF: dict[str, str] = {v: k for k, v in PROFILES.items()}

@@ -125,7 +125,7 @@ def _zero(par: ParallelConfig) -> list[str]:
             "--ckpt-format", "fsdp_dtensor",
             "--use-distributed-optimizer",
         ]  # fmt: skip
-    if par.dp * par.cp > 1:
+    if par.dp * par.cp > 1:  # the same d·cp group as parmem.layout.Layout.dp_group
         args.append("--overlap-grad-reduce")
         if par.zero >= 1:
             args.append("--overlap-param-gather")
@@ -144,7 +144,7 @@ def _recompute(recompute: str) -> list[str]:
     return []
 
 
-def _training(st: TrainingSetup, global_batch: int, vocab: int) -> tuple[list[str], list[str]]:
+def _training(st: TrainingSetup, global_batch: int, spec: ModelSpec) -> tuple[list[str], list[str]]:
     """Batch, precision, optimizer, attention and data arguments, and notes on them."""
     notes = []
     args = [
@@ -163,13 +163,13 @@ def _training(st: TrainingSetup, global_batch: int, vocab: int) -> tuple[list[st
     if st.optimizer == "adam-8bit":
         notes.append("Megatron-LM has no 8-bit Adam: the recipe uses --optimizer adam")
     args += ["--optimizer", optimizer]
-    args += ["--attention-backend", "flash" if st.flash_attention else "unfused"]
-    if not st.dropout:
+    args += ["--attention-backend", "flash" if st.flash else "unfused"]
+    if not st.dropout_for(spec):
         args += ["--attention-dropout", "0.0", "--hidden-dropout", "0.0"]
     args += [
         "--mock-data",
         "--tokenizer-type", "NullTokenizer",
-        "--vocab-size", str(vocab),
+        "--vocab-size", str(spec.vocab_size),
         "--train-iters", "1000",
         "--lr", "1.0e-4",
     ]  # fmt: skip
@@ -198,7 +198,7 @@ def megatron(plan: Plan, c: Candidate) -> Recipe:
     args += _parallel(par, c.layers_per_stage, spec.layers)
     args += _zero(par)
     args += _recompute(st.recompute)
-    training, more = _training(st, plan.global_batch, spec.vocab_size)
+    training, more = _training(st, plan.global_batch, spec)
     notes += more
     notes.append("replace --mock-data and the NullTokenizer with --data-path and your tokenizer")
     return Recipe(
