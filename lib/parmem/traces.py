@@ -237,13 +237,15 @@ class _Trace:
 def _optimizer_states(
     trace: _Trace, weights: list[int], shard: int, setup: TrainingSetup, zero: int
 ) -> None:
-    """The fp32 master copy and the optimizer's states of each weight, ⌈n/shard⌉ values each,
-    in the bytes :func:`parmem.states.apply_rule` gives the estimator (8-bit Adam's block
-    scales included)."""
+    """The fp32 master copy and the optimizer's states: of each weight at ZeRO-0, of one flat
+    ⌈Ψ/shard⌉ partition from ZeRO-1 on, in the bytes :func:`parmem.states.apply_rule` gives the
+    estimator (8-bit Adam's block scales included)."""
     rule = state_rule("paper", setup.precision, setup.optimizer, zero)
     prec = PRECISIONS[setup.precision]
-    for n in weights:
-        n_local = cdiv(n, shard)
+    # ZeRO >= 1 steps on one flat shard of all the stage's weights (DeepSpeed, Megatron's
+    # distributed optimizer), as the estimator counts it; ZeRO-0 on each weight
+    sizes = [cdiv(sum(weights), shard)] if zero >= 1 else weights
+    for n_local in sizes:
         if prec["master"]:
             trace.alloc(prec["master"] * n_local)
         opt = optimizer_state_bytes(n_local, rule.preset, rule.opt_itemsize)
