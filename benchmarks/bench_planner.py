@@ -21,12 +21,21 @@ CASES = [
 ]
 
 
+def _layout_cache_clear() -> None:
+    try:
+        from parmem.layout import _cached
+    except ImportError:  # a version before parmem.layout
+        return
+    _cached.cache_clear()
+
+
 def main(repeat: int = 5) -> None:
     rows = []
     for name, cluster, batch, seq, kw in CASES:
         spec = ModelSpec.preset(name)
         runs, result = [], None
         for _ in range(repeat):
+            _layout_cache_clear()  # fresh: no Layout remembered from the previous run
             t0 = time.perf_counter()
             result = plan(spec, cluster, batch, seq, **kw)
             runs.append(time.perf_counter() - t0)
