@@ -11,6 +11,7 @@ import pytest
 from parmem import Cluster, ModelSpec, ParallelConfig, TrainingSetup, estimate, plan
 from parmem.book import web
 from parmem.hardware import hardware_preset
+from parmem.planner import Assumptions
 from parmem.units import GIB
 
 
@@ -25,7 +26,11 @@ def test_calculate_is_estimate():
     assert [s["total"] for s in got["stages"]] == [s.total for s in ref.stages]
     assert [s["activations"] for s in got["stages"]] == [s.activations for s in ref.stages]
     assert got["stages"][0]["gib"]["optimizer"] == f"{ref.stages[0].optimizer / GIB:.2f}"
-    assert got["fits"] == (ref.peak_bytes <= hardware_preset("h100-sxm").memory_bytes)
+    # "fits" keeps the planner's 10% headroom free (Assumptions.headroom)
+    usable = int(hardware_preset("h100-sxm").memory_bytes * 0.9)
+    assert got["usable_bytes"] == usable and got["headroom"] == "10%"
+    assert got["usable_gib"] == f"{usable / GIB:.2f}"
+    assert got["fits"] == (ref.peak_bytes <= usable)
     assert got["text"] == str(ref)
     assert got["svg"].startswith("<svg") and got["svg"].count("<rect") >= 2 * len(ref.stages)
     json.dumps(got)  # JSON-ready
@@ -35,6 +40,40 @@ def test_defaults_and_a_model_that_does_not_fit():
     got = web.calculate({"model": "llama-3-70b", "gpu": "a100-40gb"})
     ref = estimate(ModelSpec.preset("llama-3-70b"), ParallelConfig(), TrainingSetup(seq_len=4096))
     assert got["peak_bytes"] == ref.peak_bytes and got["fits"] is False
+
+
+def test_fits_is_judged_on_the_usable_memory():
+    """A layout within the GPU's memory but above its usable 90% does not fit (the planner's
+    rule), and the answer says how much is usable."""
+    settings = {"model": "llama-2-7b", "gpu": "a100-40gb", "d": "8", "zero": "1",
+                "recompute": "full"}
+    got = web.calculate(settings)
+    memory = hardware_preset("a100-40gb").memory_bytes
+    ref = estimate(ModelSpec.preset("llama-2-7b"), ParallelConfig(dp=8, zero=1),
+                   TrainingSetup(seq_len=4096, recompute="full"))
+    assert got["ok"] and got["peak_bytes"] == ref.peak_bytes
+    assert 0.9 * memory < ref.peak_bytes <= memory
+    assert got["fits"] is False
+    assert got["usable_bytes"] == Assumptions().usable_bytes(hardware_preset("a100-40gb"))
+    assert got["usable_gib"] == "36.00"  # 90% of 40 GiB
+
+
+@pytest.mark.parametrize("engine,flash,want", [
+    ("paper", "auto", False),  # Korthikanti et al. keep the s x s scores
+    ("megatron-core", "auto", True),  # Transformer Engine's fused attention by default
+    ("megatron-core", "0", False),
+    ("paper", "1", True),
+])  # fmt: skip
+def test_flash_is_auto_or_a_flag(engine, flash, want):
+    got = web.calculate({"model": "llama-2-7b", "engine": engine, "flash": flash})
+    ref = estimate(ModelSpec.preset("llama-2-7b"), ParallelConfig(),
+                   TrainingSetup(seq_len=4096, engine=engine, flash_attention=want))
+    assert got["ok"] and got["peak_bytes"] == ref.peak_bytes
+    other = estimate(ModelSpec.preset("llama-2-7b"), ParallelConfig(),
+                     TrainingSetup(seq_len=4096, engine=engine, flash_attention=not want))
+    assert other.peak_bytes != ref.peak_bytes  # the setting decides
+    bad = web.calculate({"flash": "maybe"})
+    assert bad["ok"] is False and "flash='maybe' must be 0 or 1" in bad["errors"]["flash"]
 
 
 def test_interleaved_schedule_follows_v():
@@ -77,14 +116,28 @@ def test_bad_input_names_its_field(settings, field, message):
 
 
 def test_plan_layouts_is_plan_and_emit():
-    got = web.plan_layouts({"model": "llama-3-8b", "gpu": "h100-sxm", "gpn": "8", "nodes": "2",
-                            "batch": "128", "seq": "4096", "top": "5", "emit": "deepspeed",
-                            "pick": "2"})
-    ref = plan(ModelSpec.preset("llama-3-8b"), Cluster("h100-sxm", 8, 2), 128, 4096, top=5)
+    settings = {"model": "llama-3-8b", "gpu": "h100-sxm", "gpn": "8", "nodes": "2",
+                "batch": "128", "seq": "4096", "top": "5", "pick": "2"}
+    spec, cluster = ModelSpec.preset("llama-3-8b"), Cluster("h100-sxm", 8, 2)
+    got = web.plan_layouts({**settings, "engine": "deepspeed", "emit": "deepspeed"})
+    ref = plan(spec, cluster, 128, 4096, top=5, engine="deepspeed")
+    assert got["engine"] == "deepspeed"
     assert [c["label"] for c in got["candidates"]] == [c.label() for c in ref.candidates]
     assert [c["peak_bytes"] for c in got["candidates"]] == [c.peak_bytes for c in ref.candidates]
     assert got["recipe"] == ref.emit("deepspeed", 1)
     assert got["world_size"] == 16
+    # the defaults: Megatron-Core's layouts and its recipe ("auto")
+    got = web.plan_layouts(settings)
+    ref = plan(spec, cluster, 128, 4096, top=5, engine="megatron-core")
+    assert got["engine"] == "megatron-core"
+    assert [c["label"] for c in got["candidates"]] == [c.label() for c in ref.candidates]
+    assert got["recipe"] == ref.emit("megatron", 1)
+    # a recipe only for the engine planned with; the paper profile writes none
+    bad = web.plan_layouts({**settings, "emit": "deepspeed"})
+    assert bad["ok"] is False
+    assert "emit='deepspeed' needs engine='deepspeed'" in bad["errors"]["emit"]
+    paper = web.plan_layouts({**settings, "engine": "paper"})
+    assert paper["ok"] and paper["candidates"] and paper["recipe"] == ""
 
 
 def test_plan_without_a_fit_is_an_answer_and_bad_plan_input_is_an_error():

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from parmem import ModelSpec, ParallelConfig, TrainingSetup, estimate
+from parmem import Cluster, ModelSpec, ParallelConfig, TrainingSetup, estimate, plan
 from parmem.cli import main
 
 
@@ -87,12 +87,31 @@ def test_cli_plan(capsys):
     assert main([*args, "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert len(data["candidates"]) == 3
+    assert data["engine"] == "paper"  # no --emit: the papers' profile
     assert main([*args, "--emit", "deepspeed"]) == 0
     out = capsys.readouterr().out  # a recipe: the target version, the JSON, the launch
     assert "# target: DeepSpeed 0.19.8" in out and '"train_batch_size": 64' in out
+    # --emit plans with that engine's profile: the recipe of the DeepSpeed plan's best layout
+    spec, cluster = ModelSpec.preset("llama-2-7b"), Cluster("a100-80gb", 8, 2)
+    assert plan(spec, cluster, 64, 4096, top=3, engine="deepspeed").emit() in out
     assert main([*args, "--emit", "megatron", "--zero", "1", "--recompute", "full"]) == 0
     out = capsys.readouterr().out
     assert "--use-distributed-optimizer" in out and "--recompute-granularity full" in out
+    assert main([*args, "--emit", "megatron"]) == 0
+    out = capsys.readouterr().out
+    assert plan(spec, cluster, 64, 4096, top=3, engine="megatron-core").emit() in out
+    assert main([*args, "--engine", "fsdp2", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["engine"] == "fsdp2"
+
+
+def test_cli_plan_emit_for_another_engine_is_one_line_exit_2():
+    r = subprocess.run([sys.executable, "-m", "parmem.cli", "plan", "--model", "llama-2-7b",
+                        "--gpu", "a100-80gb", "--nodes", "1", "--global-batch", "8", "--seq",
+                        "4096", "--engine", "paper", "--emit", "megatron"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+    assert "engine='megatron'" in r.stderr and "plan with engine='megatron-core'" in r.stderr
 
 
 def test_cli_plan_no_fit_exits_1(capsys):

@@ -149,7 +149,8 @@ def _plan_fields() -> dict:
          "top": bad_int(1), "uneven_pp": bad_bool(),
          "precision": bad_choice(("fp32", "bf16-mixed", "fp16-mixed", "bf16")),
          "optimizer": bad_choice(("adamw", "adam-8bit", "sgd-momentum", "sgd")),
-         "flash_attention": bad_bool(), "dropout": bad_bool(none_ok=True),
+         "flash_attention": bad_bool(none_ok=True), "dropout": bad_bool(none_ok=True),
+         "engine": bad_choice(tuple(engines())),
          "capacity_factor": bad_number(1.0, 1e6), "cuda_context": bad_int(0, 2**40),
          "mfu": bad_number(0.0, 1.0, lo_open=True), "headroom": bad_number(0.0, 1.0, hi_open=True),
          "tp_overlap": bad_number(0.0, 1.0), "dp_overlap": bad_number(0.0, 1.0),
@@ -167,6 +168,9 @@ def _plan_call(spec=SPEC, cluster=CLUSTER, global_batch=8, seq_len=4096, **kw):
 
 
 SMALL_PLAN = _plan_call(top=2)
+#: a plan sized for Megatron-Core: the engine whose recipe Plan.emit writes (engine=None, the
+#: plan's own, is valid)
+MEGATRON_PLAN = _plan_call(top=2, engine="megatron-core")
 
 
 def _presets():
@@ -236,7 +240,8 @@ ENTRIES = [
         "recompute": (bad_choice(("none", "selective", "full")), None),
         "schedule": (bad_choice(("gpipe", "1f1b", "interleaved")), None),
         "grad_buckets": (bad_choice(("view", "copy"), none_ok=True), None),
-        "flash_attention": (bad_bool(), None), "dropout": (bad_bool(none_ok=True), None),
+        "flash_attention": (bad_bool(none_ok=True), None),
+        "dropout": (bad_bool(none_ok=True), None),
         "capacity_factor": (bad_number(1.0, 1e6), None)}),
     Entry("estimate", lambda spec=SPEC, parallel=None, setup=None, **kw:
           estimate(spec, parallel, setup, **kw),
@@ -286,8 +291,8 @@ ENTRIES = [
         "gpu": (st.one_of(TEXT.filter(lambda s: s not in GPUS), bad_type(str, Hardware)), None),
         "gpus_per_node": (bad_int(1, MAX_GPUS), None), "nodes": (bad_int(1, MAX_GPUS), None)}),
     Entry("plan", _plan_call, {"top": 2}, _plan_fields()),
-    Entry("Plan.emit", SMALL_PLAN.emit, {"engine": "megatron"}, {
-        "engine": (bad_choice(("megatron", "deepspeed", "torchtitan")), None),
+    Entry("Plan.emit", MEGATRON_PLAN.emit, {"engine": "megatron"}, {
+        "engine": (bad_choice(("megatron", "deepspeed", "torchtitan"), none_ok=True), None),
         "candidate": (st.one_of(st.integers(max_value=-1), st.integers(min_value=2), BOOLS, TEXT,
                                 NON_FINITE, st.just(1.0)), None)}),
     Entry("evaluate", lambda spec=SPEC, cluster=CLUSTER, parallel=DP8, setup=SETUP, **kw:
@@ -396,7 +401,9 @@ ISSUE_CASES = [  # (call, error type, text the message must contain)
     (lambda: kv_cache_bytes("llama-2-7b", 4096), "spec must be a ModelSpec"),
     (lambda: TrainingSetup(seq_len=4096, capacity_factor=math.inf), "capacity_factor=inf"),
     (lambda: estimate(SPEC, ParallelConfig(pp=2), layers_per_stage=5), "layers_per_stage=5"),
-    (lambda: SMALL_PLAN.emit("megatron", 99), "candidate=99"),
+    (lambda: MEGATRON_PLAN.emit("megatron", 99), "candidate=99"),
+    (lambda: MEGATRON_PLAN.emit(None, 99), "candidate=99"),
+    (lambda: SMALL_PLAN.emit("megatron"), "engine='megatron': this plan was sized"),
     (lambda: _pool()(2, pg_timeout="5"), "pg_timeout='5'"),
     (lambda: _pool()(2, start_timeout=math.nan), "start_timeout=nan"),
     (lambda: _pool()(world_size=10**6), "world_size=1000000"),

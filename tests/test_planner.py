@@ -15,6 +15,8 @@ import pytest
 from helpers import gpt
 
 from parmem import Cluster, ModelSpec, ParallelConfig, TrainingSetup, estimate, plan
+from parmem.comm import step_comm
+from parmem.engines import engine
 from parmem.hardware import hardware_preset
 from parmem.papers import narayanan_gpt, table
 from parmem.pipeline import simulate
@@ -33,8 +35,21 @@ def usable(cluster: Cluster, headroom: float = Assumptions.headroom) -> int:
 
 # ---------------------------------------------------------------------------- FLOPs
 # ---------------------------------------------------------------------------- enumeration
+def _engine_rules(prof, par, st):
+    """The rules of the engine profile ``prof`` (data/engines.toml): its ZeRO stages, the ZeRO
+    stages it combines with PP, whether it pipelines, what it refuses, its recomputation."""
+    assert par.zero in prof.zero_stages
+    assert par.pp == 1 or (prof.pipeline and par.zero <= prof.pipeline_zero_max)
+    used = {"tp": par.tp > 1, "sp": par.sp, "cp": par.cp > 1, "ep": par.ep > 1,
+            "interleaved": par.vpp > 1, "gpipe": par.pp > 1 and st.schedule == "gpipe"}
+    for feature, on in used.items():
+        assert not (on and prof.refusal(feature)), (prof.name, feature)
+    assert st.recompute in prof.recompute
+
+
 def _check_rules(spec, cluster, pl, global_batch, seq_len):
     N, gpn = cluster.world_size, cluster.gpus_per_node
+    prof = engine(pl.engine)
     assert pl.candidates, pl.message
     times = [c.step_time for c in pl.candidates]
     # fastest first, but a layout within 1% (a tie) of the fastest left may go first
@@ -47,7 +62,8 @@ def _check_rules(spec, cluster, pl, global_batch, seq_len):
         assert spec.kv_heads % t == 0 or t % spec.kv_heads == 0
         assert spec.layers % p == 0 or len(set(c.layers_per_stage)) > 1
         assert (spec.num_experts % e == 0 and d % e == 0) if spec.is_moe else e == 1
-        assert p == 1 or par.zero <= 1
+        _engine_rules(prof, par, st)
+        assert st.engine == pl.engine
         assert t > 1 or not par.sp
         assert (global_batch // d) % st.micro_batch == 0
         assert st.num_microbatches * st.micro_batch * d == global_batch
@@ -82,6 +98,7 @@ def test_every_candidate_obeys_the_rules(name, gpu, gpn, nodes, G, s, kw):
 def _brute_force(spec, cluster, G, s):
     """Every layout, written out independently of the planner, modelled with evaluate()."""
     N, gpn = cluster.world_size, cluster.gpus_per_node
+    prof = engine("paper")  # the planner's default engine: its ZeRO stages and ZeRO with PP
     out = []
     for t in divisors(gpn):
         if spec.heads % t or spec.ffn_hidden % t or (spec.kv_heads % t and t % spec.kv_heads):
@@ -91,7 +108,9 @@ def _brute_force(spec, cluster, G, s):
             if spec.layers % p or G % d:
                 continue
             for zero in range(4):
-                if (p > 1 and zero > 1) or (d == 1 and zero > 0):
+                if zero not in prof.zero_stages or (d == 1 and zero > 0):
+                    continue
+                if p > 1 and zero > prof.pipeline_zero_max:
                     continue
                 for sp in ((False, True) if t > 1 else (False,)):
                     for rc in ("none", "selective", "full"):
@@ -282,10 +301,11 @@ def test_no_layout_fits_is_an_answer_with_the_closest_layout():
                  r"ZeRO-(\d), (SP, )?full recompute, micro-batch 1; needs GPUs of ≥ ([\d.]+) GiB",
                  pl.message)
     assert m, pl.message
-    # the smallest peak, found here by trying every (t, p) at its most frugal setting
+    # the smallest peak, found here by trying every (t, p) at its most frugal setting (the
+    # paper profile, the default engine, combines ZeRO-3 with PP)
     smallest = min(
         estimate(spec, ParallelConfig(dp=8 // (t * p), tp=t, pp=p, sp=t > 1,
-                                      zero=(3 if p == 1 else 1) if t * p < 8 else 0),
+                                      zero=3 if t * p < 8 else 0),
                  TrainingSetup(seq_len=4096, num_microbatches=64 // (8 // (t * p)),
                                recompute="full")).peak_bytes
         for t in (1, 2, 4, 8) for p in divisors(8 // t) if 80 % p == 0)
@@ -295,8 +315,12 @@ def test_no_layout_fits_is_an_answer_with_the_closest_layout():
     assert len(pl.rejected) == 10
     for reason in pl.rejected.values():
         assert re.match(r"does not fit: [\d.]+ GiB > 36\.0 GiB usable on stage \d+", reason)
-    with pytest.raises(ValueError, match="nothing to emit"):
+    with pytest.raises(ValueError, match="sized and timed with engine='paper'"):
         pl.emit("megatron")
+    mg = plan(spec, cluster, 64, 4096, engine="megatron-core")
+    assert mg.best is None and mg.message.startswith("no layout fits")
+    with pytest.raises(ValueError, match="nothing to emit"):
+        mg.emit("megatron")
 
 
 def test_rejected_families_say_why():
@@ -375,11 +399,28 @@ def _megatron_args(tokens) -> dict[str, str | bool]:
     return out
 
 
+def _engine_plan(profile):
+    """small_plan's inputs (conftest.py), planned with engine ``profile``."""
+    spec, cluster = ModelSpec.preset("llama-2-13b"), Cluster("h100-sxm", 8, 4)
+    return plan(spec, cluster, 128, 4096, top=5, engine=profile)
+
+
 def test_emit_megatron_deepspeed_torchtitan(small_plan):
-    pl = small_plan
-    for rank, c in enumerate(pl.candidates):
+    # a recipe is written only from a plan sized and timed with that engine's profile
+    with pytest.raises(ValueError, match="sized and timed with engine='paper'; plan with "
+                                         "engine='megatron-core' to emit a megatron recipe"):
+        small_plan.emit("megatron")
+    with pytest.raises(ValueError, match="engine='paper' writes no recipe"):
+        small_plan.emit()
+    mg, ds, tt = (_engine_plan(p) for p in ("megatron-core", "deepspeed", "fsdp2"))
+    assert (mg.engine, ds.engine, tt.engine) == ("megatron-core", "deepspeed", "fsdp2")
+    for pl, other in ((mg, "deepspeed"), (ds, "torchtitan"), (tt, "megatron")):
+        assert len(pl.candidates) == 5
+        with pytest.raises(ValueError, match=f"engine={other!r}: this plan was sized"):
+            pl.emit(other)
+    for rank, c in enumerate(mg.candidates):
         par, st = c.parallel, c.setup
-        args = _megatron_args(pl.recipe("megatron", rank).args)
+        args = _megatron_args(mg.recipe("megatron", rank).args)
         assert args["--tensor-model-parallel-size"] == str(par.tp)
         assert args["--pipeline-model-parallel-size"] == str(par.pp)
         assert args["--micro-batch-size"] == str(st.micro_batch)
@@ -390,21 +431,99 @@ def test_emit_megatron_deepspeed_torchtitan(small_plan):
             assert args["--recompute-granularity"] == st.recompute
         if par.vpp > 1:
             assert int(args["--num-layers-per-virtual-pipeline-stage"]) * par.vpp * par.pp == 40
-        ds = json.loads(pl.recipe("deepspeed", c).file("ds_config.json"))
-        assert ds["train_batch_size"] == ds["train_micro_batch_size_per_gpu"] * \
-            ds["gradient_accumulation_steps"] * par.dp == 128
-        assert ds["zero_optimization"]["stage"] == par.zero
-        tt = _megatron_args(pl.recipe("torchtitan", rank).args)
-        degrees = (int(tt["--parallelism.data_parallel_replicate_degree"])
-                   * int(tt["--parallelism.data_parallel_shard_degree"])
-                   * int(tt["--parallelism.tensor_parallel_degree"])
-                   * int(tt.get("--parallelism.pipeline_parallel_degree", 1))
-                   * int(tt.get("--parallelism.context_parallel_degree", 1)))
-        assert degrees == 32
-        text = pl.emit("megatron", rank)
+        text = mg.emit(None, rank)
+        assert text == mg.emit("megatron", rank)
         assert text.startswith("# parmem plan: ") and "# target: Megatron-LM commit" in text
+    for c in ds.candidates:
+        par = c.parallel
+        conf = json.loads(ds.recipe("deepspeed", c).file("ds_config.json"))
+        assert conf["train_batch_size"] == conf["train_micro_batch_size_per_gpu"] * \
+            conf["gradient_accumulation_steps"] * par.dp == 128
+        assert conf["zero_optimization"]["stage"] == par.zero
+    for rank in range(len(tt.candidates)):
+        args = _megatron_args(tt.recipe("torchtitan", rank).args)
+        degrees = (int(args["--parallelism.data_parallel_replicate_degree"])
+                   * int(args["--parallelism.data_parallel_shard_degree"])
+                   * int(args["--parallelism.tensor_parallel_degree"])
+                   * int(args.get("--parallelism.pipeline_parallel_degree", 1))
+                   * int(args.get("--parallelism.context_parallel_degree", 1)))
+        assert degrees == 32
     with pytest.raises(ValueError, match="engine"):
-        pl.emit("jax")
+        mg.emit("jax")
+
+
+@pytest.mark.parametrize("profile", ["megatron-core", "deepspeed", "fsdp2", "hf"])
+@pytest.mark.parametrize("name,G,kw", [
+    ("llama-2-7b", 64, {}),
+    ("mixtral-8x7b", 64, {"flash_attention": True}),
+])  # fmt: skip
+def test_plan_returns_only_layouts_its_engine_runs(profile, name, G, kw):
+    spec, cluster = ModelSpec.preset(name), Cluster("h100-sxm", 8, 2)
+    pl = plan(spec, cluster, G, 4096, top=10**6, engine=profile, **kw)
+    assert pl.engine == profile and pl.to_dict()["engine"] == profile
+    if not pl.candidates:  # e.g. Mixtral whole on every GPU under hf
+        assert pl.message.startswith("no layout fits"), pl.message
+        return
+    _check_rules(spec, cluster, pl, G, 4096)
+    prof = engine(profile)
+    for c in pl.candidates:
+        # evaluate() under the engine accepts the layout and models it as the plan did
+        again = evaluate(spec, cluster, c.parallel, c.setup, layers_per_stage=c.layers_per_stage)
+        assert again.step_time == pytest.approx(c.step_time, rel=1e-12)
+        assert again.peak_bytes == c.peak_bytes
+    pars = [c.parallel for c in pl.candidates]
+    assert {p.zero for p in pars} <= set(prof.zero_stages)
+    if not prof.pipeline:
+        assert all(p.pp == 1 for p in pars)
+
+
+@pytest.mark.parametrize("profile,kw,key,words", [
+    ("deepspeed", {}, "t>1", "cannot run tp=2: it trains the Transformers model as written"),
+    ("hf", {}, "p>1", "has no pipeline parallelism"),
+    ("hf", {}, "t>1", "cannot run tp=2: the Trainer runs data parallelism"),
+    ("megatron-core", {"zero": 3, "pp": 1, "tp": 1}, "t=1, p=1",
+     "cannot combine ZeRO-3 with pp=1: it runs ZeRO stage 0/1"),
+    ("megatron-core", {"zero": 2, "pp": 2, "tp": 1}, "t=1, p=2",
+     "cannot combine ZeRO-2 with pp=2: it runs ZeRO stage <= 1 with PP"),
+    ("deepspeed", {"zero": 3, "pp": 2, "tp": 1}, "t=1, p=2",
+     "cannot combine ZeRO-3 with pp=2: it runs ZeRO stage <= 1 with PP"),
+    ("fsdp2", {"zero": (1, 2), "pp": 1, "tp": 1}, "t=1, p=1",
+     "cannot combine ZeRO-1/2 with pp=1: it runs ZeRO stage 0/3"),
+])  # fmt: skip
+def test_rejected_families_carry_the_engines_reason(profile, kw, key, words):
+    spec, cluster = ModelSpec.preset("llama-2-7b"), Cluster("h100-sxm", 8, 2)
+    pl = plan(spec, cluster, 64, 4096, engine=profile, **kw)
+    assert pl.rejected[key].startswith(f"engine={profile!r} (")  # the engine and its version
+    assert words in pl.rejected[key]
+    if kw:  # the only family asked for: nothing to plan, and the message says why
+        assert pl.best is None and words in pl.message
+
+
+def test_an_engines_gradient_reduction_prices_the_dp_time():
+    """Megatron-Core reduces fp32 main gradients (its distributed optimizer reduce-scatters
+    them, then all-gathers the bf16 weights); the paper profile reduces bf16 gradients. The same
+    Llama-2-7B layout (d = 8, ZeRO-1) therefore spends more time on data parallelism under
+    Megatron-Core (issue 26: both had been 1.5601 s)."""
+    spec, cluster = ModelSpec.preset("llama-2-7b"), Cluster("h100-sxm", 8, 1)
+    par = ParallelConfig(dp=8, zero=1)
+    out, sent = {}, {}
+    for profile in ("paper", "megatron-core"):
+        st = TrainingSetup(seq_len=4096, micro_batch=1, num_microbatches=8, engine=profile)
+        out[profile] = (evaluate(spec, cluster, par, st),
+                        evaluate(spec, cluster, par, st, dp_overlap=0.0))
+        sent[profile] = step_comm(spec, par, st).dp
+    # reduce-scatter of the gradients + all-gather of the bf16 weights, 2(d-1)/d·Ψ elements:
+    # (4 + 2) bytes per parameter against (2 + 2)
+    psi = spec.num_params()
+    assert sent["paper"] == pytest.approx(2 * 7 / 8 * psi * 2, rel=1e-3)
+    assert sent["megatron-core"] / sent["paper"] == pytest.approx(6 / 4, rel=1e-6)
+    # unhidden, the ring time scales with the bytes (the latency terms are the same and small)
+    ratio = out["megatron-core"][1].time.dp / out["paper"][1].time.dp
+    assert ratio == pytest.approx(sent["megatron-core"] / sent["paper"], rel=1e-3)
+    # overlapped by default: still more DP time, and a slower step with the same compute
+    mc, paper = out["megatron-core"][0], out["paper"][0]
+    assert mc.time.dp > paper.time.dp and mc.time.compute == paper.time.compute
+    assert mc.step_time > paper.step_time
 
 
 # ---------------------------------------------------------------------------- CLI

@@ -3,13 +3,21 @@ recipe_plans.py is parsed and validated by Megatron-LM's recorded argument parse
 validation rules plus Megatron-Core's ``TransformerConfig``, DeepSpeed's ``DeepSpeedConfig``
 (and Megatron-DeepSpeed's recorded parser), and torchtitan's ``ConfigManager`` and
 ``ParallelDims``; and the micro-batch and accumulation steps each engine will run are the plan's
-``b`` and ``m``."""
+``b`` and ``m``.
+
+A recipe is written only for the engine whose memory and time the plan priced (issue 26): each
+case is planned again with the engine's profile (``PROFILES``: megatron -> megatron-core,
+deepspeed -> deepspeed, torchtitan -> fsdp2). A case whose forced layout the engine cannot run
+(``REFUSED``: by the engines' documented rules) yields no such plan, and the paper plan's layout,
+evaluated under that engine, raises naming it."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import types
+from functools import cache
 
 import pytest
 from engines import (
@@ -21,12 +29,64 @@ from engines import (
 )
 from recipe_plans import CASES, case_plan
 
-from parmem.planner.emit import TARGETS
+from parmem import Cluster, ModelSpec, plan
+from parmem.engines import engine as engine_profile
+from parmem.planner import Plan, evaluate
+from parmem.planner.emit import PROFILES, TARGETS
 from parmem.planner.emit.deepspeed import DEEPSPEED_VERSION, MEGATRON_DEEPSPEED_COMMIT
 from parmem.planner.emit.megatron import MEGATRON_LM_COMMIT, pipeline_layout
 from parmem.planner.emit.torchtitan import TORCHTITAN_VERSION
 
 NAMES = list(CASES)
+
+#: recipe engine -> the cases whose forced layout that engine cannot run, with why (the engines'
+#: own documented rules, not the planner's output):
+#: Megatron-Core's distributed optimizer is ZeRO-1; gradients and weights are not sharded
+#: (docs/user-guide/features/dist_optimizer.md); DeepSpeed on a Transformers model has no TP,
+#: SP, CP, EP or interleaving, no selective recomputation (gradient checkpointing recomputes whole
+#: layers), and its PipelineEngine refuses ZeRO-2/3 (runtime/pipe/engine.py); FSDP2 shards fully
+#: (ZeRO-3) or replicates (ZeRO-0), nothing in between.
+REFUSED: dict[str, dict[str, str]] = {
+    "megatron": {"llama2-13b-zero3": "ZeRO-3", "llama2-13b-zero2-tp": "ZeRO-2"},
+    "deepspeed": {
+        "gpt3-pipeline-interleaved": "tp=8",
+        "mixtral-ep-pp-vp": "ep=8, vpp=8",
+        "llama3-8b-context": "tp=8, cp=4",
+        "llama2-13b-zero2-tp": "tp=2",
+        "mixtral-zero0-ep": "tp=2, ep=4, selective recomputation",
+    },
+    "torchtitan": {"gpt3-pipeline-interleaved": "ZeRO-1", "llama2-13b-zero2-tp": "ZeRO-2"},
+}
+
+
+def _runs(engine: str) -> list[str]:
+    """The cases ``engine`` runs."""
+    return [n for n in NAMES if n not in REFUSED[engine]]
+
+
+@cache
+def engine_plan(name: str, engine: str) -> Plan:
+    """Case ``name`` planned with the profile of recipe engine ``engine`` (cached)."""
+    model, (gpu, gpn, nodes), batch, seq, kw = CASES[name]
+    pl = plan(
+        ModelSpec.preset(model), Cluster(gpu, gpn, nodes), batch, seq, top=1,
+        engine=PROFILES[engine], **kw,
+    )  # fmt: skip
+    assert pl.best is not None, f"{name} under {engine}: {pl.message}"
+    assert pl.engine == PROFILES[engine]
+    return pl
+
+
+def _engine_runs(engine: str, par, st) -> None:
+    """The layout obeys the profile's rules: its ZeRO stages, ZeRO with PP, its refusals."""
+    prof = engine_profile(PROFILES[engine])
+    assert par.zero in prof.zero_stages
+    assert par.pp == 1 or (prof.pipeline and par.zero <= prof.pipeline_zero_max)
+    used = {"tp": par.tp > 1, "sp": par.sp, "cp": par.cp > 1, "ep": par.ep > 1,
+            "interleaved": par.vpp > 1}  # fmt: skip
+    for feature, on in used.items():
+        assert not (on and prof.refusal(feature)), (engine, feature)
+    assert st.recompute in prof.recompute
 
 
 def test_the_plans_cover_every_axis():
@@ -51,8 +111,43 @@ def test_targets_name_the_pinned_versions():
     assert recorded("megatron_lm_args")["commit"] == MEGATRON_LM_COMMIT
     assert recorded("megatron_deepspeed_args")["commit"] == MEGATRON_DEEPSPEED_COMMIT
     for engine, target in TARGETS.items():
-        text = case_plan(NAMES[0]).emit(engine)
+        pl = engine_plan(NAMES[0], engine)
+        text = pl.emit(engine)
         assert f"# target: {target}" in text.splitlines()[1], engine
+        assert pl.emit() == text  # the plan's own engine by default
+    with pytest.raises(ValueError, match="sized and timed with engine='paper'"):
+        case_plan(NAMES[0]).emit("megatron")
+
+
+@pytest.mark.parametrize("engine,name", [(e, n) for e in REFUSED for n in REFUSED[e]])
+def test_an_engine_gets_no_recipe_for_a_layout_it_cannot_run(engine, name):
+    """The planner never offers the forced layout under the engine, and evaluating the paper
+    plan's layout under the engine's profile raises naming the engine."""
+    model, (gpu, gpn, nodes), batch, seq, kw = CASES[name]
+    spec, cluster, profile = ModelSpec.preset(model), Cluster(gpu, gpn, nodes), PROFILES[engine]
+    try:
+        pl = plan(spec, cluster, batch, seq, top=1, engine=profile, **kw)
+    except ValueError as e:
+        assert f"engine={profile!r}" in str(e)
+    else:
+        assert pl.best is None and not pl.candidates, pl.best
+        with pytest.raises(ValueError, match="nothing to emit"):
+            pl.emit()
+    c = case_plan(name).best
+    setup = dataclasses.replace(c.setup, engine=profile)
+    with pytest.raises(ValueError, match=f"engine={profile!r}"):
+        evaluate(spec, cluster, c.parallel, setup, layers_per_stage=c.layers_per_stage)
+
+
+@pytest.mark.parametrize("engine", list(REFUSED))
+def test_the_recipes_checked_cover_what_each_engine_runs(engine):
+    """Every ZeRO stage the engine offers and a pipeline appear among the recipes checked."""
+    pars = [engine_plan(n, engine).best.parallel for n in _runs(engine)]
+    assert set(engine_profile(PROFILES[engine]).zero_stages) <= {p.zero for p in pars}
+    assert any(p.pp > 1 for p in pars)
+    if engine != "deepspeed":
+        assert any(p.vpp > 1 for p in pars) and any(p.cp > 1 for p in pars)
+        assert any(p.ep > 1 for p in pars)
 
 
 # ---------------------------------------------------------------------------- Megatron-LM
@@ -144,11 +239,12 @@ def _transformer_config(a):
     return mc.TransformerConfig(**kw)
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", _runs("megatron"))
 def test_megatron_recipe_passes_megatron_checks(name):
-    pl = case_plan(name)
+    pl = engine_plan(name, "megatron")
     c, recipe = pl.best, pl.recipe("megatron")
     par, st, world = c.parallel, c.setup, pl.cluster.world_size
+    _engine_runs("megatron", par, st)
     a = parse_recorded("megatron_lm_args", list(recipe.args))
     env = {k: v for k, v in recipe.env if v is not None}
     for fragment, ok in MEGATRON_RULES:
@@ -201,11 +297,12 @@ class _MPU:
         return self.d
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", _runs("deepspeed"))
 def test_deepspeed_recipe_passes_deepspeed_checks(name, monkeypatch):
-    pl = case_plan(name)
+    pl = engine_plan(name, "deepspeed")
     c, recipe = pl.best, pl.recipe("deepspeed")
     par, st, world = c.parallel, c.setup, pl.cluster.world_size
+    _engine_runs("deepspeed", par, st)
     DeepSpeedConfig = deepspeed_config_class()
     import deepspeed.comm as dist
 
@@ -251,11 +348,12 @@ def test_deepspeed_check_refuses_the_old_batch_arithmetic(monkeypatch):
 
 
 # ---------------------------------------------------------------------------- torchtitan
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", _runs("torchtitan"))
 def test_torchtitan_recipe_passes_torchtitan_checks(name):
-    pl = case_plan(name)
+    pl = engine_plan(name, "torchtitan")
     c, recipe = pl.best, pl.recipe("torchtitan")
     par, st, world = c.parallel, c.setup, pl.cluster.world_size
+    _engine_runs("torchtitan", par, st)
     tt = torchtitan()
     cfg = tt.ConfigManager().parse_args(list(recipe.args))
     pd = tt.ParallelDims.from_config(cfg.parallelism, world)  # its parallel-dims check

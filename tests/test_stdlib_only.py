@@ -49,7 +49,8 @@ import parmem._data
 est = estimate(ModelSpec.preset("llama-2-7b"), ParallelConfig(dp=8, tp=4, pp=2, sp=True, zero=1),
                TrainingSetup(seq_len=4096, num_microbatches=8, recompute="selective",
                              engine="megatron-core"))
-p = plan(ModelSpec.preset("llama-3-8b"), Cluster("h100-sxm", 8, 1), 64, 4096)
+p = plan(ModelSpec.preset("llama-3-8b"), Cluster("h100-sxm", 8, 1), 64, 4096,
+         engine="megatron-core")
 out = io.StringIO()
 with contextlib.redirect_stdout(out):
     rc = main(["estimate", "--model", "mixtral-8x7b", "--ep", "8", "--dp", "8", "--zero", "2",
@@ -62,7 +63,7 @@ print(json.dumps({
     "presets": len(presets()),
     "stages": [s.total for s in est.stages],
     "plan": [c.label() for c in p.candidates[:5]],
-    "recipe": p.emit("megatron"),
+    "recipe": p.emit(),
     "cli_rc": rc,
     "cli": json.loads(out.getvalue())["peak_bytes"],
     "loaded": sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED),
@@ -115,9 +116,10 @@ def test_estimate_preset_plan_and_cli_run_on_the_standard_library_alone(where, t
                       engine="megatron-core"),
     )
     assert got["stages"] == [s.total for s in est.stages]
-    ref = plan(ModelSpec.preset("llama-3-8b"), Cluster("h100-sxm", 8, 1), 64, 4096)
+    ref = plan(ModelSpec.preset("llama-3-8b"), Cluster("h100-sxm", 8, 1), 64, 4096,
+               engine="megatron-core")
     assert got["plan"] == [c.label() for c in ref.candidates[:5]] and got["plan"]
-    assert got["recipe"] == ref.emit("megatron")
+    assert got["recipe"] == ref.emit("megatron") and "# target: Megatron-LM" in got["recipe"]
     assert got["cli_rc"] == 0
     assert got["cli"] == estimate(
         ModelSpec.preset("mixtral-8x7b"), ParallelConfig(dp=8, ep=8, zero=2),

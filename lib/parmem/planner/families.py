@@ -259,13 +259,12 @@ class Families:
             zeros = [z for z in sorted(zero, reverse=True) if p == 1 or z <= prof.pipeline_zero_max]
             if not zeros:
                 asked = "/".join(map(str, self.space.zero))
+                runs = "/".join(map(str, prof.zero_stages))
                 self.rejected[fam_tp] = (
-                    f"{prof.who} cannot combine ZeRO-{asked} with pp={p}: it runs ZeRO stage "
-                    + (
-                        f"<= {prof.pipeline_zero_max} with PP"
-                        if p > 1
-                        else "/".join(map(str, prof.zero_stages))
-                    )
+                    f"{prof.who} cannot run ZeRO-{asked}: it runs ZeRO stage {runs}"
+                    if not zero
+                    else f"{prof.who} cannot combine ZeRO-{asked} with pp={p}: its pipeline "
+                    f"runs ZeRO stage <= {prof.pipeline_zero_max}"
                 )
                 continue
             yield from self._settings(t, c, p, zeros, fam_tp)
@@ -300,12 +299,20 @@ class Families:
         lps = even_split(self.spec.layers, p)
         vs = self._vs(p, lps)
         if not vs:
-            self.rejected[fam_tp] = f"no allowed vpp divides the {min(lps)} layers per stage"
+            why = self.prof.refusal("interleaved")
+            self.rejected[fam_tp] = (
+                f"{self.prof.who} cannot run vpp > 1 (interleaved 1F1B): {why}"
+                if why and p > 1
+                else f"no allowed vpp divides the {min(lps)} layers per stage"
+            )
             return
         es = self._eps(d)
         if not es:
+            why = self.prof.refusal("ep")
             self.rejected[_family_key(t, p, d, c, 1)] = (
-                f"no allowed ep divides both num_experts={self.spec.num_experts} and d={d}"
+                f"{self.prof.who} cannot run ep > 1: {why}"
+                if why
+                else f"no allowed ep divides both num_experts={self.spec.num_experts} and d={d}"
             )
             return
         for e in es:
@@ -319,20 +326,21 @@ class Families:
         return sps
 
     def _vs(self, p: int, lps: tuple[int, ...]) -> list[int]:
-        interleave = p > 1 and not self.prof.refusal("interleaved")
-        vs = [1] + [
-            v for v in range(2, min(lps) + 1) if interleave and all(n % v == 0 for n in lps)
-        ]
+        vs = [1] + [v for v in range(2, min(lps) + 1) if p > 1 and all(n % v == 0 for n in lps)]
         if self.space.vpp is not None:
             vs = [v for v in vs if v in self.space.vpp]
+        if self.prof.refusal("interleaved") and any(v > 1 for v in vs):
+            vs = [v for v in vs if v == 1]
         return vs
 
     def _eps(self, d: int) -> list[int]:
-        if not self.spec.is_moe or self.prof.refusal("ep"):
+        if not self.spec.is_moe:
             return [1]
         es = [e for e in _divisors(self.spec.num_experts) if d % e == 0]
         if self.space.ep is not None:
             es = [e for e in es if e in self.space.ep]
+        if self.prof.refusal("ep") and any(e > 1 for e in es):
+            es = [e for e in es if e == 1]
         return es
 
 
