@@ -9,9 +9,9 @@ same layer may not import each other either, so that a formula cannot drift into
     sharding, hardware, engines           the parameter table; GPUs and links; engine profiles
     model                                 ModelSpec
     config, papers                        ParallelConfig, TrainingSetup, vocabularies; published tables
-    layout                                the Layout: groups, stage walk, boundaries, engine rules
     states, pipeline, activations,        model states; schedules; saved activations;
     kvcache                               the KV cache per token and layer
+    layout                                the Layout: groups, stage walk, boundaries, engine rules
     comm, flops                           communication; FLOPs
     estimate, inference                   the estimator; serving memory (and its traffic)
     allocator, traces, analyses,          the allocator simulator and its traces; studies;
@@ -39,8 +39,8 @@ LAYERS: list[set[str]] = [
     {"sharding", "hardware", "engines"},
     {"model"},
     {"config", "papers"},
-    {"layout"},
     {"states", "pipeline", "activations", "kvcache"},
+    {"layout"},
     {"comm", "flops"},
     {"estimate", "inference"},
     {"allocator", "traces", "analyses", "engine_analyses", "measure", "reference"},

@@ -418,10 +418,33 @@ def kept_terms(
         return [x for x in terms if not x.core]
     if recompute == "none":
         return layer_terms(spec, seq_len, micro_batch, tp=tp, sp=sp, **kw)
-    e = kw.get("act_bytes", 2)
-    s = seq_len // kw.get("cp", 1)
-    n = e * s * micro_batch * spec.hidden // (tp if sp else 1)
+    n = layer_input_bytes(
+        spec,
+        seq_len,
+        micro_batch,
+        tp=tp,
+        sp=sp,
+        cp=kw.get("cp", 1),
+        act_bytes=kw.get("act_bytes", 2),
+    )
     return [Term("layer input", n, "the only tensor kept; the layer runs again in backward")]
+
+
+def layer_input_bytes(
+    spec: ModelSpec,
+    seq_len: int,
+    micro_batch: int,
+    *,
+    tp: int = 1,
+    sp: bool = False,
+    cp: int = 1,
+    act_bytes: int = 2,
+) -> int:
+    """One layer's input on one rank, s/cp · b · h activation elements, divided by t under
+    sequence parallelism (Korthikanti et al. 2022 §4.2.2, Table 2's 2sbh/t): what full
+    recomputation keeps per layer and what a pipeline stage sends (the boundary tensor of
+    :attr:`parmem.layout.Layout.boundary_bytes`)."""
+    return act_bytes * (seq_len // cp) * micro_batch * spec.hidden // (tp if sp else 1)
 
 
 def norm_statistics(norm: str, tokens: int, itemsize: int, norms: int = 1) -> int:

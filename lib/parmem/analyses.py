@@ -36,9 +36,10 @@ from .comm import (
     placement,
     step_comm,
 )
-from .config import PRECISIONS, ParallelConfig, TrainingSetup
+from .config import ParallelConfig, TrainingSetup
 from .estimate import Estimate, estimate
 from .hardware import Hardware, hardware_preset, link_preset
+from .layout import layout
 from .model import ModelSpec
 from .pipeline import bubble_fraction, in_flight
 from .sharding import tp_param_counts
@@ -213,8 +214,7 @@ def gpipe_remat_activations(
     """
     integer("stage", stage, 0, parallel.pp - 1)
     one = estimate(spec, parallel, replace(setup, num_microbatches=1, schedule="gpipe"))
-    tokens = setup.seq_len // parallel.cp * setup.micro_batch // (parallel.tp if parallel.sp else 1)
-    boundary = tokens * spec.hidden * PRECISIONS[setup.precision]["act"]
+    boundary = layout(spec, parallel, one.setup).boundary_bytes
     return setup.num_microbatches * boundary + one.stages[stage].activations
 
 

@@ -103,9 +103,9 @@ class ParallelConfig:
             raise ValueError(
                 "sp=True needs tp >= 2 (sequence parallelism splits over the TP group)"
             )
-        if (self.dp * self.cp) % self.ep:
+        if self.dp_group % self.ep:
             raise ValueError(
-                f"ep={self.ep} must divide dp*cp={self.dp * self.cp} (experts are "
+                f"ep={self.ep} must divide dp*cp={self.dp_group} (experts are "
                 "sharded over the data- and context-parallel ranks, as in "
                 "Megatron-Core)"
             )
@@ -116,6 +116,19 @@ class ParallelConfig:
     def world_size(self) -> int:
         """d·t·p·cp GPUs."""
         return self.dp * self.tp * self.pp * self.cp
+
+    @property
+    def dp_group(self) -> int:
+        """Ranks that hold the same dense weights and reduce their gradients together (the ZeRO
+        sharding group): d·cp, context-parallel ranks holding the same weights (Megatron-Core's
+        data-parallel group with context parallelism)."""
+        return self.dp * self.cp
+
+    @property
+    def expert_dp_group(self) -> int:
+        """Ranks that hold the same experts: d·cp/e (Megatron-Core's expert-data-parallel
+        group)."""
+        return self.dp_group // self.ep
 
     def check_world_size(self, world_size: int) -> None:
         """Raise ``ValueError`` unless d·t·p·cp equals ``world_size``."""

@@ -39,6 +39,7 @@ from functools import lru_cache
 from typing import Any
 
 from ._check import instance, integer
+from .activations import layer_input_bytes
 from .config import PRECISIONS, ParallelConfig, TrainingSetup, even_split
 from .engines import EngineProfile, engine
 from .model import ModelSpec
@@ -222,13 +223,13 @@ class Layout:
     def dp_group(self) -> int:
         """Ranks that hold the same dense weights and reduce their gradients together: d·cp
         (the ZeRO sharding group)."""
-        return self.parallel.dp * self.parallel.cp
+        return self.parallel.dp_group
 
     @property
     def expert_dp_group(self) -> int:
         """Ranks that hold the same experts: d·cp/e (Megatron-Core's expert-data-parallel
         group)."""
-        return self.dp_group // self.parallel.ep
+        return self.parallel.expert_dp_group
 
     @property
     def sp_divisor(self) -> int:
@@ -245,7 +246,11 @@ class Layout:
     def boundary_bytes(self) -> int:
         """One s/cp·b·h activation on this GPU, divided by t under SP: what a pipeline stage
         sends and receives per micro-batch and what full recomputation keeps per layer."""
-        return self.act_bytes * self.tokens * self.spec.hidden // self.sp_divisor
+        par, st = self.parallel, self.setup
+        return layer_input_bytes(
+            self.spec, st.seq_len, st.micro_batch, tp=par.tp, sp=par.sp, cp=par.cp,
+            act_bytes=self.act_bytes,
+        )  # fmt: skip
 
     @property
     def tp_output_bytes(self) -> int:

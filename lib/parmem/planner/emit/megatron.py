@@ -125,7 +125,7 @@ def _zero(par: ParallelConfig) -> list[str]:
             "--ckpt-format", "fsdp_dtensor",
             "--use-distributed-optimizer",
         ]  # fmt: skip
-    if par.dp * par.cp > 1:  # the same d·cp group as parmem.layout.Layout.dp_group
+    if par.dp_group > 1:
         args.append("--overlap-grad-reduce")
         if par.zero >= 1:
             args.append("--overlap-param-gather")
