@@ -39,7 +39,7 @@ def _engine_rules(prof, par, st):
     """The rules of the engine profile ``prof`` (data/engines.toml): its ZeRO stages, the ZeRO
     stages it combines with PP, whether it pipelines, what it refuses, its recomputation."""
     assert par.zero in prof.zero_stages
-    assert par.pp == 1 or (prof.pipeline and par.zero <= prof.pipeline_zero_max)
+    assert par.pp == 1 or (prof.pipeline and par.zero <= prof.plan_pipeline_zero_max)
     used = {"tp": par.tp > 1, "sp": par.sp, "cp": par.cp > 1, "ep": par.ep > 1,
             "interleaved": par.vpp > 1, "gpipe": par.pp > 1 and st.schedule == "gpipe"}
     for feature, on in used.items():
@@ -110,7 +110,7 @@ def _brute_force(spec, cluster, G, s):
             for zero in range(4):
                 if zero not in prof.zero_stages or (d == 1 and zero > 0):
                     continue
-                if p > 1 and zero > prof.pipeline_zero_max:
+                if p > 1 and zero > prof.plan_pipeline_zero_max:
                     continue
                 for sp in ((False, True) if t > 1 else (False,)):
                     for rc in ("none", "selective", "full"):
@@ -302,10 +302,11 @@ def test_no_layout_fits_is_an_answer_with_the_closest_layout():
                  pl.message)
     assert m, pl.message
     # the smallest peak, found here by trying every (t, p) at its most frugal setting (the
-    # paper profile, the default engine, combines ZeRO-3 with PP)
+    # paper profile, the default engine, plans ZeRO-3 without PP and ZeRO-1 with it, as the
+    # papers' systems run them: data/engines.toml plan_pipeline_zero_max)
     smallest = min(
         estimate(spec, ParallelConfig(dp=8 // (t * p), tp=t, pp=p, sp=t > 1,
-                                      zero=3 if t * p < 8 else 0),
+                                      zero=0 if t * p == 8 else (3 if p == 1 else 1)),
                  TrainingSetup(seq_len=4096, num_microbatches=64 // (8 // (t * p)),
                                recompute="full")).peak_bytes
         for t in (1, 2, 4, 8) for p in divisors(8 // t) if 80 % p == 0)

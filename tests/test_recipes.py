@@ -81,7 +81,7 @@ def _engine_runs(engine: str, par, st) -> None:
     """The layout obeys the profile's rules: its ZeRO stages, ZeRO with PP, its refusals."""
     prof = engine_profile(PROFILES[engine])
     assert par.zero in prof.zero_stages
-    assert par.pp == 1 or (prof.pipeline and par.zero <= prof.pipeline_zero_max)
+    assert par.pp == 1 or (prof.pipeline and par.zero <= prof.plan_pipeline_zero_max)
     used = {"tp": par.tp > 1, "sp": par.sp, "cp": par.cp > 1, "ep": par.ep > 1,
             "interleaved": par.vpp > 1}  # fmt: skip
     for feature, on in used.items():

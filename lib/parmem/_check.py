@@ -58,6 +58,8 @@ MAX_WIDTH = 2**31 - 1
 def integer(name: str, value: Any, minimum: int = 1, maximum: int | None = None) -> int:
     """``value`` if it is an integer (an ``int`` or a NumPy integer, not a bool) within
     ``[minimum, maximum]``, as an ``int``."""
+    if type(value) is int and value >= minimum and (maximum is None or value <= maximum):
+        return value  # the common case, without the ABC checks below
     n = int(value) if isinstance(value, numbers.Integral) and not isinstance(value, bool) else None
     if n is None or n < minimum or (maximum is not None and n > maximum):
         low = maximum is None or (n is not None and n < minimum)

@@ -239,6 +239,7 @@ class EngineProfile:
     last: tuple[SavedTensor, ...]
     defaults: Defaults = Defaults(flash_attention=False, dropout="model")
     refuses: tuple[tuple[str, str], ...] = ()
+    plan_pipeline_zero_max: int = 3
 
     def refusal(self, feature: str) -> str:
         """Why the engine cannot run ``feature`` (one of :data:`FEATURES`), or ``""``."""
@@ -410,6 +411,12 @@ def _profile(name: str, t: dict[str, Any], tables: dict[str, Any]) -> EngineProf
         version=str(_get(t, "version", where)),
         zero_stages=tuple(integer(f"{where} zero_stages", z, 0, 3) for z in t["zero_stages"]),
         pipeline_zero_max=integer(f"{where} pipeline_zero_max", t["pipeline_zero_max"], 0, 3),
+        plan_pipeline_zero_max=integer(
+            f"{where} plan_pipeline_zero_max",
+            t.get("plan_pipeline_zero_max", t["pipeline_zero_max"]),
+            0,
+            t["pipeline_zero_max"],
+        ),
         pipeline=bool(t["pipeline"]),
         recompute=tuple(choice(f"{where} recompute", r, RECOMPUTE_MODES) for r in t["recompute"]),
         selective=str(t.get("selective", "")),

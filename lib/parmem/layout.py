@@ -295,38 +295,55 @@ class Layout:
     def stages(self) -> tuple[Stage, ...]:
         """Every pipeline stage, first to last (computed once)."""
         if self._stages is None:
-            self._stages = tuple(self._walk())
+            self._stages = self._walk()
         return self._stages
 
-    def _walk(self) -> list[Stage]:
-        spec, par = self.spec, self.parallel
-        vm = self.engine.vocab_multiple
-        seen: dict[tuple[int, int, bool, bool], tuple[int, int]] = {}
-        out, start = [], 0
-        for i, n in enumerate(self.layers_per_stage):
-            first, last = i == 0, i == par.pp - 1
-            moe = moe_layer_count(spec, start, n)
-            key = (n, moe, first, last)
-            if key not in seen:
-                seen[key] = stage_params(spec, par.tp, par.ep, n, first, last, vm, start=start)
-            dense, expert = seen[key]
-            out.append(Stage(i, start, n, first, last, moe, dense, expert))
-            start += n
-        return out
+    def _walk(self) -> tuple[Stage, ...]:
+        par = self.parallel
+        return _stage_walk(
+            self.spec, par.tp, par.ep, self.layers_per_stage, self.engine.vocab_multiple
+        )
 
     def distinct_stages(self) -> list[tuple[Stage, int]]:
         """The stages that differ, each with how many stages share it (equal layer count, MoE
         layers and ends hold and send the same), in stage order."""
-        groups: dict[tuple[int, int, bool, bool], list[Stage]] = {}
-        for st in self.stages:
-            groups.setdefault((st.layers, st.moe_layers, st.first, st.last), []).append(st)
-        return [(g[0], len(g)) for g in groups.values()]
+        return list(_distinct(self.stages))
 
     def __repr__(self) -> str:
         return (
             f"Layout({self.spec.name}, {self.parallel}, engine={self.engine.name}, "
             f"stages={list(self.layers_per_stage)})"
         )
+
+
+@lru_cache(maxsize=1024)
+def _stage_walk(
+    spec: ModelSpec, tp: int, ep: int, lps: tuple[int, ...], vocab_multiple: int
+) -> tuple[Stage, ...]:
+    """Every stage of the split ``lps`` with its parameters on one GPU: what depends only on the
+    model, t, e, the split and the vocabulary padding (not on ZeRO, SP, the batch or the
+    schedule), so the planner's settings of one family share it."""
+    p = len(lps)
+    seen: dict[tuple[int, int, bool, bool], tuple[int, int]] = {}
+    out, start = [], 0
+    for i, n in enumerate(lps):
+        first, last = i == 0, i == p - 1
+        moe = moe_layer_count(spec, start, n)
+        key = (n, moe, first, last)
+        if key not in seen:
+            seen[key] = stage_params(spec, tp, ep, n, first, last, vocab_multiple, start=start)
+        dense, expert = seen[key]
+        out.append(Stage(i, start, n, first, last, moe, dense, expert))
+        start += n
+    return tuple(out)
+
+
+@lru_cache(maxsize=1024)
+def _distinct(stages: tuple[Stage, ...]) -> tuple[tuple[Stage, int], ...]:
+    groups: dict[tuple[int, int, bool, bool], list[Stage]] = {}
+    for st in stages:
+        groups.setdefault((st.layers, st.moe_layers, st.first, st.last), []).append(st)
+    return tuple((g[0], len(g)) for g in groups.values())
 
 
 @lru_cache(maxsize=1024)

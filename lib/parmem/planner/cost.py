@@ -180,6 +180,7 @@ class CostModel:
         self._est: dict[_EstKey, Estimate] = {}
         self._act: dict[_ActKey, tuple[dict[str, float], dict[str, float]]] = {}
         self._dp: dict[_DpKey, tuple[float, float, float]] = {}
+        self._setups: dict[tuple[int, int, str, bool], TrainingSetup] = {}
         self.estimates = 0
 
     def grad_bytes(self, zero: int) -> int:
@@ -192,7 +193,14 @@ class CostModel:
     # ------------------------------------------------------------------ pieces
     def setup(self, b: int, m: int, recompute: str, v: int) -> TrainingSetup:
         """The :class:`~parmem.config.TrainingSetup` of micro-batch ``b``, ``m`` micro-batches,
-        ``recompute`` and ``v`` virtual stages (interleaved 1F1B when ``v > 1``)."""
+        ``recompute`` and ``v`` virtual stages (interleaved 1F1B when ``v > 1``), built once."""
+        key = (b, m, recompute, v > 1)
+        st = self._setups.get(key)
+        if st is None:
+            st = self._setups[key] = self._new_setup(b, m, recompute, v)
+        return st
+
+    def _new_setup(self, b: int, m: int, recompute: str, v: int) -> TrainingSetup:
         return TrainingSetup(
             seq_len=self.s,
             micro_batch=b,

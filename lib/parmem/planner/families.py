@@ -256,7 +256,8 @@ class Families:
             if L % p and not self.space.uneven_pp:
                 self.rejected[fam_tp] = f"pp={p} must divide layers={L} (or pass uneven_pp=True)"
                 continue
-            zeros = [z for z in sorted(zero, reverse=True) if p == 1 or z <= prof.pipeline_zero_max]
+            zmax = prof.plan_pipeline_zero_max
+            zeros = [z for z in sorted(zero, reverse=True) if p == 1 or z <= zmax]
             if not zeros:
                 asked = "/".join(map(str, self.space.zero))
                 runs = "/".join(map(str, prof.zero_stages))
@@ -264,7 +265,7 @@ class Families:
                     f"{prof.who} cannot run ZeRO-{asked}: it runs ZeRO stage {runs}"
                     if not zero
                     else f"{prof.who} cannot combine ZeRO-{asked} with pp={p}: its pipeline "
-                    f"runs ZeRO stage <= {prof.pipeline_zero_max}"
+                    f"runs ZeRO stage <= {zmax}"
                 )
                 continue
             yield from self._settings(t, c, p, zeros, fam_tp)
