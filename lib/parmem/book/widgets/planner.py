@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 
 from ..._check import MAX_GPUS, integer
+from ...engines import engines
 from ...hardware import hardware_preset, hardware_presets
 from ...model import ModelSpec, presets
 from ...planner import Cluster, plan
@@ -54,11 +55,13 @@ def explore_plan(
     rank: int = 1,
     top: int = 8,
     static: bool = True,
+    engine: str = "paper",
 ):
-    """Model, GPU, node count, global batch and sequence controls bound to
+    """Model, GPU, node count, global batch, sequence and engine controls bound to
     :func:`parmem.planner.plan`: the Pareto plot of memory against step time, the memory of the
-    layout ranked ``rank`` stage by stage, and the top layouts as a table. Plans are cached, so
-    moving ``rank`` only redraws.
+    layout ranked ``rank`` stage by stage, and the top layouts as a table; only the layouts the
+    engine runs, sized and timed with its profile. Plans are cached, so moving ``rank`` only
+    redraws.
 
     Used in chapter 18 (how do you choose the parallel degrees for a model and a cluster?)."""
     integer("gpus_per_node", gpus_per_node, 1, MAX_GPUS)
@@ -77,11 +80,12 @@ def explore_plan(
         ),
         "seq_len": slider("seq_len", seq_len, [1024, 2048, 4096, 8192, 16384, 32768], "s"),
         "flash": checkbox("flash", flash, "FlashAttention"),
+        "engine": dropdown("engine", engine, tuple(engines()), "engine"),
         "rank": int_slider("rank", rank, 1, top, "show rank"),
     }
 
     @functools.lru_cache(maxsize=64)
-    def planned(model, gpu, nodes, global_batch, seq_len, flash):
+    def planned(model, gpu, nodes, global_batch, seq_len, flash, engine):
         spec = ModelSpec.preset(model)
         return plan(
             spec,
@@ -90,11 +94,12 @@ def explore_plan(
             fit_seq_len(spec, seq_len),
             top=top,
             flash_attention=flash,
+            engine=engine,
         )
 
-    def render(model, gpu, nodes, global_batch, seq_len, flash, rank):
+    def render(model, gpu, nodes, global_batch, seq_len, flash, engine, rank):
         try:
-            result = planned(model, gpu, nodes, global_batch, seq_len, flash)
+            result = planned(model, gpu, nodes, global_batch, seq_len, flash, engine)
         except ValueError as e:  # e.g. no data-parallel size divides the batch
             return error_html(e, "Cannot plan")
         return _draw_plan(result, gpu, rank)
