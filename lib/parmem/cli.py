@@ -295,6 +295,18 @@ def _cmd_plan(args) -> int:
     return 0
 
 
+def _flash_flags(p: argparse.ArgumentParser) -> None:
+    """``--flash`` / ``--no-flash``; neither: the engine profile's own attention kernel."""
+    flash = p.add_mutually_exclusive_group()
+    flash.add_argument(
+        "--flash",
+        action="store_true",
+        default=None,
+        help="attention keeps no s x s matrix (default: the engine's kernel)",
+    )
+    flash.add_argument("--no-flash", dest="flash", action="store_false", help="it keeps it")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
@@ -326,14 +338,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--optimizer", default="adamw", choices=tuple(OPTIMIZERS))
     p.add_argument("--recompute", default="none", choices=RECOMPUTE)
     p.add_argument("--schedule", default=None, choices=SCHEDULES)
-    flash = p.add_mutually_exclusive_group()
-    flash.add_argument(
-        "--flash",
-        action="store_true",
-        default=None,
-        help="attention keeps no s x s matrix (default: the engine's kernel)",
-    )
-    flash.add_argument("--no-flash", dest="flash", action="store_false", help="it keeps it")
+    _flash_flags(p)
     drop = p.add_mutually_exclusive_group()
     drop.add_argument(
         "--dropout",
@@ -421,14 +426,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--uneven-pp", action="store_true", help="allow pp not dividing the layers")
     p.add_argument("--precision", default="bf16-mixed", choices=tuple(PRECISIONS))
     p.add_argument("--optimizer", default="adamw", choices=tuple(OPTIMIZERS))
-    flash = p.add_mutually_exclusive_group()
-    flash.add_argument(
-        "--flash",
-        action="store_true",
-        default=None,
-        help="attention keeps no s x s matrix (default: the engine's kernel)",
-    )
-    flash.add_argument("--no-flash", dest="flash", action="store_false", help="it keeps it")
+    _flash_flags(p)
     p.add_argument("--no-dropout", action="store_true")
     for flag, what in (
         ("mfu", "busy fraction of peak FLOP/s"),
