@@ -419,7 +419,7 @@ def kept_terms(
     if recompute == "none":
         return layer_terms(spec, seq_len, micro_batch, tp=tp, sp=sp, **kw)
     n = layer_input_bytes(
-        spec,
+        spec.hidden,
         seq_len,
         micro_batch,
         tp=tp,
@@ -431,7 +431,7 @@ def kept_terms(
 
 
 def layer_input_bytes(
-    spec: ModelSpec,
+    hidden: int,
     seq_len: int,
     micro_batch: int,
     *,
@@ -440,11 +440,11 @@ def layer_input_bytes(
     cp: int = 1,
     act_bytes: int = 2,
 ) -> int:
-    """One layer's input on one rank, s/cp · b · h activation elements, divided by t under
+    """One layer's input on one rank, s/cp · b · h (``hidden``) activation elements, divided by t under
     sequence parallelism (Korthikanti et al. 2022 §4.2.2, Table 2's 2sbh/t): what full
     recomputation keeps per layer and what a pipeline stage sends (the boundary tensor of
     :attr:`parmem.layout.Layout.boundary_bytes`)."""
-    return act_bytes * (seq_len // cp) * micro_batch * spec.hidden // (tp if sp else 1)
+    return act_bytes * (seq_len // cp) * micro_batch * hidden // (tp if sp else 1)
 
 
 def norm_statistics(norm: str, tokens: int, itemsize: int, norms: int = 1) -> int:

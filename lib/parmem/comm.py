@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ._check import boolean, integer
+from .activations import layer_input_bytes
 from .config import PRECISIONS, ParallelConfig, TrainingSetup
 from .hardware import Hardware, Link, hardware_preset, link_preset
 from .layout import Layout, dispatch_slots, layout
@@ -458,7 +459,9 @@ def collectives(x: StageShape) -> CommBreakdown:
                 add("sp", "backward re-gather of saved input", "all_gather", act, tp, per)
     if x.pp > 1:
         i, v = x.stage, x.v
-        boundary = act // tp if x.sp else act
+        boundary = layer_input_bytes(
+            x.hidden, x.seq_len, x.micro_batch, tp=tp, sp=x.sp, cp=x.cp, act_bytes=x.act_bytes
+        )
         add("pp", "forward activation send", "send_recv", boundary, 2, (v - (i == x.pp - 1)) * m)
         add("pp", "backward gradient send", "send_recv", boundary, 2, (v - (i == 0)) * m)
     if x.cp > 1 and L:

@@ -248,7 +248,7 @@ class Layout:
         sends and receives per micro-batch and what full recomputation keeps per layer."""
         par, st = self.parallel, self.setup
         return layer_input_bytes(
-            self.spec, st.seq_len, st.micro_batch, tp=par.tp, sp=par.sp, cp=par.cp,
+            self.spec.hidden, st.seq_len, st.micro_batch, tp=par.tp, sp=par.sp, cp=par.cp,
             act_bytes=self.act_bytes,
         )  # fmt: skip
 
