@@ -82,7 +82,7 @@ class MemoryBreakdown:
 
     @property
     def total(self) -> int:
-        fwd_bwd = sum(getattr(self, f) for f in self.FIELDS)
+        fwd_bwd: int = sum(getattr(self, f) for f in self.FIELDS)
         return fwd_bwd + max(0, self.optimizer_step - self.activations - self.logits)
 
     def to_dict(self) -> dict[str, Any]:
