@@ -80,10 +80,19 @@ class MemoryBreakdown:
         own gradient copies included)."""
         return self.params + self.grads + self.optimizer + self.optimizer_step
 
+    #: What a chart of the breakdown stacks: the fields, then the optimizer step's excess.
+    DRAWN = (*FIELDS, "step_extra")
+
+    @property
+    def step_extra(self) -> int:
+        """How far the optimizer step's peak (activations and logits freed, ``optimizer_step``
+        bytes made) rises above the forward/backward peak; 0 when it does not."""
+        return max(0, self.optimizer_step - self.activations - self.logits)
+
     @property
     def total(self) -> int:
         fwd_bwd: int = sum(getattr(self, f) for f in self.FIELDS)
-        return fwd_bwd + max(0, self.optimizer_step - self.activations - self.logits)
+        return fwd_bwd + self.step_extra
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

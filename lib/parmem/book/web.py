@@ -258,8 +258,8 @@ def _calc_inputs(v: Mapping[str, str]) -> tuple[ModelSpec, ParallelConfig, Train
 
 def _stage_row(stage: MemoryBreakdown) -> dict[str, Any]:
     row: dict[str, Any] = {"stage": stage.stage, "layers": stage.layers, "total": stage.total}
-    row.update({k: getattr(stage, k) for k in MemoryBreakdown.FIELDS})
-    row["gib"] = {k: f"{getattr(stage, k) / GIB:.2f}" for k in (*MemoryBreakdown.FIELDS, "total")}
+    row.update({k: getattr(stage, k) for k in MemoryBreakdown.DRAWN})
+    row["gib"] = {k: f"{getattr(stage, k) / GIB:.2f}" for k in (*MemoryBreakdown.DRAWN, "total")}
     row["notes"] = list(stage.notes)
     return row
 
@@ -289,11 +289,11 @@ def calculate(settings: Mapping[str, Any]) -> dict[str, Any]:
             "usable_gib": f"{usable / GIB:.2f}",
             "headroom": f"{Assumptions().headroom:.0%}",
             "fits": est.peak_bytes <= usable,
-            "components": list(MemoryBreakdown.FIELDS),
-            "labels": {k: LABELS.get(k, k) for k in MemoryBreakdown.FIELDS},
+            "components": list(MemoryBreakdown.DRAWN),
+            "labels": {k: LABELS.get(k, k) for k in MemoryBreakdown.DRAWN},
             "stages": stages,
             "text": str(est),
-            "svg": stacked_bars(stages, list(MemoryBreakdown.FIELDS), hw.memory_bytes, GIB),
+            "svg": stacked_bars(stages, list(MemoryBreakdown.DRAWN), hw.memory_bytes, GIB),
             "query": to_query(values, CALC_FIELDS),
         }
 

@@ -30,6 +30,7 @@ COLORS = {
     "logits": "#CCB974",
     "comm_buffers": "#64B5CD",
     "cuda_context": "#8C8C8C",
+    "step_extra": "#DD8452",
 }
 #: The legend text of each memory term.
 LABELS = {
@@ -40,6 +41,7 @@ LABELS = {
     "logits": "logits",
     "comm_buffers": "comm buffers",
     "cuda_context": "CUDA context",
+    "step_extra": "optimizer step (beyond)",
 }
 #: Bytes per display unit.
 UNIT_BYTES = {"B": 1, "KiB": KIB, "MiB": MIB, "GiB": GIB}
@@ -120,7 +122,7 @@ def stack_breakdowns(
     segment per non-zero memory term in :data:`COLORS`, legend to the right."""
     series = [
         (LABELS[f], COLORS[f], [getattr(b, f) for b in breakdowns])
-        for f in MemoryBreakdown.FIELDS
+        for f in MemoryBreakdown.DRAWN
         if any(getattr(b, f) for b in breakdowns)
     ]
     draw_stack(ax, labels, series, capacity, title, total_fmt="{:.1f}")
