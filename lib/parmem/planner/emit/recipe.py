@@ -4,20 +4,36 @@ A :class:`Recipe` holds the environment a launch needs (variables to set, and on
 unset), the files to write (a DeepSpeed JSON), the launch command (launcher, program, arguments
 as separate tokens, so that a test can hand them to the engine's own parser), the engine version
 the recipe targets, and notes on what the engine cannot express and what was emitted instead.
-``str(recipe)`` is a shell script.
+``str(recipe)`` is a shell script, safe to run whatever the strings in it (a model name read from
+a ``config.json`` included): every token of the command and every value of the environment is
+quoted for a POSIX shell (``shlex.quote``; IEEE Std 1003.1-2017, Shell Command Language §2.2.2,
+single quotes preserve every character), the title and the notes are one comment line each
+(control and line-separator characters written as escapes, so no newline ends a comment), a file
+is written by a here-document with a quoted delimiter (no expansion, §2.7.4) that no line of the
+file equals, and a variable name, a file name or a token that cannot be written so (a NUL byte,
+which no shell string holds) is refused with ``ValueError`` naming the field.
 """
 
 from __future__ import annotations
 
 import re
 import shlex
+import unicodedata
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ..inputs import Cluster
 
-__all__ = ["Recipe", "flag_lines", "quote", "torchrun"]
+__all__ = ["SHELL_VARIABLES", "Recipe", "comment", "flag_lines", "quote", "torchrun"]
+
+#: Variables a recipe leaves for the shell to expand (``$NODE_RANK``, ``$MASTER_ADDR`` of
+#: :func:`torchrun`): any other token that looks like ``$NAME`` is quoted like every token.
+SHELL_VARIABLES = frozenset({"NODE_RANK", "MASTER_ADDR"})
+#: Unicode categories written as escapes in a comment: controls (``\n``, ``\r``, NUL, NEL ...),
+#: format characters (bidirectional overrides), line and paragraph separators, lone surrogates.
+_ESCAPED = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
+_VARIABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 @dataclass(frozen=True)
@@ -45,6 +61,32 @@ class Recipe:
         """The whole command line as tokens: launcher, program, arguments."""
         return [*self.launcher, *self.program, *self.args]
 
+    def __post_init__(self) -> None:
+        for name in ("engine", "target", "title"):
+            _string(name, getattr(self, name))
+        for name in ("launcher", "program", "args"):
+            for i, tok in enumerate(getattr(self, name)):
+                _string(f"{name}[{i}]", tok, nul=False)
+        for i, note in enumerate(self.notes):
+            _string(f"notes[{i}]", note)
+        for i, (var, value) in enumerate(self.env):
+            _string(f"env[{i}] name", var)
+            if not _VARIABLE.fullmatch(var):
+                raise ValueError(
+                    f"env[{i}] name={var!r:.60} must be a shell variable name "
+                    "(a letter or _, then letters, digits or _)"
+                )
+            if value is not None:
+                _string(f"env[{i}] value ({var})", value, nul=False)
+        for i, (name, text) in enumerate(self.files):
+            _string(f"files[{i}] name", name, nul=False)
+            if not name or any(unicodedata.category(ch) in _ESCAPED for ch in name):
+                raise ValueError(
+                    f"files[{i}] name={name!r:.60} must be a non-empty file name without "
+                    "control characters"
+                )
+            _string(f"files[{i}] content ({name})", text, nul=False)
+
     def file(self, name: str) -> str:
         """The content of the file ``name`` the recipe writes."""
         for n, text in self.files:
@@ -57,15 +99,51 @@ class Recipe:
         return dict(self.env)
 
     def __str__(self) -> str:
-        lines = [f"# {self.title}", f"# target: {self.target}"]
-        lines += [f"# note: {n}" for n in self.notes]
+        lines = [comment(self.title), comment(f"target: {self.target}")]
+        lines += [comment(f"note: {n}") for n in self.notes]
         for name, value in self.env:
             lines.append(f"unset {name}" if value is None else f"export {name}={quote(value)}")
         for name, text in self.files:
-            lines += [f"cat > {name} <<'EOF'", text.rstrip("\n"), "EOF"]
+            body = text.rstrip("\n")
+            end = _delimiter(body)
+            lines += [f"cat > {quote(name, expand=False)} <<'{end}'", body, end]
         head = " ".join(quote(x) for x in (*self.launcher, *self.program))
         lines.append(" \\\n  ".join([head, *flag_lines(self.args)]))
         return "\n".join(lines) + "\n"
+
+
+def _string(name: str, value: object, *, nul: bool = True) -> None:
+    """Refuse a ``value`` that is not a string, or (``nul=False``) that holds a NUL byte, which
+    no shell word can carry."""
+    if not isinstance(value, str):
+        raise ValueError(f"{name}={value!r:.60} must be a string")
+    if not nul and "\x00" in value:
+        raise ValueError(f"{name}={value!r:.60} must not contain a NUL byte")
+
+
+def comment(text: str) -> str:
+    """``text`` as one shell comment line: ``# `` and the text with every control, format,
+    line- or paragraph-separator character written as its Python escape (``\\n``, ``\\x00``,
+    ``\\u2028``), so that nothing in it ends the comment (a shell comment runs to the next
+    newline, POSIX Shell Command Language §2.3 rule 9)."""
+    out = "".join(
+        ch.encode("unicode_escape", "backslashreplace").decode("ascii")
+        if unicodedata.category(ch) in _ESCAPED
+        else ch
+        for ch in text
+    )
+    return f"# {out}"
+
+
+def _delimiter(body: str) -> str:
+    """A here-document delimiter (``EOF``, else ``EOF_1``, ``EOF_2``, ...) that no line of
+    ``body`` equals: the here-document ends at the first line equal to it (POSIX §2.7.4)."""
+    lines = set(body.split("\n"))
+    end, k = "EOF", 0
+    while end in lines:
+        k += 1
+        end = f"EOF_{k}"
+    return end
 
 
 def flag_lines(args: tuple[str, ...]) -> list[str]:
@@ -79,9 +157,10 @@ def flag_lines(args: tuple[str, ...]) -> list[str]:
     return [" ".join(quote(t) for t in group) for group in out]
 
 
-def quote(tok: str) -> str:
-    """``tok`` quoted for a POSIX shell, except a ``$VARIABLE`` the shell must expand."""
-    if re.fullmatch(r"\$[A-Z_][A-Z0-9_]*", tok):
+def quote(tok: str, *, expand: bool = True) -> str:
+    """``tok`` quoted for a POSIX shell (``shlex.quote``), except (``expand=True``) one of the
+    :data:`SHELL_VARIABLES` as ``$NAME``, which the shell must expand."""
+    if expand and tok.startswith("$") and tok[1:] in SHELL_VARIABLES:
         return tok
     return shlex.quote(tok)
 

@@ -66,7 +66,11 @@ def model_config(spec: ModelSpec) -> tuple[list[str], list[str]]:
         module, config = _CONFIGS[spec.name]
         return ["--module", module, "--config", config], []
     config = f"{_HF}_full_moe" if spec.is_moe else f"{_HF}_full"
-    found = re.search(r"Hugging Face ([\w.-]+/[\w.-]+)", spec.source)
+    # a Hugging Face id (ASCII letters, digits, ``-_.``; not starting with ``-`` or ``.``, which
+    # the launcher would read as an option or a hidden path)
+    found = re.search(
+        r"Hugging Face ([A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)", spec.source, re.ASCII
+    )
     notes = [f"torchtitan {TORCHTITAN_VERSION} has no {spec.name} model: the recipe uses its "
              "Hugging Face transformers backend"]  # fmt: skip
     hf = found.group(1) if found else "YOUR/HF-MODEL-ID"
