@@ -94,10 +94,11 @@ class ParallelConfig:
     vpp: int = 1
 
     def __post_init__(self) -> None:
-        for f in ("dp", "tp", "pp", "ep", "cp"):
-            integer(f, getattr(self, f), 1, MAX_GPUS)
-        integer("vpp", self.vpp, 1, MAX_LAYERS)
-        integer("zero", self.zero, 0, 3)
+        # stored as checked: an int, not the NumPy integer given (its arithmetic wraps, and it
+        # hashes like the equal int, so the caches would hand its results to the int's layout)
+        sizes = [(f, 1, MAX_GPUS) for f in ("dp", "tp", "pp", "ep", "cp")]
+        for f, lo, hi in (*sizes, ("vpp", 1, MAX_LAYERS), ("zero", 0, 3)):
+            object.__setattr__(self, f, integer(f, getattr(self, f), lo, hi))
         boolean("sp", self.sp)
         if self.sp and self.tp == 1:
             raise ValueError(
@@ -197,15 +198,20 @@ class TrainingSetup:
     offload: str = "none"
 
     def __post_init__(self) -> None:
-        integer("seq_len", self.seq_len, 1, MAX_SEQ_LEN)
-        integer("micro_batch", self.micro_batch, 1, MAX_BATCH)
-        integer("num_microbatches", self.num_microbatches, 1, MAX_BATCH)
-        integer("cuda_context", self.cuda_context, 0, 2**40)  # bytes: at most 1 TiB
+        # stored as checked: ints and a float, not the NumPy numbers given (ParallelConfig)
+        for f, lo, hi in (
+            ("seq_len", 1, MAX_SEQ_LEN),
+            ("micro_batch", 1, MAX_BATCH),
+            ("num_microbatches", 1, MAX_BATCH),
+            ("cuda_context", 0, 2**40),  # bytes: at most 1 TiB
+        ):
+            object.__setattr__(self, f, integer(f, getattr(self, f), lo, hi))
         choice("precision", self.precision, PRECISIONS)
         choice("optimizer", self.optimizer, OPTIMIZERS)
         choice("recompute", self.recompute, RECOMPUTE)
         choice("schedule", self.schedule, SCHEDULES)
-        number("capacity_factor", self.capacity_factor, 1.0, 1e6)
+        cf = number("capacity_factor", self.capacity_factor, 1.0, 1e6)
+        object.__setattr__(self, "capacity_factor", cf)
         choice("engine", self.engine, engines())
         choice("offload", self.offload, OFFLOADS)
         self._check_optional()

@@ -117,32 +117,48 @@ class ModelSpec:
     mtp_layers: int = 0
 
     def __post_init__(self) -> None:
+        # Every field is stored as checked: an ``int`` (not the NumPy integer given, whose
+        # arithmetic wraps and which hashes like the equal int in the caches), a ``float``, a
+        # ``str``. The checks read the stored values, so they see Python numbers too.
         for f in ("name", "source"):
             if not isinstance(getattr(self, f), str):
                 raise ValueError(f"{f}={getattr(self, f)!r:.60} must be a string")
+            self._store(f, str.__str__(getattr(self, f)))
         for f in ("vocab_size", "hidden", "heads", "max_positions"):
-            integer(f, getattr(self, f), 1, MAX_WIDTH)
-        integer("layers", self.layers, 1, MAX_LAYERS)
+            self._int(f, 1, MAX_WIDTH)
+        self._int("layers", 1, MAX_LAYERS)
         self._derive_widths()
         if self.heads % self.kv_heads:
             raise ValueError(f"kv_heads={self.kv_heads} must divide heads={self.heads}")
-        choice("ffn_kind", self.ffn_kind, FFN_KINDS)
-        choice("norm", self.norm, NORM_KINDS)
-        choice("position", self.position, POSITION_KINDS)
+        for f, kinds in (
+            ("ffn_kind", FFN_KINDS),
+            ("norm", NORM_KINDS),
+            ("position", POSITION_KINDS),
+        ):
+            self._store(f, kinds[kinds.index(choice(f, getattr(self, f), kinds))])  # the str
         for f in ("bias", "qkv_bias", "tied_embeddings", "qk_norm", "attention_sinks"):
             boolean(f, getattr(self, f))
         for f in ("sandwich_norm", "shared_expert_gate", "router_bias"):
             boolean(f, getattr(self, f))
         if self.dropout is not None:
-            number("dropout", self.dropout, 0.0, 1.0, hi_open=True)
+            self._store("dropout", number("dropout", self.dropout, 0.0, 1.0, hi_open=True))
         self._check_experts()
         self._check_attention()
-        integer("mtp_layers", self.mtp_layers, 0, MAX_LAYERS)
+        self._int("mtp_layers", 0, MAX_LAYERS)
+
+    def _int(self, f: str, minimum: int, maximum: int) -> int:
+        """Check field ``f`` with :func:`~parmem._check.integer` and store the ``int`` it gives."""
+        return self._store(f, integer(f, getattr(self, f), minimum, maximum))
+
+    def _store(self, f: str, value: Any) -> Any:
+        """Store ``value`` (a checked, normalised value) in field ``f`` of this frozen spec."""
+        object.__setattr__(self, f, value)
+        return value
 
     def _check_attention(self) -> None:
         """MLA's widths and the sliding-window pattern (see the class docstring)."""
         for f in ("q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim"):
-            integer(f, getattr(self, f), 0, MAX_WIDTH)
+            self._int(f, 0, MAX_WIDTH)
         if self.kv_lora_rank:
             if self.kv_heads != self.heads:
                 raise ValueError(
@@ -154,11 +170,11 @@ class ModelSpec:
                     f"qk_rope_head_dim={self.qk_rope_head_dim} must be in 1..head_dim-1 "
                     f"(head_dim={self.head_dim} = qk_nope_head_dim + qk_rope_head_dim) with MLA"
                 )
-            integer("v_head_dim", self.v_head_dim, 1, MAX_WIDTH)
+            self._int("v_head_dim", 1, MAX_WIDTH)
         elif self.q_lora_rank or self.qk_rope_head_dim or self.v_head_dim:
             raise ValueError("q_lora_rank, qk_rope_head_dim and v_head_dim need kv_lora_rank >= 1")
-        integer("sliding_window", self.sliding_window, 0, MAX_WIDTH)
-        integer("global_every", self.global_every, 0, self.layers)
+        self._int("sliding_window", 0, MAX_WIDTH)
+        self._int("global_every", 0, self.layers)
         if self.global_every and not self.sliding_window:
             raise ValueError(f"global_every={self.global_every} needs sliding_window >= 1")
 
@@ -167,7 +183,7 @@ class ModelSpec:
         for f in ("kv_heads", "head_dim", "ffn_hidden", "expert_ffn_hidden"):
             if getattr(self, f) is None:  # the 0.1 API's "derive it"
                 object.__setattr__(self, f, 0)
-            integer(f, getattr(self, f), 0, MAX_WIDTH)  # 0: derive it (not False, not 0.0)
+            self._int(f, 0, MAX_WIDTH)  # 0: derive it (not False, not 0.0)
         if not self.kv_heads:
             object.__setattr__(self, "kv_heads", self.heads)
         if not self.head_dim:
@@ -179,12 +195,11 @@ class ModelSpec:
         if not self.ffn_hidden:
             object.__setattr__(self, "ffn_hidden", 4 * self.hidden)
         for f in ("kv_heads", "head_dim", "ffn_hidden"):
-            integer(f, getattr(self, f), 1, MAX_WIDTH)
+            self._int(f, 1, MAX_WIDTH)
 
     def _check_experts(self) -> None:
-        integer("num_experts", self.num_experts, 0, MAX_WIDTH)
-        integer("top_k", self.top_k, 0, MAX_WIDTH)
-        integer("shared_experts", self.shared_experts, 0, MAX_WIDTH)
+        for f in ("num_experts", "top_k", "shared_experts"):
+            self._int(f, 0, MAX_WIDTH)
         if self.num_experts:
             if not 1 <= self.top_k <= self.num_experts:
                 raise ValueError(
@@ -192,11 +207,11 @@ class ModelSpec:
                 )
             if not self.expert_ffn_hidden:
                 object.__setattr__(self, "expert_ffn_hidden", self.ffn_hidden)
-            integer("expert_ffn_hidden", self.expert_ffn_hidden, 1, MAX_WIDTH)
+            self._int("expert_ffn_hidden", 1, MAX_WIDTH)
         elif self.top_k or self.shared_experts or self.router_bias:
             raise ValueError("top_k, shared_experts and router_bias need num_experts >= 1")
-        integer("moe_every", self.moe_every, 1, self.layers)
-        integer("first_dense_layers", self.first_dense_layers, 0, self.layers - 1)
+        self._int("moe_every", 1, self.layers)
+        self._int("first_dense_layers", 0, self.layers - 1)
         if not self.num_experts and (self.moe_every != 1 or self.first_dense_layers):
             raise ValueError("first_dense_layers and moe_every need num_experts >= 1")
         if self.num_experts and not self.num_moe_layers:

@@ -36,12 +36,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import NamedTuple
 
-from ._check import choice, integer, number
+from ._check import MAX_BATCH, MAX_GPUS, MAX_LAYERS, choice, integer, number
 from .config import SCHEDULES
 
 __all__ = [
     "SCHEDULES",
+    "Op",
+    "stage_order",
     "Event",
     "PipelineResult",
     "simulate",
@@ -53,14 +56,35 @@ __all__ = [
     "in_flight_units",
     "in_flight_profile",
     "in_flight_timeline",
+    "MAX_SIM_OPS",
+    "MAX_CHART_CELLS",
+    "MAX_TIME",
 ]
 
+#: the most micro-batch chunks, p·m·v, that :func:`simulate` runs (each is one forward and one
+#: backward on every stage it passes): 2**16, about a second of work
+MAX_SIM_OPS = 2**16
+#: the most characters of a :meth:`PipelineResult.ascii` chart (stages × cells): 2**20
+MAX_CHART_CELLS = 2**20
+#: the longest ``t_fwd`` or ``t_bwd`` (any unit) that :func:`simulate` takes, and 1/MAX_TIME the
+#: shortest: sums of 2**18 of them stay finite and their shares of a stage stay above zero
+MAX_TIME = 1e100
 
-def _validate(schedule: str, p: int, m: int, v: int) -> None:
+
+def _sizes(p: int, m: int, v: int) -> tuple[int, int, int]:
+    """p, m and v as ``int``, within their bounds (:data:`~parmem._check.MAX_GPUS` stages,
+    :data:`~parmem._check.MAX_BATCH` micro-batches, :data:`~parmem._check.MAX_LAYERS` chunks)."""
+    return (
+        integer("p", p, 1, MAX_GPUS),
+        integer("m", m, 1, MAX_BATCH),
+        integer("v", v, 1, MAX_LAYERS),
+    )
+
+
+def _validate(schedule: str, p: int, m: int, v: int) -> tuple[int, int, int]:
+    """The checked schedule's p, m and v as ``int`` (the keys of the caches below)."""
     choice("schedule", schedule, SCHEDULES)
-    integer("p", p, 1)
-    integer("m", m, 1)
-    integer("v", v, 1)
+    p, m, v = _sizes(p, m, v)
     if schedule == "interleaved":
         if v < 2:
             raise ValueError(
@@ -75,6 +99,7 @@ def _validate(schedule: str, p: int, m: int, v: int) -> None:
         raise ValueError(
             f"v={v} must be 1 for schedule={schedule!r}; virtual stages need schedule='interleaved'"
         )
+    return p, m, v
 
 
 @dataclass(frozen=True)
@@ -160,16 +185,38 @@ class PipelineResult:
             return e.label + (f".{e.chunk}" if self.v > 1 else "")
 
         width = max(len(label(e)) for e in self.events) + 1
-        ncells = round(self.step_time / unit)
-        lines = []
-        for i in range(self.p):
-            cells = [".".ljust(width)] * ncells
-            for e in self.stage_events(i):
-                first, last = round(e.start / unit), round(e.end / unit)
-                for c in range(first, min(last, ncells)):
-                    cells[c] = (label(e) if c == first else "").ljust(width)
-            lines.append(f"S{i} |" + "".join(cells).rstrip())
+        span = self.step_time / unit
+        if not span * width * self.p <= MAX_CHART_CELLS:
+            raise ValueError(
+                f"ascii: the chart would be {self.p} stages x {span:.3g} cells of {width} "
+                f"characters > MAX_CHART_CELLS={MAX_CHART_CELLS} (t_fwd/t_bwd={self.t_fwd}/"
+                f"{self.t_bwd} is too uneven, or the pipeline too long, to draw)"
+            )
+        ncells = round(span)
+        rows = [[".".ljust(width)] * ncells for _ in range(self.p)]
+        for e in self.events:  # one pass (stage_events per stage would be p passes)
+            first, last = round(e.start / unit), round(e.end / unit)
+            for c in range(first, min(last, ncells)):
+                rows[e.stage][c] = (label(e) if c == first else "").ljust(width)
+        lines = [f"S{i} |" + "".join(row).rstrip() for i, row in enumerate(rows)]
         return "\n".join(lines)
+
+
+class Op(NamedTuple):
+    """One operation of a stage: ``kind`` ``"F"`` or ``"B"``, its micro-batch and its chunk."""
+
+    kind: str
+    microbatch: int
+    chunk: int
+
+
+def stage_order(schedule: str, p: int, m: int, stage: int, v: int = 1) -> list[Op]:
+    """The operations of pipeline stage ``stage`` in the order the schedule runs them
+    (Huang et al. 2019; Narayanan et al. 2021 §2.2), without simulating the other stages: O(m·v)
+    work, whatever p."""
+    p, m, v = _validate(schedule, p, m, v)
+    integer("stage", stage, 0, p - 1)
+    return [Op(*o) for o in _stage_order(schedule, p, m, v, stage)]
 
 
 def _stage_order(schedule: str, p: int, m: int, v: int, i: int) -> list[tuple[str, int, int]]:
@@ -235,31 +282,34 @@ def list_schedule(
     Raises ``ValueError`` when the stages wait on each other (orders of no one schedule).
     """
     p = len(orders)
+    if len(durations) != p or any(len(d) != len(o) for o, d in zip(orders, durations, strict=True)):
+        raise ValueError("durations must hold one time per operation of orders, stage by stage")
     pos = [0] * p
     free = [0.0] * p
     done: dict[tuple[str, int, int, int], float] = {}
+    waiting: dict[tuple[str, int, int, int], list[int]] = {}  # an operation -> stages blocked on it
     out: list[list[tuple[str, int, int, float, float]]] = [[] for _ in range(p)]
-    remaining = sum(len(o) for o in orders)
-    while remaining:
-        progressed = False
-        for i in range(p):
-            while pos[i] < len(orders[i]):
-                kind, mb, c = orders[i][pos[i]]
-                dep = dependency(kind, i, c, mb, p, v)
-                if dep is not None and dep not in done:
-                    break
-                start = max(free[i], done[dep] if dep is not None else 0.0)
-                end = start + durations[i][pos[i]]
-                done[(kind, i, c, mb)] = free[i] = end
-                out[i].append((kind, mb, c, start, end))
-                pos[i] += 1
-                remaining -= 1
-                progressed = True
-        if not progressed:
-            raise ValueError(
-                f"orders cannot run: the stages wait on each other at positions {pos} "
-                "(not one run of one schedule)"
-            )
+    ready = list(range(p - 1, -1, -1))  # stages to run, a stack (stage 0 first)
+    while ready:  # each operation runs once and wakes only the stages blocked on it: linear work
+        i = ready.pop()
+        while pos[i] < len(orders[i]):
+            kind, mb, c = orders[i][pos[i]]
+            dep = dependency(kind, i, c, mb, p, v)
+            if dep is not None and dep not in done:
+                waiting.setdefault(dep, []).append(i)
+                break
+            start = max(free[i], done[dep] if dep is not None else 0.0)
+            end = start + durations[i][pos[i]]
+            key = (kind, i, c, mb)
+            done[key] = free[i] = end
+            out[i].append((kind, mb, c, start, end))
+            pos[i] += 1
+            ready.extend(waiting.pop(key, ()))
+    if any(pos[i] < len(orders[i]) for i in range(p)):
+        raise ValueError(
+            f"orders cannot run: the stages wait on each other at positions {pos} "
+            "(not one run of one schedule)"
+        )
     return out
 
 
@@ -280,11 +330,18 @@ def simulate(
         A :class:`PipelineResult`.
 
     Raises:
-        ValueError: invalid argument; the message names it and the rule.
+        ValueError: invalid argument; the message names it and the rule. The work is bounded:
+            p·m·v above :data:`MAX_SIM_OPS` is refused (the closed forms, :func:`in_flight_units`
+            and :func:`bubble_fraction`, answer for any size), and so are times outside
+            [1/:data:`MAX_TIME`, :data:`MAX_TIME`].
     """
-    _validate(schedule, p, m, v)
-    for name, value in (("t_fwd", t_fwd), ("t_bwd", t_bwd)):
-        number(name, value, 0, lo_open=True)
+    p, m, v = _validate(schedule, p, m, v)
+    if p * m * v > MAX_SIM_OPS:
+        raise ValueError(
+            f"simulate: p*m*v = {p}*{m}*{v} = {p * m * v} > MAX_SIM_OPS={MAX_SIM_OPS} "
+            "(use the closed forms in_flight_units and bubble_fraction for a pipeline this long)"
+        )
+    t_fwd, t_bwd = (_time(name, t) for name, t in (("t_fwd", t_fwd), ("t_bwd", t_bwd)))
     dur = {"F": t_fwd / v, "B": t_bwd / v}
     orders = [_stage_order(schedule, p, m, v, i) for i in range(p)]
     timed = list_schedule(orders, [[dur[k] for k, _, _ in o] for o in orders], v)
@@ -309,8 +366,8 @@ def simulate(
         p=p,
         m=m,
         v=v,
-        t_fwd=float(t_fwd),
-        t_bwd=float(t_bwd),
+        t_fwd=t_fwd,
+        t_bwd=t_bwd,
         events=[e for evs in by_stage for e in evs],
         step_time=step_time,
         busy=busy,
@@ -319,6 +376,17 @@ def simulate(
         peak_in_flight=[c if v == 1 else c / v for c in peaks],
         peak_in_flight_chunks=peaks,
     )
+
+
+def _time(name: str, value: float) -> float:
+    """An operation's time as a float in [1/MAX_TIME, MAX_TIME]."""
+    t = number(name, value, 0, lo_open=True)
+    if not 1 / MAX_TIME <= t <= MAX_TIME:
+        raise ValueError(
+            f"{name}={t!r} must be in [1/MAX_TIME, MAX_TIME] = [{1 / MAX_TIME}, {MAX_TIME}] "
+            "(scale the times)"
+        )
+    return t
 
 
 def bubble_fraction(p: int, m: int, v: int = 1) -> float:
@@ -330,9 +398,7 @@ def bubble_fraction(p: int, m: int, v: int = 1) -> float:
     fraction ``((p-1)/v) / (m + (p-1)/v)``. For v = 1 this is GPipe's
     ``(p-1)/(m+p-1)`` (Huang et al. 2019, §2.3); it holds for GPipe and 1F1B alike.
     """
-    integer("p", p, 1)
-    integer("m", m, 1)
-    integer("v", v, 1)
+    p, m, v = _sizes(p, m, v)
     return (p - 1) / (v * m + p - 1)
 
 
@@ -342,9 +408,7 @@ def bubble_ratio(p: int, m: int, v: int = 1) -> float:
     Source: Narayanan et al. 2021, §2.2.1 ("bubble time fraction" ``(p-1)/m``)
     and §2.2.2 (interleaving divides it by ``v``).
     """
-    integer("p", p, 1)
-    integer("m", m, 1)
-    integer("v", v, 1)
+    p, m, v = _sizes(p, m, v)
     return (p - 1) / (v * m)
 
 
@@ -363,16 +427,29 @@ def in_flight_units(schedule: str, p: int, m: int, stage: int, v: int = 1) -> in
       when m == p every forward runs first and all m·v chunks are held. On stage 0 with m > p this
       is p(1 + (p-1)/(pv)) stage-equivalents, Korthikanti et al. 2022 §4.2.3.
     """
-    _validate(schedule, p, m, v)
-    integer("stage", stage, 0, p - 1)
+    p, m, v = _validate(schedule, p, m, v)
+    stage = integer("stage", stage, 0, p - 1)
     return _units(schedule, p, m, v, stage)
 
 
-@lru_cache(maxsize=512)
 def in_flight_profile(schedule: str, p: int, m: int, v: int = 1) -> tuple[int, ...]:
-    """:func:`in_flight_units` of every stage 0..p-1 (validated once; what the estimator uses)."""
-    _validate(schedule, p, m, v)
-    return tuple(_units(schedule, p, m, v, i) for i in range(p))
+    """:func:`in_flight_units` of every stage 0..p-1 (validated once; what the estimator uses).
+
+    One closed form per stage, so the work is p entries (p <= :data:`~parmem._check.MAX_GPUS`)
+    whatever m and v; the cache is keyed on the checked ``int`` values only (a NumPy integer and
+    the equal ``int`` share one entry, with the same answer).
+    """
+    return _profile(schedule, *_validate(schedule, p, m, v))
+
+
+@lru_cache(maxsize=512)
+def _profile(schedule: str, p: int, m: int, v: int) -> tuple[int, ...]:
+    if schedule == "gpipe" or (schedule == "interleaved" and m == p):
+        return (m * v,) * p
+    if schedule == "1f1b":
+        return tuple(min(p - i, m) for i in range(p))
+    cap, top = m * v, (v - 1) * p + 1
+    return tuple(min(2 * (p - i - 1) + top, cap) for i in range(p))
 
 
 def _units(schedule: str, p: int, m: int, v: int, stage: int) -> int:

@@ -22,7 +22,7 @@ from .config import PRECISIONS, ParallelConfig, TrainingSetup
 from .engines import optimizer_preset
 from .layout import layout
 from .model import ModelSpec
-from .pipeline import simulate
+from .pipeline import stage_order
 from .sharding import stage_tensor_numels
 from .states import optimizer_state_bytes, state_rule
 
@@ -172,7 +172,7 @@ def training_step_events(
     weights = stage_weight_tensors(spec, par, stage)
     for n in weights:
         trace.alloc(prec["param"] * n)
-    order = simulate(setup.schedule, par.pp, setup.num_microbatches).stage_events(stage)
+    order = stage_order(setup.schedule, par.pp, setup.num_microbatches, stage)
     first_backward = next(o for o in order if o.kind == "B")
     n_layers = lay.stages[stage].layers
     shard = lay.dp_group

@@ -9,8 +9,10 @@ unless ``uneven_pp``; ``d`` must divide the global batch; ``e`` divides the expe
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import NamedTuple, TypeVar
 
 from .._check import integer
@@ -26,8 +28,11 @@ _RC_ORDER = ("full", "selective", "none")  # least memory first
 _T = TypeVar("_T", int, bool, str)
 
 
-def _divisors(n: int) -> list[int]:
-    return [k for k in range(1, n + 1) if n % k == 0]
+@lru_cache(maxsize=256)
+def _divisors(n: int) -> tuple[int, ...]:
+    """The divisors of ``n`` in increasing order, in O(√n)."""
+    small = [k for k in range(1, math.isqrt(n) + 1) if n % k == 0]
+    return (*small, *(n // k for k in reversed(small) if k * k != n))
 
 
 # ---------------------------------------------------------------------------- 1. the request
@@ -337,7 +342,7 @@ class Families:
     def _eps(self, d: int) -> list[int]:
         if not self.spec.is_moe:
             return [1]
-        es = [e for e in _divisors(self.spec.num_experts) if d % e == 0]
+        es = list(_divisors(math.gcd(self.spec.num_experts, d)))  # e | experts and e | d
         if self.space.ep is not None:
             es = [e for e in es if e in self.space.ep]
         if self.prof.refusal("ep") and any(e > 1 for e in es):

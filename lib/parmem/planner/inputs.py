@@ -41,8 +41,11 @@ class Cluster:
                 ) from None
         else:
             raise ValueError(f"gpu={self.gpu!r:.60} must be a preset name or a Hardware")
-        integer("gpus_per_node", self.gpus_per_node, 1, MAX_GPUS)
-        integer("nodes", self.nodes, 1, MAX_GPUS)
+        # stored as Python ints: a NumPy int32 product would wrap past the limit below
+        object.__setattr__(
+            self, "gpus_per_node", integer("gpus_per_node", self.gpus_per_node, 1, MAX_GPUS)
+        )
+        object.__setattr__(self, "nodes", integer("nodes", self.nodes, 1, MAX_GPUS))
         if self.gpus_per_node * self.nodes > MAX_GPUS:
             raise ValueError(
                 f"nodes={self.nodes} x gpus_per_node={self.gpus_per_node} = "
@@ -130,13 +133,14 @@ class Assumptions:
     combine wait for the router and the experts)."""
 
     def __post_init__(self) -> None:
-        number("mfu", self.mfu, 0.0, 1.0, lo_open=True)
-        number("headroom", self.headroom, 0.0, 1.0, hi_open=True)
+        put = object.__setattr__  # stored as Python numbers (NumPy values would wrap)
+        put(self, "mfu", number("mfu", self.mfu, 0.0, 1.0, lo_open=True))
+        put(self, "headroom", number("headroom", self.headroom, 0.0, 1.0, hi_open=True))
         for f in ("tp_overlap", "dp_overlap", "pp_overlap", "cp_overlap", "ep_overlap"):
-            number(f, getattr(self, f), 0.0, 1.0)
-        integer("dp_bucket_params", self.dp_bucket_params, 1, 2**40)
-        integer("mfu_half_width", self.mfu_half_width, 0, 2**31)
-        integer("mfu_half_hidden", self.mfu_half_hidden, 0, 2**31)
+            put(self, f, number(f, getattr(self, f), 0.0, 1.0))
+        put(self, "dp_bucket_params", integer("dp_bucket_params", self.dp_bucket_params, 1, 2**40))
+        put(self, "mfu_half_width", integer("mfu_half_width", self.mfu_half_width, 0, 2**31))
+        put(self, "mfu_half_hidden", integer("mfu_half_hidden", self.mfu_half_hidden, 0, 2**31))
 
     @classmethod
     def from_kwargs(cls, kwargs: AssumptionOptions) -> Assumptions:
