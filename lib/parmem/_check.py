@@ -16,11 +16,14 @@ above any real job and keep every call fast (and every float finite).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
+import json
 import math
 import numbers
 import os
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NoReturn, TypeVar
 
 __all__ = [
@@ -39,6 +42,16 @@ __all__ = [
     "OneLineParser",
     "one_line",
     "quiet_broken_pipe",
+    "OutputError",
+    "write_out",
+    "flush_out",
+    "write_err",
+    "finite_json",
+    "strict_json",
+    "discard_stdout",
+    "escaping_streams",
+    "run_guarded",
+    "short",
 ]
 
 T = TypeVar("T")
@@ -171,3 +184,143 @@ def quiet_broken_pipe() -> int:
     except (OSError, ValueError):  # stdout is not a file (a test's capture)
         pass
     return 141
+
+
+# ---------------------------------------------------------------------------- command output
+def short(e: object, limit: int = 300) -> str:
+    """An error's text on one line, at most ``limit`` characters (a long path is cut)."""
+    text = one_line(e)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class OutputError(Exception):
+    """Writing to stdout failed for a reason other than a reader that went away (a descriptor
+    open for reading only, a full disk): ``main`` prints one line and exits with status 2."""
+
+
+def write_out(text: object) -> None:
+    """Print ``text`` to stdout; a failed write is an :class:`OutputError` (a closed pipe stays
+    a ``BrokenPipeError``)."""
+    try:
+        print(text)
+    except BrokenPipeError:
+        raise
+    except OSError as e:
+        raise OutputError(f"cannot write to stdout: {e}") from None
+
+
+def flush_out() -> None:
+    """Flush stdout, as :func:`write_out` reports a failure."""
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as e:
+        raise OutputError(f"cannot write to stdout: {e}") from None
+
+
+def write_err(text: object) -> None:
+    """One line to stderr, or nothing when stderr is closed (``print(file=None)`` would write
+    to stdout)."""
+    if sys.stderr is not None:
+        try:
+            print(text, file=sys.stderr, flush=True)
+        except (OSError, ValueError):
+            pass
+
+
+def finite_json(obj: object) -> object:
+    """``obj`` with every non-finite float (inf, nan) replaced by ``None``: JSON (RFC 8259 §6)
+    has no Infinity or NaN, so ``--json`` writes ``null`` there."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite_json(v) for v in obj]
+    return obj
+
+
+def strict_json(
+    obj: object, indent: int = 2, default: Callable[[object], object] | None = None
+) -> str:
+    """``obj`` as strict JSON: non-finite floats as ``null`` (``allow_nan=False`` makes sure
+    that no ``Infinity`` is left)."""
+    return json.dumps(finite_json(obj), indent=indent, allow_nan=False, default=default)
+
+
+def discard_stdout() -> None:
+    """Point stdout at /dev/null and drop what is buffered for it, so that the interpreter's
+    last flush at exit writes nothing and reports nothing ("Exception ignored ...")."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        sys.stdout.flush()
+    except (OSError, ValueError, AttributeError):  # no stdout, or not a file (a test's capture)
+        pass
+
+
+@contextlib.contextmanager
+def escaping_streams() -> Iterator[None]:
+    """While running a command: stdout and stderr write the characters their encoding lacks as
+    backslash escapes (under ``PYTHONIOENCODING=ascii`` a model named 模型 prints as
+    ``\\u6a21\\u578b``, not a ``UnicodeEncodeError``); their error handlers are restored after."""
+    saved: list[tuple[io.TextIOWrapper, str]] = []
+    for s in (sys.stdout, sys.stderr):
+        if isinstance(s, io.TextIOWrapper):
+            try:
+                errors = s.errors or "strict"
+                s.reconfigure(errors="backslashreplace")
+                saved.append((s, errors))
+            except (ValueError, OSError):  # a closed stream
+                pass
+    try:
+        yield
+    finally:
+        for s, errors in saved:
+            try:
+                s.reconfigure(errors=errors)
+            except (ValueError, OSError):
+                pass
+
+
+def run_guarded(prog: str, body: Callable[[], int]) -> int:
+    """Run ``body`` as a command: the exit status, and every failure as one line on stderr.
+
+    Status 2 and ``prog: error: ...`` for a refused command line, a ``ValueError``,
+    ``TypeError`` or ``OSError``, and for stdout closed
+    (``>&-``) or not writable; 141 and nothing printed when stdout's reader went away
+    (``... | head``); 130 on Ctrl-C. ``--help`` and ``--version`` still raise ``SystemExit``
+    (argparse's way), after stdout is flushed."""
+    if sys.stdout is None:
+        write_err(f"{prog}: error: stdout is closed (started with '>&-'?): nothing can be written")
+        return 2
+    with escaping_streams():
+        try:
+            status = body()
+            flush_out()
+            return status
+        except BrokenPipeError:
+            return quiet_broken_pipe()
+        except OutputError as e:
+            discard_stdout()
+            write_err(f"{prog}: error: {one_line(e)}")
+        except UsageError as e:
+            write_err(e)
+        except SystemExit:  # --help, --version: argparse printed and exits; flush here first
+            try:
+                flush_out()
+            except BrokenPipeError:
+                raise SystemExit(quiet_broken_pipe()) from None
+            except OutputError as e:
+                discard_stdout()
+                write_err(f"{prog}: error: {one_line(e)}")
+                raise SystemExit(2) from None
+            raise
+        except (ValueError, TypeError, OSError) as e:
+            write_err(f"{prog}: error: {short(e, 2000)}")
+        except KeyboardInterrupt:
+            write_err(f"{prog}: interrupted")
+            return 130
+    return 2

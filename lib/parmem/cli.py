@@ -14,13 +14,15 @@ a preset wins over a folder of the same name unless the argument has a ``/`` or 
 ``.json``. Errors print one line to stderr, naming the flag, and exit with status 2.
 ``parmem plan`` exits with status 1 when no layout fits (the reason goes to stderr; with
 ``--json`` the plan still goes to stdout). Output piped into a command that stops reading
-(``parmem plan ... | head``) ends quietly with status 141, as a killed-by-SIGPIPE tool does.
+(``parmem plan ... | head``) ends quietly with status 141, as a killed-by-SIGPIPE tool does;
+stdout closed (``>&-``) or not writable is one line and status 2. ``--json`` writes ``null``
+for a number JSON cannot hold (inf, nan); characters the terminal's encoding lacks print as
+backslash escapes.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -33,9 +35,11 @@ from ._check import (
     MAX_LAYERS,
     MAX_SEQ_LEN,
     OneLineParser,
-    UsageError,
-    one_line,
-    quiet_broken_pipe,
+    run_guarded,
+    short,
+    strict_json,
+    write_err,
+    write_out,
 )
 from .config import (
     GRAD_DTYPES,
@@ -58,11 +62,11 @@ from .units import GIB
 
 def _model(name: str) -> ModelSpec:
     """``--model``: a preset name, else the path of a config.json or its folder (an error names
-    the flag)."""
+    the flag, also one the operating system raises: a name too long for a path)."""
     try:
         return _find_model(name)
-    except ValueError as e:
-        raise ValueError(f"--model {name!r:.80}: {e}") from None
+    except (ValueError, OSError) as e:
+        raise ValueError(f"--model {name!r:.80}: {short(e)}") from None
 
 
 def _find_model(name: str) -> ModelSpec:
@@ -94,11 +98,11 @@ def _cmd_models(args) -> int:
             }
         )
     if args.json:
-        print(json.dumps(rows, indent=2))
+        write_out(strict_json(rows))
         return 0
-    print(f"{'name':<15} {'params':>18} {'L':>4} {'h':>6} {'a':>4} {'kv':>4} {'V':>7}")
+    write_out(f"{'name':<15} {'params':>18} {'L':>4} {'h':>6} {'a':>4} {'kv':>4} {'V':>7}")
     for r in rows:
-        print(
+        write_out(
             f"{r['name']:<15} {r['params']:>18,} {r['layers']:>4} {r['hidden']:>6} "
             f"{r['heads']:>4} {r['kv_heads']:>4} {r['vocab']:>7}"
         )
@@ -109,11 +113,11 @@ def _cmd_engines(args) -> int:
     names = engines()
     if args.json:
         rows = [{"name": n, "title": t, "version": engine(n).version} for n, t in names.items()]
-        print(json.dumps(rows, indent=2))
+        write_out(strict_json(rows))
         return 0
     width = max(map(len, names))
     for n, title in names.items():
-        print(f"{n:<{width}}  {title} ({engine(n).version})")
+        write_out(f"{n:<{width}}  {title} ({engine(n).version})")
     return 0
 
 
@@ -155,7 +159,7 @@ def _cmd_estimate(args) -> int:
         world_size=args.world_size,
         gpus_per_node=args.gpus_per_node,
     )
-    print(json.dumps(est.to_dict(), indent=2) if args.json else est)
+    write_out(strict_json(est.to_dict()) if args.json else est)
     return 0
 
 
@@ -164,8 +168,8 @@ def _cmd_kv(args) -> int:
     per_tok = kv_cache_bytes_per_token(spec, args.dtype, args.tp)
     total = kv_cache_bytes(spec, args.seq, args.batch, args.dtype, args.tp)
     if args.json:
-        print(
-            json.dumps(
+        write_out(
+            strict_json(
                 {
                     "model": spec.name,
                     "bytes_per_token": per_tok,
@@ -174,12 +178,11 @@ def _cmd_kv(args) -> int:
                     "batch": args.batch,
                     "tp": args.tp,
                     "dtype": args.dtype,
-                },
-                indent=2,
+                }
             )
         )
     else:
-        print(
+        write_out(
             f"{spec.name}: KV cache {per_tok:,} bytes/token per GPU ({per_tok / 2**10:.0f} KiB); "
             f"{args.batch} x {args.seq} tokens at tp={args.tp}: {total:,} bytes "
             f"= {total / GIB:.2f} GiB per GPU"
@@ -198,9 +201,9 @@ def _cmd_serve(args) -> int:
         "total_bytes_per_gpu": w + kv,
     }
     if args.json:
-        print(json.dumps(out, indent=2))
+        write_out(strict_json(out))
     else:
-        print(
+        write_out(
             f"{spec.name} at tp={args.tp}: weights ({args.weights}) {w / GIB:.2f} GiB + KV cache "
             f"({args.kv_dtype}, {args.batch} x {args.seq}) {kv / GIB:.2f} GiB = "
             f"{(w + kv) / GIB:.2f} GiB per GPU (GiB = 2**30 bytes; weights split evenly by t)"
@@ -286,11 +289,11 @@ def _cmd_plan(args) -> int:
         **opts,
     )
     if args.json:
-        print(json.dumps(result.to_dict(), indent=2))
+        write_out(strict_json(result.to_dict()))
     elif result.best is not None:
-        print(result.emit(args.emit) if args.emit else result)
+        write_out(result.emit(args.emit) if args.emit else result)
     if result.best is None:
-        print(f"parmem: {result.message}", file=sys.stderr)
+        write_err(f"parmem: {result.message}")
         return 1
     return 0
 
@@ -447,22 +450,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the ``parmem`` command with ``argv`` (default ``sys.argv[1:]``); the exit status.
-    Every error is one line on stderr and status 2."""
-    try:
+    Every error is one line on stderr and status 2 (see :func:`run_guarded`)."""
+
+    def body() -> int:
         args = build_parser().parse_args(argv)
-        status = args.func(args)
-        sys.stdout.flush()
-        return status
-    except BrokenPipeError:
-        return quiet_broken_pipe()
-    except UsageError as e:
-        print(e, file=sys.stderr)
-    except (ValueError, TypeError, OSError) as e:
-        print(f"parmem: error: {one_line(e)}", file=sys.stderr)
-    except KeyboardInterrupt:
-        print("parmem: interrupted", file=sys.stderr)
-        return 130
-    return 2
+        return int(args.func(args))
+
+    return run_guarded("parmem", body)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -277,6 +277,11 @@ def _window(cfg: dict[str, Any], mtype: str, layers: int) -> dict[str, int]:
         return {}
     kinds = set()
     for i, t in enumerate(types):
+        if not isinstance(t, str):
+            raise ValueError(
+                f"{_key('layer_types')}[{i}]={t!r:.40} must be a name (full_attention, "
+                "sliding_attention or chunked_attention)"
+            )
         if t != _FULL and t not in _LOCAL:
             raise ValueError(
                 f"{_key('layer_types')}[{i}]={t!r:.40}: parmem models full_attention, "

@@ -24,19 +24,21 @@ from __future__ import annotations
 
 import argparse
 import ast
-import json
+import math
 import os
 import sys
+import typing
 
-from parmem._check import OneLineParser, UsageError, one_line, quiet_broken_pipe
+from parmem._check import OneLineParser, UsageError, run_guarded, strict_json, write_out
+from parmem.config import SCHEDULES
 from parmem.distributed import DEMOS
 from parmem.distributed.launcher import (
     MAX_WORLD_SIZE,
     Pool,
     RankError,
     RankHung,
-    RunTimeout,
     WorkerDied,
+    check_kwargs,
     format_results,
     resolve,
 )
@@ -79,6 +81,96 @@ def _target(demo: str) -> str:
             f"demo={demo!r:.60} is not one of {', '.join(DEMOS)} (or a package.module:function)"
         )
     return demo
+
+
+#: the largest integer a demo argument may take: the demos build toy models on CPU ranks, and a
+#: size past this would exhaust memory on the ranks instead of failing here
+MAX_DEMO_INT = 2**24
+
+#: string arguments with a fixed set of values, by parameter name (pp's demos build their
+#: schedule from these names, as parmem.pipeline.simulate does)
+CHOICES: dict[str, tuple[str, ...]] = {"schedule": SCHEDULES}
+
+#: real arguments that cannot be negative (a learning rate, pp's emulated compute times);
+#: others (ep's ``imbalance``, a logit bias) can
+NONNEGATIVE = frozenset({"lr", "delay_ms"})
+
+
+def check_args(name: str, fn, kwargs: dict) -> None:
+    """Refuse, before any rank starts, the arguments that ``fn`` would refuse on every rank: a
+    name not in its signature, a value of another type than its annotation (``int``,
+    ``float``, ``bool``, ``str``, ``X | None``, ``tuple[float, float]``), an integer outside
+    ``1..MAX_DEMO_INT`` (from the default where that is below 1), a real that is not finite (a
+    probability, ``*_p``, outside [0, 1); one of :data:`NONNEGATIVE` below 0), a ``schedule``
+    not in :data:`CHOICES`, a ``dtype`` that is not a torch dtype. Rules that need the world
+    size (a width divisible by it) stay with the demo, on the ranks."""
+    import inspect
+
+    check_kwargs(name, fn, kwargs)
+    try:
+        params = inspect.signature(fn).parameters
+        hints = typing.get_type_hints(fn)
+    except Exception:  # an annotation that does not evaluate: the signature check alone
+        return
+    for key, value in kwargs.items():
+        if key in hints and key in params:
+            _check_value(f"{key}={value!r:.60}", key, value, hints[key], params[key].default)
+
+
+def _check_value(what: str, key: str, value, hint, default) -> None:
+    """Raise ``ValueError`` naming ``what`` unless ``value`` fits the annotation ``hint``."""
+    args = typing.get_args(hint)
+    if type(None) in args:  # X | None
+        rest = [a for a in args if a is not type(None)]
+        if value is None or len(rest) != 1:
+            return
+        hint, args = rest[0], typing.get_args(rest[0])
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ValueError(f"{what} must be True or False")
+    elif hint is int:
+        low = default if isinstance(default, int) and not isinstance(default, bool) else 1
+        _check_int(what, value, min(low, 1))
+    elif hint is float:
+        _check_real(what, key, value)
+    elif hint is str:
+        _check_str(what, key, value)
+    elif typing.get_origin(hint) is tuple and args and Ellipsis not in args:
+        if not isinstance(value, (tuple, list)) or len(value) != len(args):
+            raise ValueError(f"{what} must be a tuple of {len(args)} values")
+        for v, a in zip(value, args, strict=True):
+            _check_value(what, key, v, a, None)
+
+
+def _check_int(what: str, value, lo: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{what} must be an integer")
+    if not lo <= value <= MAX_DEMO_INT:
+        raise ValueError(f"{what} must be an integer in {lo}..{MAX_DEMO_INT}")
+
+
+def _check_real(what: str, key: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{what} must be a number")
+    if key.endswith("_p"):
+        if not 0 <= value < 1:
+            raise ValueError(f"{what} must be a probability in [0, 1)")
+    elif not math.isfinite(value):
+        raise ValueError(f"{what} must be a finite number")
+    elif key in NONNEGATIVE and value < 0:
+        raise ValueError(f"{what} must be >= 0")
+
+
+def _check_str(what: str, key: str, value) -> None:
+    if not isinstance(value, str):
+        raise ValueError(f"{what} must be a string")
+    if key in CHOICES and value not in CHOICES[key]:
+        raise ValueError(f"{what} must be one of {', '.join(CHOICES[key])}")
+    if key == "dtype":
+        import torch
+
+        if not isinstance(getattr(torch, value, None), torch.dtype):
+            raise ValueError(f"{what} is not a torch dtype name (e.g. float32, bfloat16)")
 
 
 def _need_torch() -> None:
@@ -151,11 +243,13 @@ def _parser() -> argparse.ArgumentParser:
 def _run(ns: argparse.Namespace) -> int:
     if ns.list or not ns.demo:
         for name, target in DEMOS.items():
-            print(f"{name:12s} {target}")
+            write_out(f"{name:12s} {target}")
         return 0
     target = _target(ns.demo)
     kwargs = _kwargs(ns.args)
     _need_torch()
+    name, fn = resolve(target)
+    check_args(name, fn, kwargs)  # before any rank starts (also under torchrun)
     if under_torchrun():
         results = run_torchrun(target, kwargs)
         if results is None:
@@ -166,7 +260,7 @@ def _run(ns: argparse.Namespace) -> int:
             results = pool.run(target, **kwargs)
         finally:
             pool.close()
-    print(json.dumps(results, indent=1, default=str) if ns.json else format_results(results))
+    write_out(strict_json(results, indent=1, default=str) if ns.json else format_results(results))
     return 0
 
 
@@ -180,23 +274,16 @@ def _rank_error(e: RankError) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run ``python -m parmem.distributed`` with ``argv``; the exit status (errors: one line, 2)."""
-    try:
-        status = _run(_parser().parse_intermixed_args(argv))
-        sys.stdout.flush()
-        return status
-    except BrokenPipeError:
-        return quiet_broken_pipe()
-    except UsageError as e:
-        print(e, file=sys.stderr)
-    except RankError as e:
-        print(f"{PROG}: error: {one_line(_rank_error(e))}", file=sys.stderr)
-    except (ValueError, TypeError, OSError, RunTimeout) as e:
-        print(f"{PROG}: error: {one_line(e)}", file=sys.stderr)
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted", file=sys.stderr)
-        return 130
-    return 2
+    """Run ``python -m parmem.distributed`` with ``argv``; the exit status (errors: one line, 2;
+    a closed pipe: 141; see :func:`parmem.cli.run_guarded`)."""
+
+    def body() -> int:
+        try:
+            return _run(_parser().parse_intermixed_args(argv))
+        except RankError as e:
+            raise ValueError(_rank_error(e)) from None
+
+    return run_guarded(PROG, body)
 
 
 if __name__ == "__main__":

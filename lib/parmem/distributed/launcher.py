@@ -615,7 +615,7 @@ class Pool:
         name, fn = resolve(target)
         timeout = _seconds("timeout", timeout)
         seed = integer("seed", seed, 0, 2**63 - 1)
-        _check_kwargs(name, fn, kwargs)
+        check_kwargs(name, fn, kwargs)
         self._task += 1
         task = self._task
         data = _dumps(name, (task, name, kwargs, seed))
@@ -908,7 +908,7 @@ def _exited(p, seconds: float) -> bool:
     return True
 
 
-def _check_kwargs(name: str, fn, kwargs: dict) -> None:
+def check_kwargs(name: str, fn, kwargs: dict) -> None:
     """Raise ``TypeError`` naming ``name`` unless ``fn`` accepts ``kwargs`` (checked here, so a
     misspelt argument fails before any rank starts)."""
     import inspect
