@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import io
 import json
 import math
@@ -42,6 +43,8 @@ __all__ = [
     "OneLineParser",
     "one_line",
     "quiet_broken_pipe",
+    "plain",
+    "normalised_cache",
     "OutputError",
     "write_out",
     "flush_out",
@@ -79,6 +82,38 @@ def integer(name: str, value: Any, minimum: int = 1, maximum: int | None = None)
         rule = f">= {minimum}" if low else f"in {minimum}..{maximum}"
         raise ValueError(f"{name}={_show(value)} must be an integer {rule}")
     return n
+
+
+def plain(value: Any) -> Any:
+    """``value`` as a Python number when it is one of another type (a NumPy integer becomes an
+    ``int``, a NumPy float a ``float``; bools stay bools), else unchanged: what the library keys
+    its caches on and computes with, so that a NumPy ``int32`` never wraps a product and an equal
+    Python value never meets a result computed from one."""
+    if type(value) in (int, float, bool, str) or value is None:
+        return value
+    if isinstance(value, bool | numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return float(value)
+    return value
+
+
+def normalised_cache(maxsize: int = 128) -> Callable[[Callable[..., T]], Callable[..., T]]:
+    """``functools.lru_cache`` whose arguments pass through :func:`plain` first: the cache is
+    keyed on, and the function computes with, Python numbers only."""
+
+    def wrap(fn: Callable[..., T]) -> Callable[..., T]:
+        cached = functools.lru_cache(maxsize=maxsize)(fn)
+
+        @functools.wraps(fn)
+        def call(*args: Any, **kw: Any) -> T:
+            return cached(*map(plain, args), **{k: plain(v) for k, v in kw.items()})
+
+        call.cache_clear = cached.cache_clear  # type: ignore[attr-defined]
+        call.cache_info = cached.cache_info  # type: ignore[attr-defined]
+        return call
+
+    return wrap
 
 
 def boolean(name: str, value: Any) -> bool:

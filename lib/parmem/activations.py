@@ -288,7 +288,7 @@ def _all_terms(
     if not isinstance(spec, ModelSpec):
         raise ValueError(f"spec must be a ModelSpec, got {type(spec).__name__}")
     _check_pos(seq_len=seq_len, micro_batch=micro_batch, tp=tp, cp=cp, act_bytes=act_bytes)
-    integer("norm_stat_bytes", norm_stat_bytes, 0)
+    norm_stat_bytes = integer("norm_stat_bytes", norm_stat_bytes, 0)
     choice("engine", engine, engines())
     choice("device", device, devices())
     choice("place", place, PLACES)
@@ -455,7 +455,7 @@ def norm_statistics(norm: str, tokens: int, itemsize: int, norms: int = 1) -> in
     layers of the book include them (:func:`parmem.reference.norm_stat_bytes` gives the item size
     of a device and dtype)."""
     choice("norm", norm, NORM_KINDS)
-    integer("tokens", tokens, 0)
-    integer("norms", norms, 0)
-    integer("itemsize", itemsize)
+    tokens = integer("tokens", tokens, 0)
+    norms = integer("norms", norms, 0)
+    itemsize = integer("itemsize", itemsize)
     return (2 if norm == "layernorm" else 1) * tokens * norms * itemsize

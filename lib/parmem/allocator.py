@@ -548,7 +548,7 @@ def min_capacity(
     of the unlimited replay; a binary search finds it (completion is monotone in the capacity for
     the traces tested, not in general).
     """
-    integer("resolution", resolution)
+    resolution = integer("resolution", resolution)
     events = list(events)
     free = replay(events, expandable_segments)
     lo = _ceil(free.peak_allocated, resolution) // resolution - 1  # fails (or is below the need)

@@ -171,7 +171,7 @@ def microbatch_sweep(
     par = parallel if parallel is not None else ParallelConfig()
     if setup is None:
         setup = TrainingSetup(seq_len=min(2048, spec.max_positions))
-    integer("global_batch", global_batch)
+    global_batch = integer("global_batch", global_batch)
     if micro_batches is None:
         micro_batches = [b for b in range(1, global_batch + 1) if global_batch % b == 0]
     rows = []
@@ -212,7 +212,7 @@ def gpipe_remat_activations(
     counted as s·b·h like the others, an upper bound). Without recomputation GPipe holds all m
     micro-batches of its layers (``setup.schedule="gpipe"``).
     """
-    integer("stage", stage, 0, parallel.pp - 1)
+    stage = integer("stage", stage, 0, parallel.pp - 1)
     one = estimate(spec, parallel, replace(setup, num_microbatches=1, schedule="gpipe"))
     boundary = layout(spec, parallel, one.setup).boundary_bytes
     return setup.num_microbatches * boundary + one.stages[stage].activations
@@ -289,9 +289,9 @@ def layout_sweep(
     most ``(1 − headroom)`` of the GPU's memory; pass the planner's
     ``parmem.planner.Assumptions().headroom`` to keep room for the CUDA context and the allocator).
     """
-    integer("world_size", world_size, 1)
-    number("headroom", headroom, 0.0, 1.0, hi_open=True)
-    integer("global_batch", global_batch, 1)
+    world_size = integer("world_size", world_size, 1)
+    headroom = number("headroom", headroom, 0.0, 1.0, hi_open=True)
+    global_batch = integer("global_batch", global_batch, 1)
     hw = hardware_preset(hardware) if isinstance(hardware, str) else hardware
     divisors = [k for k in range(1, world_size + 1) if world_size % k == 0]
     rows = []
@@ -393,7 +393,7 @@ def zero_stages(
     gradients and parameters whatever ``precision`` is. The inputs ``num_params``, ``dp`` and
     ``num_microbatches`` are repeated in every row. Used in chapter 3 (ZeRO as a balance point).
     """
-    integer("num_params", num_params, 1)
+    num_params = integer("num_params", num_params, 1)
     rows = []
     for z in range(4):
         st = model_state_bytes(num_params, dp, z, precision, optimizer)
@@ -539,7 +539,7 @@ def tp_component_bytes(spec: ModelSpec, tps=(1, 2, 4, 8), bytes_per_param: int =
     moments, 16 for all model states (Rajbhandari et al. 2020 §3.1). Used in chapter 6 (a 7B
     model at TP = 4).
     """
-    integer("bytes_per_param", bytes_per_param, 1)
+    bytes_per_param = integer("bytes_per_param", bytes_per_param, 1)
     rows = []
     for t in tps:
         comps: dict[str, int] = {}

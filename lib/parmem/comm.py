@@ -58,9 +58,8 @@ COLLECTIVES: tuple[str, ...] = (
 CATEGORIES: tuple[str, ...] = ("dp", "tp", "sp", "pp", "ep", "cp")
 
 
-def _checked(size: int, n: int) -> None:
-    integer("size", size, 0)
-    integer("n", n, 1)
+def _checked(size: int, n: int) -> tuple[int, int]:
+    return integer("size", size, 0), integer("n", n, 1)
 
 
 def _sent(op: str, size: int, n: int) -> int:
@@ -93,19 +92,19 @@ def all_reduce_bytes(size: int, n: int) -> int:
     A reduce-scatter then an all-gather, each ``n - 1`` steps of one chunk
     (Thakur et al. 2005, §4.5; Patarasuk & Yuan 2009, bandwidth-optimal).
     """
-    _checked(size, n)
+    size, n = _checked(size, n)
     return _sent("all_reduce", size, n)
 
 
 def reduce_scatter_bytes(size: int, n: int) -> int:
     """Ring reduce-scatter of a ``size``-byte input: ``(n-1) ceil(size/n)`` (Thakur et al. 2005, §4.4)."""
-    _checked(size, n)
+    size, n = _checked(size, n)
     return _sent("reduce_scatter", size, n)
 
 
 def all_gather_bytes(size: int, n: int) -> int:
     """Ring all-gather into a ``size``-byte output: ``(n-1) ceil(size/n)`` (Thakur et al. 2005, §4.1)."""
-    _checked(size, n)
+    size, n = _checked(size, n)
     return _sent("all_gather", size, n)
 
 
@@ -116,14 +115,14 @@ def all_to_all_bytes(size: int, n: int) -> int:
     2005, §4.6, pairwise exchange); used by expert parallelism (Lepikhin et al.
     2020, §3.2; Fedus et al. 2021, §2.2).
     """
-    _checked(size, n)
+    size, n = _checked(size, n)
     return _sent("all_to_all", size, n)
 
 
 def broadcast_bytes(size: int, n: int) -> int:
     """Pipelined ring (chain) broadcast, as NCCL runs it: every rank but the last
     forwards the whole ``size`` bytes, so the busiest rank sends ``size`` (0 if n == 1)."""
-    _checked(size, n)
+    size, n = _checked(size, n)
     return _sent("broadcast", size, n)
 
 
@@ -143,7 +142,7 @@ def collective_bytes(op: str, size: int, n: int) -> int:
     ``send_recv`` with ``n == 1`` is a copy to oneself and sends nothing.
     """
     _check_op(op)
-    _checked(size, n)
+    size, n = _checked(size, n)
     return _sent(op, size, n)
 
 
@@ -154,7 +153,7 @@ def collective_steps(op: str, n: int, algorithm: str = "ring") -> int:
     chain broadcast ``n-1``; send/recv 1; 0 when ``n == 1`` (Thakur et al. 2005, §4).
     """
     _check_op(op)
-    integer("n", n, 1)
+    n = integer("n", n, 1)
     if algorithm != "ring":
         raise ValueError(f"algorithm={algorithm!r} is not supported; known: ring")
     return _steps(op, n)
@@ -504,7 +503,7 @@ def step_comm(
     boolean("sp_regather", sp_regather)
     lay = layout(spec, par, setup, layers_per_stage)
     if stage is not None:
-        integer("stage", stage, 0, par.pp - 1)
+        stage = integer("stage", stage, 0, par.pp - 1)
     best = None
     for i in range(par.pp) if stage is None else (stage,):
         out = collectives(stage_shape(lay, i, sp_regather=sp_regather))
@@ -528,7 +527,7 @@ def zero_redundancy_comm(
     :func:`collectives`) sends ``2(d-1)/d · Ψ``. Gradient accumulation (DDP ``no_sync``) changes
     neither: both collectives run once per step.
     """
-    integer("params", params, 0)
+    params = integer("params", params, 0)
     d = integer("dp", dp, 1)
     grads = params * integer("grad_bytes", grad_bytes, 1)
     shard = -(-params // d) * integer("param_bytes", param_bytes, 1)

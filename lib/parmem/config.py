@@ -133,7 +133,7 @@ class ParallelConfig:
 
     def check_world_size(self, world_size: int) -> None:
         """Raise ``ValueError`` unless d·t·p·cp equals ``world_size``."""
-        integer("world_size", world_size)
+        world_size = integer("world_size", world_size)
         if self.world_size != world_size:
             raise ValueError(
                 f"dp*tp*pp*cp = {self.dp}*{self.tp}*{self.pp}*{self.cp} = "

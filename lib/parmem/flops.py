@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-from ._check import choice, integer
+from ._check import boolean, choice, instance, integer
 from .config import RECOMPUTE
 from .model import ModelSpec
 from .sharding import layer_matmul_params
@@ -28,7 +28,17 @@ def narayanan_flops(
     forward pass fewer through the layers (the LM head is never recomputed):
     ``72·B·s·L·h²·(1 + s/(6h) + V/(12·L·h))``. Returned exactly, as a ``Fraction``.
     """
-    B, s, L, h, V = (Fraction(x) for x in (batch, seq_len, layers, hidden, vocab))
+    boolean("recompute", recompute)
+    B, s, L, h, V = (
+        Fraction(integer(name, x))
+        for name, x in (
+            ("batch", batch),
+            ("seq_len", seq_len),
+            ("layers", layers),
+            ("hidden", hidden),
+            ("vocab", vocab),
+        )
+    )
     if recompute:
         return 96 * B * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
     return 72 * B * s * L * h * h * (1 + s / (6 * h) + V / (12 * L * h))
@@ -40,6 +50,7 @@ def flops_per_sequence(spec: ModelSpec, seq_len: int) -> tuple[int, int, int]:
     :func:`parmem.sharding.layer_matmul_params` (the routed ``top_k`` experts for MoE) does a
     multiply-add per token, and the scores and the weighted sum of values each cost ``2·s²`` per
     query width. The LM head is ``2·s·h·V``."""
+    instance("spec", spec, ModelSpec, "ModelSpec.preset(name)")
     s = integer("seq_len", seq_len)
     core = 4 * s * s * spec.q_dim
     return 2 * s * layer_matmul_params(spec) + core, core, 2 * s * spec.hidden * spec.vocab_size
@@ -53,7 +64,7 @@ def step_flops(spec: ModelSpec, global_batch: int, seq_len: int, recompute: str 
     :func:`narayanan_flops` (72 form for ``"none"``, 96 form for ``"full"``).
     """
     choice("recompute", recompute, RECOMPUTE)
-    integer("global_batch", global_batch)
+    global_batch = integer("global_batch", global_batch)
     layer, core, head = flops_per_sequence(spec, seq_len)
     extra = {"none": 0, "selective": core, "full": layer}[recompute]
     return global_batch * (spec.layers * (3 * layer + extra) + 3 * head)

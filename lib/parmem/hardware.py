@@ -42,7 +42,7 @@ MAX_MEMORY_BYTES = 2**50
 def _is_number(x: Any) -> bool:
     """A finite real number (not a bool, not NaN or infinity)."""
     try:
-        number("x", x)
+        x = number("x", x)
     except ValueError:
         return False
     return True
@@ -80,9 +80,9 @@ class Link:
         Source: Hockney (1994), "The communication challenge for MPP", the alpha-beta
         model used by Thakur, Rabenseifner & Gropp (2005) §2.
         """
-        number("nbytes", nbytes, 0)
-        integer("messages", messages, 0)
-        return messages * self.latency + nbytes / self.bandwidth
+        size = number("nbytes", nbytes, 0)
+        messages = integer("messages", messages, 0)
+        return messages * self.latency + size / self.bandwidth
 
 
 @dataclass(frozen=True)

@@ -94,9 +94,10 @@ def weight_bytes(
     """
     _spec(spec)
     choice("dtype", dtype, WEIGHT_DTYPES)
+    tp = integer("tp", tp)
     check_tp(spec, tp)
     if group_size is not None:
-        integer("group_size", group_size, 1, MAX_WIDTH)
+        group_size = integer("group_size", group_size, 1, MAX_WIDTH)
     if zero_point is not None:
         boolean("zero_point", zero_point)
     bits = WEIGHT_DTYPES[dtype]
@@ -175,9 +176,9 @@ def max_concurrency(
     PagedAttention (:func:`simulate_kv_cache`) the average length is what matters.
     """
     _spec(spec)
-    integer("seq_len", seq_len, 1, MAX_SEQ_LEN)
-    number("utilization", utilization, 0, 1, lo_open=True)
-    integer("reserved", reserved, 0, MAX_MEMORY_BYTES)
+    seq_len = integer("seq_len", seq_len, 1, MAX_SEQ_LEN)
+    utilization = number("utilization", utilization, 0, 1, lo_open=True)
+    reserved = integer("reserved", reserved, 0, MAX_MEMORY_BYTES)
     budget = (
         int(_memory_bytes(gpu) * utilization)
         - reserved
@@ -218,8 +219,8 @@ def random_requests(
     (exponential gaps, rounded down to whole steps). Deterministic for a given ``seed``."""
     import random
 
-    integer("n", n, 0, MAX_REQUESTS)
-    integer("seed", seed, 0)
+    n = integer("n", n, 0, MAX_REQUESTS)
+    seed = integer("seed", seed, 0)
     for name, pair in (("prompt", prompt), ("output", output)):
         if not isinstance(pair, tuple | list) or len(pair) != 2:
             raise ValueError(f"{name}={pair!r:.60} must be a pair (low, high) of token counts")
@@ -227,7 +228,7 @@ def random_requests(
         if integer(f"{name}[1]", pair[1], 1, MAX_SEQ_LEN) < lo:
             raise ValueError(f"{name}={tuple(pair)!r} must satisfy 1 <= low <= high")
     if rate is not None:
-        number("rate", rate, 0, lo_open=True)
+        rate = number("rate", rate, 0, lo_open=True)
     rng = random.Random(seed)
     t, out = 0.0, []
     for _ in range(n):
@@ -306,8 +307,9 @@ def simulate_kv_cache(
     Returns a :class:`KVCacheSim`.
     """
     choice("policy", policy, ("paged", "contiguous"))
-    for name, v in (("capacity", capacity), ("block_size", block_size), ("max_len", max_len)):
-        integer(name, v, 1, MAX_SIM_TOKENS)
+    capacity = integer("capacity", capacity, 1, MAX_SIM_TOKENS)
+    block_size = integer("block_size", block_size, 1, MAX_SIM_TOKENS)
+    max_len = integer("max_len", max_len, 1, MAX_SIM_TOKENS)
     reqs = _requests(requests)
     server = _Server(
         reqs,
@@ -463,18 +465,18 @@ def serving_layout(
     1`` (:func:`weight_bytes`).
     """
     _spec(spec)
-    for name, v in (("dp", dp), ("cp", cp)):
-        integer(name, v, 1, MAX_GPUS)
+    dp, cp = integer("dp", dp, 1, MAX_GPUS), integer("cp", cp, 1, MAX_GPUS)
     choice("weight_dtype", weight_dtype, WEIGHT_DTYPES)
     choice("kv_dtype", kv_dtype, KV_DTYPES)
-    number("utilization", utilization, 0, 1, lo_open=True)
-    integer("reserved", reserved, 0, MAX_MEMORY_BYTES)
+    utilization = number("utilization", utilization, 0, 1, lo_open=True)
+    reserved = integer("reserved", reserved, 0, MAX_MEMORY_BYTES)
+    tp, ep = integer("tp", tp), integer("ep", ep)
     check_tp(spec, tp, ep)
     bits = WEIGHT_DTYPES[weight_dtype]
     if bits < 16 and (pp > 1 or ep > 1):
         raise ValueError(f"weight_dtype={weight_dtype!r} is supported with pp = ep = 1 only")
     budget = int(_memory_bytes(gpu) * utilization) - reserved
-    integer("pp", pp, 1, MAX_GPUS)
+    pp = integer("pp", pp, 1, MAX_GPUS)
     if pp > spec.layers:
         raise ValueError(f"pp={pp} must be at most layers={spec.layers}")
     split = even_split(spec.layers, pp)
@@ -511,8 +513,8 @@ def decode_step_comm(
       weights per step (Rajbhandari et al. 2020 §5.3, as FSDP runs the forward pass).
     """
     _spec(spec)
-    integer("gpus", gpus, 1, MAX_GPUS)
-    integer("batch", batch, 1, MAX_BATCH)
+    gpus = integer("gpus", gpus, 1, MAX_GPUS)
+    batch = integer("batch", batch, 1, MAX_BATCH)
     choice("scheme", scheme, ("tp", "pp", "zero3"))
     if gpus == 1:
         return {"bytes": 0, "seconds": 0.0}
@@ -556,9 +558,10 @@ def prefill_workspace_bytes(
     workspaces not included.
     """
     _spec(spec)
-    integer("tokens", tokens, 1, MAX_SEQ_LEN)
-    integer("sequences", sequences, 1, MAX_BATCH)
-    integer("act_bytes", act_bytes, 1, 8)
+    tokens = integer("tokens", tokens, 1, MAX_SEQ_LEN)
+    sequences = integer("sequences", sequences, 1, MAX_BATCH)
+    act_bytes = integer("act_bytes", act_bytes, 1, 8)
+    tp = integer("tp", tp)
     check_tp(spec, tp)
     attn = tokens * (2 * spec.q_dim + 2 * spec.kv_dim) // tp
     f = spec.top_k * spec.expert_ffn_hidden if spec.num_experts else spec.ffn_hidden

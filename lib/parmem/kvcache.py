@@ -43,6 +43,7 @@ def layer_kv_values(spec: ModelSpec, tp: int = 1) -> int:
     2 · (kv_heads/t) · head_dim, or kv_lora_rank + qk_rope_head_dim for MLA (replicated over
     the t ranks); sources in the module docstring."""
     _spec(spec)
+    tp = integer("tp", tp)
     check_heads(spec, tp)
     if spec.attention == "mla":
         return spec.kv_lora_rank + spec.qk_rope_head_dim
@@ -54,7 +55,7 @@ def kv_layer_tokens(spec: ModelSpec, seq_len: int, start: int = 0, n: int | None
     ``seq_len`` tokens, summed over those layers: ``seq_len`` per full-attention layer,
     min(seq_len, sliding_window) per local one (:meth:`ModelSpec.is_local_layer`)."""
     _spec(spec)
-    integer("seq_len", seq_len, 0, MAX_SEQ_LEN)
+    seq_len = integer("seq_len", seq_len, 0, MAX_SEQ_LEN)
     n = spec.layers - start if n is None else n
     local = sum(spec.is_local_layer(i) for i in range(start, start + n))
     return (n - local) * seq_len + local * min(seq_len, spec.sliding_window)
@@ -80,7 +81,7 @@ def kv_cache_bytes(
     batch · :func:`kv_layer_tokens` · :func:`layer_kv_values` · bytes (local layers capped at
     their window)."""
     _spec(spec)
-    integer("batch", batch, 0, MAX_BATCH)
+    batch = integer("batch", batch, 0, MAX_BATCH)
     choice("dtype", dtype, KV_DTYPES)
     per = layer_kv_values(spec, tp) * KV_DTYPES[dtype]
     return batch * kv_layer_tokens(spec, seq_len) * per

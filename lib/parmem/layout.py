@@ -35,10 +35,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
-from functools import lru_cache
 from typing import Any
 
-from ._check import instance, integer
+from ._check import instance, integer, normalised_cache
 from .activations import layer_input_bytes
 from .config import PRECISIONS, ParallelConfig, TrainingSetup, even_split
 from .engines import EngineProfile, engine
@@ -316,7 +315,7 @@ class Layout:
         )
 
 
-@lru_cache(maxsize=1024)
+@normalised_cache(maxsize=1024)
 def _stage_walk(
     spec: ModelSpec, tp: int, ep: int, lps: tuple[int, ...], vocab_multiple: int
 ) -> tuple[Stage, ...]:
@@ -338,7 +337,7 @@ def _stage_walk(
     return tuple(out)
 
 
-@lru_cache(maxsize=1024)
+@normalised_cache(maxsize=1024)
 def _distinct(stages: tuple[Stage, ...]) -> tuple[tuple[Stage, int], ...]:
     groups: dict[tuple[int, int, bool, bool], list[Stage]] = {}
     for st in stages:
@@ -346,7 +345,7 @@ def _distinct(stages: tuple[Stage, ...]) -> tuple[tuple[Stage, int], ...]:
     return tuple((g[0], len(g)) for g in groups.values())
 
 
-@lru_cache(maxsize=1024)
+@normalised_cache(maxsize=1024)
 def _cached(
     spec: ModelSpec,
     parallel: ParallelConfig,

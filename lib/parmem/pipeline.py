@@ -35,10 +35,9 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import NamedTuple
 
-from ._check import MAX_BATCH, MAX_GPUS, MAX_LAYERS, choice, integer, number
+from ._check import MAX_BATCH, MAX_GPUS, MAX_LAYERS, choice, integer, normalised_cache, number
 from .config import SCHEDULES
 
 __all__ = [
@@ -154,7 +153,7 @@ class PipelineResult:
 
     def stage_events(self, stage: int) -> list[Event]:
         """The events of ``stage`` in execution order."""
-        integer("stage", stage, 0, self.p - 1)
+        stage = integer("stage", stage, 0, self.p - 1)
         return [e for e in self.events if e.stage == stage]
 
     def to_rows(self) -> list[dict[str, object]]:
@@ -215,7 +214,7 @@ def stage_order(schedule: str, p: int, m: int, stage: int, v: int = 1) -> list[O
     (Huang et al. 2019; Narayanan et al. 2021 §2.2), without simulating the other stages: O(m·v)
     work, whatever p."""
     p, m, v = _validate(schedule, p, m, v)
-    integer("stage", stage, 0, p - 1)
+    stage = integer("stage", stage, 0, p - 1)
     return [Op(*o) for o in _stage_order(schedule, p, m, v, stage)]
 
 
@@ -442,7 +441,7 @@ def in_flight_profile(schedule: str, p: int, m: int, v: int = 1) -> tuple[int, .
     return _profile(schedule, *_validate(schedule, p, m, v))
 
 
-@lru_cache(maxsize=512)
+@normalised_cache(maxsize=512)
 def _profile(schedule: str, p: int, m: int, v: int) -> tuple[int, ...]:
     if schedule == "gpipe" or (schedule == "interleaved" and m == p):
         return (m * v,) * p
@@ -485,7 +484,7 @@ def in_flight_timeline(result: PipelineResult, stage: int) -> list[tuple[float, 
     """
     if not isinstance(result, PipelineResult):
         raise ValueError(f"result must be a PipelineResult, got {type(result).__name__}")
-    integer("stage", stage, 0, result.p - 1)
+    stage = integer("stage", stage, 0, result.p - 1)
     changes: list[tuple[float, int]] = []
     for e in result.stage_events(stage):
         if e.kind == "F":

@@ -38,10 +38,9 @@ module imports nothing else from ``parmem`` but the validators and the rows.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from ._check import cdiv, integer
+from ._check import cdiv, integer, normalised_cache
 from .table import (
     PLACES,
     SPLITS,
@@ -86,7 +85,7 @@ def check_tp(spec: Any, tp: int, ep: int = 1) -> None:
     """Raise ``ValueError`` unless ``tp`` (and ``ep``) can split ``spec`` as the table says:
     t divides the heads and the MLP widths, t and kv_heads divide one another, e the experts."""
     check_heads(spec, tp)
-    integer("ep", ep)
+    ep = integer("ep", ep)
     if getattr(spec, "mtp_layers", 0) and spec.hidden % tp:
         raise ValueError(f"tp={tp} must divide hidden={spec.hidden} (the MTP projection)")
     if spec.ffn_hidden % tp:
@@ -103,7 +102,7 @@ def check_tp(spec: Any, tp: int, ep: int = 1) -> None:
 def check_heads(spec: Any, tp: int) -> None:
     """Raise ``ValueError`` unless ``tp`` can split the attention: t divides the query heads, and
     t and kv_heads divide one another."""
-    integer("tp", tp)
+    tp = integer("tp", tp)
     if spec.heads % tp:
         raise ValueError(f"tp={tp} must divide heads={spec.heads}")
     if spec.kv_heads % tp and tp % spec.kv_heads:
@@ -144,7 +143,7 @@ def local_numel(spec: Any, x: Tensor, tp: int = 1, ep: int = 1, vocab_multiple: 
     return rows * cols * (x.count // ep if x.expert else x.count)
 
 
-@lru_cache(maxsize=1024)
+@normalised_cache(maxsize=1024)
 def layer_params(spec: Any, tp: int = 1, ep: int = 1, moe: bool | None = None) -> tuple[int, int]:
     """(dense, expert) parameters of one layer on one rank of ``tp`` × ``ep`` (an MoE layer of a
     model with experts unless ``moe=False``)."""
@@ -298,7 +297,7 @@ def param_counts(spec: Any) -> dict[str, int]:
     return dict(_param_counts(spec))
 
 
-@lru_cache(maxsize=256)
+@normalised_cache(maxsize=256)
 def _param_counts(spec: Any) -> tuple[tuple[str, int], ...]:
     keys = ["embedding", "positions", "attention", "norms"]
     keys += ["experts", "shared_experts", "router"] if spec.num_experts else []

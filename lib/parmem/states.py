@@ -15,10 +15,9 @@ fp32 absmax per 2048 values; Adafactor, Shazeer & Stern 2018: a factored second 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import TYPE_CHECKING, NamedTuple
 
-from ._check import boolean, cdiv, choice, integer
+from ._check import boolean, cdiv, choice, integer, normalised_cache
 from .config import OPTIMIZERS, PRECISIONS
 from .engines import (
     GRAD_DTYPES,
@@ -80,7 +79,7 @@ class StateRule(NamedTuple):
     opt_host: bool
 
 
-@lru_cache(maxsize=1024)
+@normalised_cache(maxsize=1024)
 def state_rule(
     engine_name: str,
     precision: str,
@@ -181,9 +180,9 @@ def model_state_bytes(
     ``grad_dtype`` and ``master_weights`` override the profile's gradient element and fp32 master
     copy; ``factored`` gives Adafactor's factored second-moment elements (default: unfactored).
     """
-    integer("num_params", num_params, minimum=0)
-    integer("dp", dp)
-    integer("zero", zero, 0, 3)
+    num_params = integer("num_params", num_params, minimum=0)
+    dp = integer("dp", dp)
+    zero = integer("zero", zero, 0, 3)
     choice("precision", precision, PRECISIONS)
     choice("optimizer", optimizer, OPTIMIZERS)
     choice("engine", engine, engines())
@@ -193,7 +192,7 @@ def model_state_bytes(
     if master_weights is not None:
         boolean("master_weights", master_weights)
     if factored is not None:
-        integer("factored", factored, minimum=0)
+        factored = integer("factored", factored, minimum=0)
     _engine(engine).check(zero, 1, "none", offload)
     rule = state_rule(engine, precision, optimizer, zero, offload, grad_dtype, master_weights)
     return apply_rule(rule, num_params, dp, factored)

@@ -15,8 +15,9 @@ module imports nothing from ``parmem``.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from functools import lru_cache
 from typing import Any
+
+from ._check import normalised_cache
 
 __all__ = [
     "SPLITS",
@@ -180,7 +181,7 @@ def _experts(spec: Any) -> list[Tensor]:
     return out
 
 
-@lru_cache(maxsize=256)
+@normalised_cache(maxsize=256)
 def layer_tensors(spec: Any, moe: bool | None = None) -> tuple[Tensor, ...]:
     """The parameter tensors of one transformer layer, in module order: the attention
     (:func:`_attention`), the MLP or the experts, shared experts and router, then the norms (two,
@@ -210,7 +211,7 @@ def moe_layer_count(spec: Any, start: int = 0, n: int | None = None) -> int:
     return sum(1 for i in range(start, start + n) if i >= first and (i + 1) % every == 0)
 
 
-@lru_cache(maxsize=1024)
+@normalised_cache(maxsize=1024)
 def layer_groups(
     spec: Any, start: int = 0, n: int | None = None
 ) -> tuple[tuple[int, tuple[Tensor, ...]], ...]:
@@ -238,7 +239,7 @@ def _norm(spec: Any, name: str, place: str = "layer") -> list[Tensor]:
     return out
 
 
-@lru_cache(maxsize=256)
+@normalised_cache(maxsize=256)
 def model_tensors(spec: Any, pipeline: bool = False) -> tuple[Tensor, ...]:
     """Tensors outside the layers: the embedding (and learned positions) on the first stage; the
     final norm and the LM head on the last. A tied LM head has no tensor of its own, except with

@@ -166,7 +166,7 @@ def training_step_events(
         raise ValueError("zero=3 is not modelled by training_step_events (use zero <= 2)")
     if par.vpp > 1 or setup.schedule == "interleaved":
         raise ValueError("the interleaved schedule is not modelled by training_step_events")
-    integer("stage", stage, 0, par.pp - 1)
+    stage = integer("stage", stage, 0, par.pp - 1)
     prec = PRECISIONS[setup.precision]
     trace = _Trace()
     weights = stage_weight_tensors(spec, par, stage)
@@ -261,6 +261,6 @@ def stage_weight_tensors(
     per tensor, in layer order (:func:`parmem.sharding.stage_tensor_numels` for the stage's layers
     of the even split): 2 bytes times the sum is the estimate's ``params`` for 16-bit weights."""
     par = parallel or ParallelConfig()
-    integer("stage", stage, 0, par.pp - 1)
+    stage = integer("stage", stage, 0, par.pp - 1)
     st = layout(spec, par, TrainingSetup(seq_len=min(2048, spec.max_positions))).stages[stage]
     return stage_tensor_numels(spec, par.tp, par.ep, st.layers, st.first, st.last, start=st.start)

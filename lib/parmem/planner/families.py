@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import NamedTuple, TypeVar
 
-from .._check import integer
+from .._check import integer, plain
 from ..config import OPTIMIZERS, PRECISIONS, RECOMPUTE, even_split
 from ..engines import EngineProfile
 from ..model import ModelSpec
@@ -54,7 +54,9 @@ class SearchSpace(NamedTuple):
 def _values(
     name: str, value: object, kind: type[_T], allowed: Collection[_T] | None = None
 ) -> tuple[_T, ...]:
-    """``value`` (one ``kind`` or an iterable of them) validated, sorted, without repeats."""
+    """``value`` (one ``kind`` or an iterable of them) validated, sorted, without repeats; NumPy
+    numbers become Python ones (:func:`parmem._check.plain`)."""
+    value = plain(value)
     if isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
         value = (value,)
     if not isinstance(value, Iterable):
@@ -63,7 +65,7 @@ def _values(
     if not vals:
         raise ValueError(f"{name}=() must list at least one value")
     out: list[_T] = []
-    for x in vals:
+    for x in map(plain, vals):
         if kind is int:
             integer(name, x, 0 if name == "zero" else 1)
         if not isinstance(x, kind):
@@ -88,10 +90,10 @@ def check_inputs(
         raise ValueError(f"spec must be a ModelSpec, got {type(spec).__name__}")
     if not isinstance(cluster, Cluster):
         raise ValueError(f"cluster must be a Cluster, got {type(cluster).__name__}")
-    integer("global_batch", global_batch)
-    integer("seq_len", seq_len)
-    integer("top", top)
-    integer("cuda_context", cuda_context, 0)
+    global_batch = integer("global_batch", global_batch)
+    seq_len = integer("seq_len", seq_len)
+    top = integer("top", top)
+    cuda_context = integer("cuda_context", cuda_context, 0)
     if spec.position == "learned" and seq_len > spec.max_positions:
         raise ValueError(
             f"seq_len={seq_len} > max_positions={spec.max_positions} "

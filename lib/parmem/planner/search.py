@@ -359,7 +359,8 @@ def plan(
     t0 = time.perf_counter()
     # 1. validate the request
     check_inputs(spec, cluster, global_batch, seq_len, top, cuda_context)
-    integer("global_batch", global_batch, 1, MAX_BATCH)
+    global_batch = integer("global_batch", global_batch, 1, MAX_BATCH)
+    seq_len, top = integer("seq_len", seq_len), integer("top", top)
     boolean("uneven_pp", uneven_pp)
     setup_kw = SetupOptions(
         precision=precision,
