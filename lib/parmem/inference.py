@@ -62,7 +62,7 @@ __all__ = [
 #: the most requests :func:`random_requests` draws and :func:`simulate_kv_cache` serves
 MAX_REQUESTS = 2**20
 #: the most steps :func:`simulate_kv_cache` runs (the latest arrival plus every output token)
-MAX_SIM_STEPS = 2**24
+MAX_SIM_STEPS = 2**20  # about 3 s of simulation on a 2-core machine (issue 34: nothing over 5 s)
 #: the largest capacity, block and ``max_len`` of :func:`simulate_kv_cache`, in tokens
 MAX_SIM_TOKENS = 2**40
 WEIGHT_DTYPES = {"fp32": 32, "fp16": 16, "bf16": 16, "int8": 8, "int4": 4}
