@@ -33,6 +33,24 @@ How it works:
 * Ranks run in their own session: interrupting a notebook cell (the kernel signals its whole
   process group) does not reach them, and an idle pool stays usable. They exit when the parent
   dies, even in the middle of a task (:func:`die_with_parent`).
+* Safe at every Ctrl-C: ``SIGINT`` is deferred (recorded, then raised as ``KeyboardInterrupt``
+  once the step is done) while torch is imported (an import of torch cut short cannot be
+  retried: the next one aborts the process, "cannot initialize type ... already defined"),
+  while the ranks are spawned, and while they are stopped, so neither an interrupted first start
+  nor a second Ctrl-C during teardown leaves a rank running or the pool unusable
+  (:func:`_sigint_deferred`).
+* One pool may be used from several threads: :meth:`Pool.run`, :meth:`Pool.start` and
+  :meth:`Pool.close` hold a lock, so calls run one after another and every reply reaches the
+  call that sent its task (two threads used to read each other's replies and drop them).
+* Messages are pickled with the standard ``pickle`` (by value), not with multiprocessing's
+  ``ForkingPickler``: torch registers reductions there that pass a tensor's storage as a file
+  descriptor through ``multiprocessing.resource_sharer``, which authenticates with this
+  process's ``authkey``, one the ranks (started with ``subprocess``) do not share, so a tensor
+  argument used to kill the rank with ``AuthenticationError``. Tensors as arguments and results
+  are now copied like any other value. A task's arguments are unpickled inside the task, so one
+  a rank cannot read (a class from ``__main__``) is a :class:`RankError`, not a dead rank.
+* Each rank leads its own process group (its session); processes a task starts join it, and
+  are killed (``os.killpg``) when the rank is stopped or exits with its parent.
 * Before each task every rank calls ``torch.manual_seed(seed)`` (same seed on all ranks), so
   results are deterministic; a demo that needs different data per rank derives it from its rank.
 * A shared pool (:class:`PoolServer`): a process that runs many notebooks one after another (the
@@ -54,8 +72,11 @@ functions work under ``torchrun`` (see ``python -m parmem.distributed --help``).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
+import pickle
+import threading
 import time
 import traceback
 from typing import Any
@@ -206,7 +227,8 @@ def resolve(target):
         raise ValueError(f"target={target!r} must look like 'package.module:function'")
     mod, _, fn = target.partition(":")
     try:
-        obj = getattr(importlib.import_module(mod), fn)
+        with _sigint_deferred():  # the module may import torch (see _sigint_deferred)
+            obj = getattr(importlib.import_module(mod), fn)
     except Exception as e:  # ImportError, AttributeError, ValueError('Empty module name'), ...
         raise ValueError(f"target={target!r} cannot be imported: {e}") from e
     if not callable(obj):
@@ -241,10 +263,32 @@ def rank_main() -> None:
     rank_, ws, host, port, backend_, pg_timeout, path = conn.recv()
     sys.path[:] = path
     _worker(rank_, ws, host, port, backend_, pg_timeout, conn)
+    _kill_group_members()  # processes its tasks started (the parent may be gone: EOF)
     # the group is destroyed; skip the interpreter's slow teardown of torch (about 0.5 s)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def _kill_group_members() -> None:
+    """SIGKILL every other process of this process's group when it leads one (a pool's rank:
+    the processes its tasks started), read from ``/proc`` (Linux; elsewhere the parent's
+    ``killpg`` after the rank exits is all there is)."""
+    import signal
+
+    me = os.getpid()
+    if os.getpgrp() != me or not os.path.isdir("/proc"):
+        return
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            if int(fields[2]) == me:  # field 5 of proc(5): the process group id
+                os.kill(int(entry), signal.SIGKILL)
+        except (OSError, ValueError, IndexError):  # gone meanwhile, or not ours
+            pass
 
 
 def die_with_parent(parent: int, death_signal: bool = True) -> None:
@@ -276,6 +320,10 @@ def die_with_parent(parent: int, death_signal: bool = True) -> None:
     def watch() -> None:
         while os.getppid() == parent:
             time.sleep(WATCHDOG_S)
+        if os.getpgrp() == os.getpid():  # a pool's rank leads its group: take its task's
+            import signal  # processes with it (this process too)
+
+            os.killpg(os.getpid(), signal.SIGKILL)
         os._exit(1)
 
     threading.Thread(target=watch, name="parmem-parent-watchdog", daemon=True).start()
@@ -316,10 +364,11 @@ def _worker(
             break
         if msg is None:
             break
-        task, target, kwargs, seed = msg
+        task, target, blob, seed = msg
         try:
+            kwargs = pickle.loads(blob)  # here, so an argument that cannot be read is an error
             torch.manual_seed(seed)
-            conn.send((task, "ok", resolve(target)[1](**kwargs)))
+            conn.send_bytes(_pickle((task, "ok", resolve(target)[1](**kwargs))))
         except BaseException as e:
             kind = "collective" if _is_peer_error(e) else "error"
             if not _reply(conn, task, kind, traceback.format_exc()):
@@ -360,10 +409,51 @@ def exit_status(code: int | None) -> str:
 def _reply(conn, task: int, kind: str, payload: object) -> bool:
     """Send one reply; ``False`` when the parent is gone."""
     try:
-        conn.send((task, kind, payload))
+        conn.send_bytes(_pickle((task, kind, payload)))
     except OSError:
         return False
     return True
+
+
+def _pickle(obj: object) -> bytes:
+    """``obj`` pickled by value with the standard pickler (see the module's notes: not
+    ``Connection.send``, whose ``ForkingPickler`` shares a tensor's storage by file descriptor,
+    which only works between processes that share an ``authkey``); the other side reads it with
+    ``Connection.recv``."""
+    return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+@contextlib.contextmanager
+def _sigint_deferred():
+    """Hold a Ctrl-C back until the block is done, then deliver it: ``KeyboardInterrupt`` is
+    raised on leaving the block (from inside an exception being raised, it is chained to it).
+
+    Used around the steps that an interrupt must not cut short: importing torch (a second
+    import after an interrupted one aborts the process), spawning the ranks (a process started
+    but not yet recorded would be left running) and stopping them. Python runs signal handlers
+    in the main thread only, so elsewhere there is nothing to defer; a ``SIGINT`` that is ignored
+    stays ignored. Source: the ``signal`` module's documentation (handlers run in the main
+    thread, between bytecode instructions)."""
+    import signal
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is signal.SIG_IGN or previous is None:
+        yield
+        return
+    got: list[int] = []
+    signal.signal(signal.SIGINT, lambda signum, frame: got.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if got:
+            if callable(previous):
+                previous(signal.SIGINT, None)  # default_int_handler raises KeyboardInterrupt
+            else:  # SIG_DFL: the default action, now that the block is done
+                os.kill(os.getpid(), signal.SIGINT)
 
 
 def _seconds(name: str, value: object) -> float:
@@ -384,7 +474,14 @@ class Pool:
     next call starts afresh; each task carries an id and only replies with that id are results;
     the ranks run in their own session, so interrupting a notebook cell does not kill them, and
     they exit when this process dies (:func:`die_with_parent`); a task on a rank that died
-    raises :class:`WorkerDied`.
+    raises :class:`WorkerDied`. Ctrl-C is safe at every point: while torch is imported, the ranks
+    are spawned or stopped, it is deferred to the end of that step (:func:`_sigint_deferred`).
+    Processes a task starts are killed with its rank (each rank leads its own process group).
+
+    Threads: :meth:`run`, :meth:`start` and :meth:`close` hold one lock, so calls from several
+    threads run one after another, each getting the replies to its own task. :meth:`close` waits
+    for a call in progress in another thread up to its ``timeout``, then stops the ranks under it
+    (that call raises :class:`WorkerDied`).
     """
 
     def __init__(
@@ -411,6 +508,8 @@ class Pool:
         self._task = 0
         self._shared: Any = None  # the connection to a PoolServer, when relaying to one
         self.start_seconds: float | None = None
+        # held by run, start and close: one call at a time, whatever thread it comes from
+        self._lock = threading.RLock()
 
     # -- life cycle -------------------------------------------------------------------------
     @property
@@ -431,12 +530,18 @@ class Pool:
         or is interrupted stops the ranks it started before re-raising. With
         ``$PARMEM_SHARED_POOL`` set, connect to that server instead when it serves this world
         size and backend."""
+        with self._lock:
+            return self._start()
+
+    def _start(self) -> Pool:
         if self._procs or self._shared is not None:
             return self
         if self._connect_shared():
             self.start_seconds = 0.0
             return self
-        import torch
+        with _sigint_deferred():  # an interrupted import of torch cannot be retried
+            import torch
+            import torch.distributed  # noqa: F401
 
         timeout = _seconds("start_timeout", self.start_timeout)
         if self.backend == "nccl" and torch.cuda.device_count() < self.world_size:
@@ -446,7 +551,8 @@ class Pool:
             )
         t0 = time.perf_counter()
         try:
-            self._spawn()
+            with _sigint_deferred():  # every process started is recorded in self._procs
+                self._spawn()
             self._collect(0, "<start>", timeout)
         except BaseException:
             self._teardown()
@@ -539,7 +645,8 @@ class Pool:
         """Relay one task to the server; its results, or its error raised here."""
         conn = self._shared
         try:
-            conn.send(("run", (name, kwargs, seed, timeout)))
+            # the task pickled by value (:func:`_pickle`), inside a message of plain bytes
+            conn.send(("run", _pickle((name, kwargs, seed, timeout))))
             if not conn.poll(timeout + SHARED_START_S):
                 raise RunTimeout(
                     f"{name}: the shared pool did not answer within {timeout + SHARED_START_S:g} s"
@@ -561,14 +668,33 @@ class Pool:
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop the ranks: ask politely, join, then terminate and kill stragglers (a shared
-        pool only disconnects: the server's ranks serve the next client)."""
-        self._close_shared()
-        for c in self._conns:
-            try:
-                c.send(None)
-            except (OSError, ValueError):
-                pass
-        self._reap(timeout)
+        pool only disconnects: the server's ranks serve the next client). A Ctrl-C meanwhile is
+        raised once the ranks are gone. A call in progress in another thread is waited for up to
+        ``timeout`` seconds, then its ranks are stopped (it raises :class:`WorkerDied`)."""
+        if not self._lock.acquire(timeout=max(0.0, timeout)):
+            # the call holding the lock sees its ranks gone and returns (a start in progress
+            # may spawn more: stopped in turn, until the lock is free)
+            while not self._lock.acquire(timeout=0.05):
+                self._stop_processes()
+        try:
+            with _sigint_deferred():
+                self._close_shared()
+                for c in self._conns:
+                    try:
+                        c.send(None)
+                    except (OSError, ValueError):
+                        pass
+                self._reap(timeout)
+        finally:
+            self._lock.release()
+
+    def _stop_processes(self) -> None:
+        """Kill the ranks and their process groups without touching this pool's state (used
+        while another thread holds the lock; that thread then cleans up)."""
+        for p in list(self._procs):
+            if p.poll() is None:
+                p.kill()
+            _kill_group(p.pid)
 
     def _teardown(self) -> None:
         """Stop every rank now (terminate, then kill) and forget them."""
@@ -577,17 +703,20 @@ class Pool:
 
     def _reap(self, timeout: float) -> None:
         """Wait up to ``timeout`` s for the ranks to exit, terminate the rest, give them 2 s
-        (together), then kill what is left."""
-        for grace, stop in ((timeout, "terminate"), (2.0, "kill")):
-            deadline = time.monotonic() + grace
+        (together), then kill what is left; then kill what is left in each rank's process group
+        (processes its tasks started). A Ctrl-C meanwhile is raised once this is done."""
+        with _sigint_deferred():
+            for grace, stop in ((timeout, "terminate"), (2.0, "kill")):
+                deadline = time.monotonic() + grace
+                for p in self._procs:
+                    if not _exited(p, deadline - time.monotonic()):
+                        getattr(p, stop)()
             for p in self._procs:
-                if not _exited(p, deadline - time.monotonic()):
-                    getattr(p, stop)()
-        for p in self._procs:
-            _exited(p, 2.0)
-        for c in self._conns:
-            c.close()
-        self._procs, self._conns, self._store = [], [], None
+                _exited(p, 2.0)
+                _kill_group(p.pid)
+            for c in self._conns:
+                c.close()
+            self._procs, self._conns, self._store = [], [], None
 
     def __enter__(self) -> Pool:
         return self.start()
@@ -616,20 +745,22 @@ class Pool:
         timeout = _seconds("timeout", timeout)
         seed = integer("seed", seed, 0, 2**63 - 1)
         check_kwargs(name, fn, kwargs)
-        self._task += 1
-        task = self._task
-        data = _dumps(name, (task, name, kwargs, seed))
-        self.start()
-        if self._shared is not None:
-            return self._run_shared(name, kwargs, seed, timeout)
-        try:
-            self._send_all(name, data)
-            return self._collect(task, name, timeout)
-        except (RankError, RunTimeout):
-            raise
-        except BaseException:  # KeyboardInterrupt in a notebook: never leave ranks running a
-            self._teardown()  # task whose result nobody will read
-            raise
+        blob = _dumps(name, kwargs)
+        with self._lock:  # one call at a time: each reads the replies to its own task
+            self._task += 1
+            task = self._task
+            data = _pickle((task, name, blob, seed))
+            self._start()
+            if self._shared is not None:
+                return self._run_shared(name, kwargs, seed, timeout)
+            try:
+                self._send_all(name, data)
+                return self._collect(task, name, timeout)
+            except (RankError, RunTimeout):
+                raise
+            except BaseException:  # KeyboardInterrupt in a notebook: never leave ranks running
+                self._teardown()  # a task whose result nobody will read
+                raise
 
     def _send_all(self, name: str, data: bytes) -> None:
         """Send one task to every rank; a rank found dead (before or while sending) is a
@@ -868,14 +999,14 @@ class PoolServer:
             if op == "hello":
                 reply: tuple = ("ok", (self.pool.world_size, self.pool.backend))
             else:
-                name, kwargs, seed, timeout = payload
                 try:
+                    name, kwargs, seed, timeout = pickle.loads(payload)
                     reply = ("ok", self.pool.run(name, timeout=timeout, seed=seed, **kwargs))
                 except Exception as e:
                     reply = _error_state(e)
                 self.served += 1
             try:
-                conn.send(reply)
+                conn.send_bytes(_pickle(reply))
             except OSError:
                 return
 
@@ -895,6 +1026,18 @@ class PoolServer:
         self._listener.close()
         self.pool.close()
         shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def _kill_group(pgid: int) -> None:
+    """SIGKILL what is left of the process group ``pgid`` (a rank's: it was started in a new
+    session, so its pid is the group's id, and the processes its tasks started are in it). The
+    group id cannot be reused while any member lives; a group already empty is a no-op."""
+    import signal
+
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _exited(p, seconds: float) -> bool:
@@ -923,12 +1066,11 @@ def check_kwargs(name: str, fn, kwargs: dict) -> None:
         raise TypeError(f"{name}: {e}") from None
 
 
-def _dumps(name: str, msg: tuple) -> bytes:
-    """``msg`` pickled the way ``Connection.send`` does (the ranks read it with ``recv``)."""
-    from multiprocessing.reduction import ForkingPickler
-
+def _dumps(name: str, kwargs: dict) -> bytes:
+    """A task's keyword arguments pickled by value (:func:`_pickle`); a ``ValueError`` naming
+    the task when they cannot be."""
     try:
-        return bytes(ForkingPickler.dumps(msg))
+        return _pickle(kwargs)
     except Exception as e:
         raise ValueError(
             f"the arguments of {name} cannot be sent to the ranks (they must be "
