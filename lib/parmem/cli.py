@@ -450,7 +450,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the ``parmem`` command with ``argv`` (default ``sys.argv[1:]``); the exit status.
-    Every error is one line on stderr and status 2 (see :func:`run_guarded`)."""
+    Every error is one line on stderr and status 2 (see ``parmem._check.run_guarded``)."""
 
     def body() -> int:
         args = build_parser().parse_args(argv)

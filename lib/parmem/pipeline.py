@@ -434,7 +434,7 @@ def in_flight_units(schedule: str, p: int, m: int, stage: int, v: int = 1) -> in
 def in_flight_profile(schedule: str, p: int, m: int, v: int = 1) -> tuple[int, ...]:
     """:func:`in_flight_units` of every stage 0..p-1 (validated once; what the estimator uses).
 
-    One closed form per stage, so the work is p entries (p <= :data:`~parmem._check.MAX_GPUS`)
+    One closed form per stage, so the work is p entries (p <= ``parmem._check.MAX_GPUS``)
     whatever m and v; the cache is keyed on the checked ``int`` values only (a NumPy integer and
     the equal ``int`` share one entry, with the same answer).
     """
