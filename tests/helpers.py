@@ -6,6 +6,7 @@ from."""
 from __future__ import annotations
 
 import os
+import time
 
 from hypothesis import HealthCheck, settings
 
@@ -67,3 +68,28 @@ def layernorm_stats(s, b):
     """Two LayerNorms each save mean and rstd per token. On CPU with bf16 input they are bf16
     (2 bytes each); on CUDA they are fp32. Korthikanti et al. 2022 do not count them."""
     return 2 * 2 * 2 * s * b
+
+
+def process_gone(pid: int) -> bool:
+    """The process has exited (a zombie that nobody reaped counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+    except OSError:  # no /proc (macOS): ask the kernel
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        return False
+
+
+def wait_gone(pids, seconds: float) -> list[int]:
+    """Poll until every pid is gone or ``seconds`` pass; the ones still running."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if all(process_gone(p) for p in pids):
+            return []
+        time.sleep(0.02)
+    return [p for p in pids if not process_gone(p)]

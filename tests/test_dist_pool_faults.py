@@ -12,6 +12,7 @@ import sys
 import time
 
 import pytest
+from helpers import process_gone, wait_gone
 
 pytest.importorskip("torch")
 
@@ -46,32 +47,6 @@ def pool():
 # Each test below reproduces one failure of issue 21 that the pool used to have; every wait in
 # them is bounded (subprocess timeouts, deadlines), so a regression fails instead of hanging.
 TESTS = os.path.dirname(os.path.abspath(__file__))
-
-
-def _gone(pid: int) -> bool:
-    """The process has exited (a zombie that nobody reaped counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-    except FileNotFoundError:
-        return True
-    except OSError:  # no /proc (macOS): ask the kernel
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        return False
-
-
-def _wait_gone(pids, seconds: float) -> list[int]:
-    """Poll until every pid is gone or ``seconds`` pass; the ones still running."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        alive = [p for p in pids if not _gone(p)]
-        if not alive:
-            return []
-        time.sleep(0.05)
-    return [p for p in pids if not _gone(p)]
 
 
 def _wait_for_file(path: str, seconds: float) -> bool:
@@ -200,7 +175,7 @@ def test_a_rank_killed_while_idle_is_named(pool, which):
     """It used to raise a bare BrokenPipeError (or hang on the live ranks)."""
     pids = [r["pid"] for r in pool.run("parmem.distributed.checks:ping")]
     os.kill(pids[which], 9)
-    assert _wait_gone([pids[which]], 30) == []
+    assert wait_gone([pids[which]], 30) == []
     with pytest.raises(WorkerDied) as info:
         pool.run("parmem.distributed.checks:ping")
     err = info.value
@@ -266,7 +241,7 @@ def test_a_hung_rank_is_stopped_by_the_run_timeout(pool):
     with pytest.raises(RunTimeout):
         pool.run("dist_faults:hang_ignoring_sigterm", seconds=60, timeout=1.0)
     assert time.perf_counter() - t0 < 15 and not pool.alive
-    assert _wait_gone(pids, 5) == []
+    assert wait_gone(pids, 5) == []
 
 
 _IDLE_SCRIPT = """
@@ -344,11 +319,11 @@ def test_ranks_exit_within_5_s_of_the_parent_being_killed(target, from_thread, t
         assert len(pids) == 2, proc.stderr.read()[-2000:] if not line else line
         # the task is running on both ranks
         assert all(_wait_for_file(f"{started}.{r}", 120) for r in range(2)), "never started"
-        assert not any(_gone(p) for p in pids)
+        assert not any(process_gone(p) for p in pids)
         proc.kill()
         proc.wait(10)
         t0 = time.monotonic()
-        left = _wait_gone(pids, 5.0)
+        left = wait_gone(pids, 5.0)
         assert left == [], f"ranks {left} still running {time.monotonic() - t0:.1f} s after"
     finally:
         _kill([proc.pid, *pids])

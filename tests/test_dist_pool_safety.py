@@ -16,6 +16,7 @@ import threading
 import time
 
 import pytest
+from helpers import process_gone, wait_gone
 
 torch = pytest.importorskip("torch")
 
@@ -83,31 +84,6 @@ def pool():
         yield p
 
 
-def _gone(pid: int) -> bool:
-    """The process has exited (a zombie nobody reaped yet counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-    except FileNotFoundError:
-        return True
-    except OSError:  # no /proc: ask the kernel
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        return False
-
-
-def _wait_gone(pids, seconds: float) -> list[int]:
-    """Poll until every pid is gone or ``seconds`` pass; the ones still running."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if all(_gone(p) for p in pids):
-            return []
-        time.sleep(0.02)
-    return [p for p in pids if not _gone(p)]
-
-
 def _wait_for_files(paths, seconds: float) -> bool:
     deadline = time.monotonic() + seconds
     while not all(os.path.exists(p) for p in paths):
@@ -170,7 +146,7 @@ def test_close_from_another_thread_stops_a_run_in_progress(tmp_path):
         th.join(30)
         assert time.monotonic() - t0 < 30 and not th.is_alive()
         assert len(outcome) == 1 and isinstance(outcome[0], RankError), outcome
-        assert _wait_gone(pids, 10) == [] and not p._procs
+        assert wait_gone(pids, 10) == [] and not p._procs
     finally:
         p.close()
 
@@ -206,9 +182,9 @@ def test_processes_a_task_started_are_killed_with_its_rank(pool):
     """`sleep 60` started by a task used to outlive close(); now each rank's process group is
     killed once the rank is gone."""
     children = pool.run(f"{HERE}:spawn_sleep")
-    assert len(children) == 1 and not any(_gone(c) for c in children)
+    assert len(children) == 1 and not any(process_gone(c) for c in children)
     pool.close()
-    assert _wait_gone(children, 10) == []
+    assert wait_gone(children, 10) == []
 
 
 _GROUP_SCRIPT = """
