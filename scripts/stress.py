@@ -37,6 +37,7 @@ while time.monotonic() < end:
 """
 
 DEFAULT_TESTS = ["tests/test_dist_launcher.py", "tests/test_dist_pool_faults.py",
+                 "tests/test_dist_pool_safety.py",
                  "tests/test_dist_anatomy.py",
                  "tests/test_dist_collectives.py", "tests/test_dist_dp.py",
                  "tests/test_dist_pp.py", "tests/test_dist_tp.py", "tests/test_dist_zero.py"]
