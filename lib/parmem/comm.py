@@ -425,7 +425,8 @@ def collectives(x: StageShape) -> CommBreakdown:
     m, L, tp = x.num_microbatches, x.layers, x.tp
     s_local = x.seq_len // x.cp
     fwd = 2 if x.recompute == "full" else 1  # forward passes per micro-batch
-    act = s_local * x.micro_batch * x.hidden * x.act_bytes
+    # the TP collective's message: one layer input, whole (the boundary tensor without SP)
+    act = layer_input_bytes(x.hidden, x.seq_len, x.micro_batch, cp=x.cp, act_bytes=x.act_bytes)
     ops: list[CommOp] = []
 
     def add(cat: str, what: str, op: str, size: int, n: int, count: int) -> None:

@@ -32,7 +32,7 @@ et al. 2021 §2.2 (stages, interleaving needs m a multiple of p), Korthikanti et
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -254,7 +254,13 @@ class Layout:
     @property
     def tp_output_bytes(self) -> int:
         """The TP all-reduce (or SP all-gather) output, one s/cp·b·h tensor, when t > 1."""
-        return self.act_bytes * self.tokens * self.spec.hidden if self.parallel.tp > 1 else 0
+        if self.parallel.tp == 1:
+            return 0
+        st = self.setup
+        return layer_input_bytes(
+            self.spec.hidden, st.seq_len, st.micro_batch, cp=self.parallel.cp,
+            act_bytes=self.act_bytes,
+        )  # fmt: skip
 
     @property
     def capacity_factor(self) -> float | None:
@@ -372,14 +378,11 @@ def layout(
     instance("setup", st, TrainingSetup, "TrainingSetup(seq_len=...)")
     if layers_per_stage is None:
         return _cached(spec, par, st, None)
-    try:
+    if isinstance(layers_per_stage, Sequence) and not isinstance(layers_per_stage, str | bytes):
         key = tuple(layers_per_stage)
-        hash(key)
-    except TypeError:
-        return Layout(spec, par, st, layers_per_stage)
-    if isinstance(layers_per_stage, str | bytes):
-        return Layout(spec, par, st, layers_per_stage)
-    return _cached(spec, par, st, key)
+        if all(isinstance(n, Hashable) for n in key):
+            return _cached(spec, par, st, key)
+    return Layout(spec, par, st, layers_per_stage)  # refuses it, naming layers_per_stage
 
 
 def check_layout(

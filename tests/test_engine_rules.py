@@ -1,0 +1,114 @@
+"""The engine defaults and layout rules of ``data/engines.toml`` (issue 26), checked against each
+engine's own code: Megatron-LM's recorded argument parser, Megatron-Core's ``TransformerConfig``,
+torchtitan's FSDP policy, PyTorch's pipeline stage and FSDP2 parameter, DeepSpeed's ZeRO optimizer
+and pipeline schedules, and a Transformers model built from a config.
+
+Not checked here, and said so in the data: torchtitan's default attention kernel (its model
+modules need Triton to import; the profile's ``flash_attention = true`` rests on reading
+FlexAttention's code)."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+from pathlib import Path
+
+import pytest
+
+from parmem import ModelSpec, ParallelConfig, TrainingSetup, estimate
+from parmem.engines import engine
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def _megatron_option(dest: str) -> dict:
+    args = json.loads((FIXTURES / "megatron_lm_args.json").read_text())
+    return next(o for o in args["options"] if o["dest"] == dest)
+
+
+def test_megatron_defaults_are_its_parsers():
+    """megatron-core's defaults: TE layers with --attention-backend auto (a fused kernel, no s x s
+    scores), no overlap flags on, dropout as Megatron's config has it unless the model says
+    otherwise (the library default is 0.1; parmem's recipes pass 0.0 for a model without)."""
+    prof = engine("megatron-core")
+    assert _megatron_option("transformer_impl")["default"] == "transformer_engine"
+    assert _megatron_option("attention_backend")["default"] == "auto"
+    assert prof.defaults.flash_attention
+    for flag in ("overlap_grad_reduce", "overlap_param_gather"):
+        assert _megatron_option(flag)["default"] is False
+    assert prof.defaults.overlap == ()
+    assert _megatron_option("attention_dropout")["default"] == 0.1
+    assert prof.defaults.dropout == "model"
+    config = pytest.importorskip("megatron.core.transformer.transformer_config")
+    fields = {f.name: f.default for f in dataclasses.fields(config.TransformerConfig)}
+    assert str(fields["attention_backend"]).endswith("auto")
+    assert (fields["hidden_dropout"], fields["attention_dropout"]) == (0.1, 0.1)
+
+
+def test_megatron_has_no_gpipe_and_no_zero_2_3():
+    """Megatron-Core's schedules are 1F1B and interleaved 1F1B; its distributed optimizer is
+    ZeRO-1 (ZeRO-2/3 need Megatron-FSDP, which the profile does not describe)."""
+    schedules = pytest.importorskip("megatron.core.pipeline_parallel.schedules")
+    names = [n for n in dir(schedules) if n.startswith("forward_backward")]
+    assert not any("gpipe" in n.lower() for n in names), names
+    prof = engine("megatron-core")
+    assert prof.refusal("gpipe") and prof.zero_stages == (0, 1)
+
+
+def test_torchtitan_keeps_a_pipeline_stage_unsharded():
+    """torchtitan's default reshard policy is ``not pp_enabled``; PyTorch's pipeline stage turns
+    gradient sync and resharding off for every backward but the last, and FSDP2 accumulates the
+    unsharded gradients in the reduce dtype: the profile's ``pipeline_zero3 = "stage"``."""
+    fsdp = pytest.importorskip("torchtitan.distributed.fsdp")
+    policy = fsdp.get_fsdp_reshard_after_forward_policy
+    assert policy("default", pp_enabled=True) is False
+    assert policy("default", pp_enabled=False) is True
+    from torch.distributed.fsdp._fully_shard._fsdp_param import FSDPParam
+    from torch.distributed.pipelining import stage
+
+    nosync = inspect.getsource(stage._PipelineStageBase.backward_maybe_with_nosync)
+    assert "set_requires_gradient_sync(False)" in nosync
+    assert "set_reshard_after_backward(False)" in nosync
+    assert "reduce_dtype" in inspect.getsource(FSDPParam.to_accumulated_grad_if_needed)
+    prof = engine("fsdp2")
+    assert prof.buffers.pipeline_zero3 == "stage"
+    assert prof.buffers.zero3_grads == "high"  # fp32 accumulators under mixed precision
+    assert not prof.defaults.dropout  # torchtitan's models have no dropout
+
+
+def test_deepspeed_fp32_partition_and_pipeline_schedules():
+    """ZeRO-1/2 make the fp32 gradient partition inside step() and drop it after each group's
+    update (the profile's ``phase = "step"``); the pipeline engine has no interleaved
+    (virtual-stage) schedule."""
+    pytest.importorskip("deepspeed")
+    from deepspeed.runtime.pipe import schedule
+    from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
+
+    step = inspect.getsource(DeepSpeedZeroOptimizer.step)
+    assert "single_partition_of_fp32_groups[i].grad = None" in step
+    cats = {c.name: c for c in engine("deepspeed").categories("bf16-mixed", 2)}
+    assert cats["grad_partition"].phase == "step"
+    names = [n for n in dir(schedule) if n.endswith("Schedule")]
+    assert "TrainSchedule" in names
+    assert not any("nterleav" in n for n in names), names
+    assert engine("deepspeed").refusal("interleaved")
+    # and the estimate follows: the partition is not counted at the activation peak
+    d, psi = 8, ModelSpec.preset("gpt2-medium").num_params()
+    est = estimate(ModelSpec.preset("gpt2-medium"), ParallelConfig(dp=d, zero=2),
+                   TrainingSetup(seq_len=1024, engine="deepspeed")).peak
+    assert est.optimizer_step == 4 * -(-psi // d)
+
+
+def test_transformers_default_attention_is_sdpa():
+    """A Transformers model built from a config runs SDPA unless told otherwise: the hf (and
+    deepspeed) profiles' fused-attention default."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                                   num_hidden_layers=1, num_attention_heads=4,
+                                   num_key_value_heads=2)
+    model = transformers.LlamaForCausalLM(cfg)
+    assert model.config._attn_implementation == "sdpa"
+    assert cfg.attention_dropout == 0.0
+    for name in ("hf", "deepspeed"):
+        assert engine(name).defaults.flash_attention and engine(name).defaults.dropout == "model"
