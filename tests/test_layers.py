@@ -17,6 +17,8 @@ same layer may not import each other either, so that a formula cannot drift into
     allocator, traces, analyses,          the allocator simulator and its traces; studies;
     engine_analyses,                      one job under each engine profile;
     measure, reference                    the torch side
+    bounds                                allocated, reserved and the high bound
+    fit                                   the inverse queries (what fits)
     planner                               search and cost model
     book, distributed                     glue, tables, plots, widgets; the demos
     cli                                   the command line
@@ -44,6 +46,8 @@ LAYERS: list[set[str]] = [
     {"comm", "flops"},
     {"estimate", "inference"},
     {"allocator", "traces", "analyses", "engine_analyses", "measure", "reference"},
+    {"bounds"},
+    {"fit"},
     {"planner"},
     {"book", "distributed", "plots", "widgets", "tables"},
     {"cli"},

@@ -9,13 +9,14 @@ Layers (each module imports only from the layers below it; ``tests/test_layers.p
 ``units``, ``_check``, ``_data`` → ``sharding``, ``engines``, ``hardware`` → ``model`` →
 ``config``, ``papers`` → ``states``, ``pipeline``, ``activations`` → ``comm``, ``flops`` →
 ``estimate``, ``inference`` → ``allocator``, ``traces``, ``analyses``, ``engine_analyses``,
-``measure``, ``reference`` → ``planner`` → ``book``, ``distributed`` → ``cli``.
+``measure``, ``reference`` → ``bounds`` → ``fit`` → ``planner`` → ``book``, ``distributed`` → ``cli``.
 """
 
 from . import activations, comm, pipeline
 from .config import ParallelConfig, TrainingSetup
 from .engines import engine, engines
 from .estimate import Estimate, MemoryBreakdown, estimate
+from .fit import FitAnswer, fewest_gpus, max_micro_batch, max_requests, max_seq_len
 from .hardware import Hardware, Link, hardware_preset, hardware_presets, link_preset
 from .inference import kv_cache_bytes, kv_cache_bytes_per_token, weight_bytes
 from .model import ModelSpec, presets
@@ -29,6 +30,7 @@ __all__ = [
     "GIB",
     "Cluster",
     "Estimate",
+    "FitAnswer",
     "Hardware",
     "Link",
     "MemoryBreakdown",
@@ -41,11 +43,15 @@ __all__ = [
     "engine",
     "engines",
     "estimate",
+    "fewest_gpus",
     "hardware_preset",
     "hardware_presets",
     "kv_cache_bytes",
     "kv_cache_bytes_per_token",
     "link_preset",
+    "max_micro_batch",
+    "max_requests",
+    "max_seq_len",
     "model_state_bytes",
     "pipeline",
     "plan",

@@ -3,7 +3,9 @@
     parmem models
     parmem engines
     parmem estimate --model llama-2-7b --tp 4 --pp 2 --dp 8 --zero 1 --seq 4096 [--json]
-        [--engine megatron-core] [--optimizer lion] [--offload optimizer]
+        [--engine megatron-core] [--optimizer lion] [--offload optimizer] [--gpu h100-sxm]
+    parmem fit seq --model llama-3-70b --tp 8 --pp 2 --sp --recompute full --gpu h100-sxm
+    parmem fit gpus --model llama-3-70b --seq 4096 --engine megatron-core
     parmem kv --model llama-3-70b --seq 8192 --batch 16 --tp 8
     parmem serve-memory --model llama-2-7b --weights int4 --seq 4096 --batch 8
     parmem plan --model gpt3-175b --gpu a100-80gb --gpus-per-node 8 --nodes 96 \
@@ -12,7 +14,7 @@
 ``--model`` takes a preset name or the path of a Hugging Face ``config.json`` (or its folder);
 a preset wins over a folder of the same name unless the argument has a ``/`` or ends in
 ``.json``. Errors print one line to stderr, naming the flag, and exit with status 2.
-``parmem plan`` exits with status 1 when no layout fits (the reason goes to stderr; with
+``parmem plan`` and ``parmem fit`` exit with status 1 when no layout (no value) fits (the reason goes to stderr; with
 ``--json`` the plan still goes to stdout). Output piped into a command that stops reading
 (``parmem plan ... | head``) ends quietly with status 141, as a killed-by-SIGPIPE tool does;
 stdout closed (``>&-``) or not writable is one line and status 2. ``--json`` writes ``null``
@@ -41,6 +43,7 @@ from ._check import (
     write_err,
     write_out,
 )
+from .bounds import bounds
 from .config import (
     GRAD_DTYPES,
     OFFLOADS,
@@ -53,6 +56,7 @@ from .config import (
 )
 from .engines import engine, engines
 from .estimate import estimate
+from .fit import BOUNDS, fewest_gpus, max_micro_batch, max_requests, max_seq_len
 from .inference import KV_DTYPES, WEIGHT_DTYPES, kv_cache_bytes, kv_cache_bytes_per_token
 from .inference import weight_bytes as _weight_bytes
 from .model import ModelSpec, presets
@@ -121,9 +125,9 @@ def _cmd_engines(args) -> int:
     return 0
 
 
-def _cmd_estimate(args) -> int:
-    spec = _model(args.model)
-    par = ParallelConfig(
+def _parallel(args) -> ParallelConfig:
+    """The layout flags shared by ``estimate`` and ``fit``."""
+    return ParallelConfig(
         dp=args.dp,
         tp=args.tp,
         pp=args.pp,
@@ -133,9 +137,14 @@ def _cmd_estimate(args) -> int:
         zero=args.zero,
         vpp=args.vpp,
     )
+
+
+def _setup(args, seq: int) -> TrainingSetup:
+    """The step flags shared by ``estimate`` and ``fit`` (``seq``: ``--seq``, or 1 when ``fit
+    seq`` searches it)."""
     schedule = args.schedule or ("interleaved" if args.vpp > 1 else "1f1b")
-    setup = TrainingSetup(
-        seq_len=args.seq,
+    return TrainingSetup(
+        seq_len=seq,
         micro_batch=args.micro_batch,
         num_microbatches=args.microbatches,
         precision=args.precision,
@@ -150,17 +159,77 @@ def _cmd_estimate(args) -> int:
         grad_dtype=args.grad_dtype,
         offload=args.offload,
     )
+
+
+def _bound_options(args) -> dict:
+    """``--measured-context-gib`` and ``--reserve-gib``: a reader's own measurements."""
+    out = {}
+    if args.measured_context_gib is not None:
+        out["cuda_context"] = int(round(args.measured_context_gib * GIB))
+    if args.reserve_gib is not None:
+        out["reserve"] = int(round(args.reserve_gib * GIB))
+    return out
+
+
+def _cmd_estimate(args) -> int:
+    spec = _model(args.model)
     lps = list(args.layers_per_stage) if args.layers_per_stage else None
     est = estimate(
         spec,
-        par,
-        setup,
+        _parallel(args),
+        _setup(args, args.seq),
         layers_per_stage=lps,
         world_size=args.world_size,
         gpus_per_node=args.gpus_per_node,
     )
-    write_out(strict_json(est.to_dict()) if args.json else est)
+    if args.gpu is None:
+        write_out(strict_json(est.to_dict()) if args.json else est)
+        return 0
+    band = bounds(est, args.gpu, **_bound_options(args))
+    if args.json:
+        write_out(strict_json({**est.to_dict(), "bounds": band.to_dict()}))
+    else:
+        write_out(f"{est}\n{band}")
     return 0
+
+
+def _cmd_fit(args) -> int:
+    spec = _model(args.model)
+    opts = _bound_options(args)
+    if args.quantity == "requests":
+        if args.seq is None:
+            raise ValueError("--seq is required: the length of every request")
+        ans = max_requests(
+            spec,
+            args.seq,
+            args.gpu,
+            tp=args.tp,
+            weight_dtype=args.weights,
+            kv_dtype=args.kv_dtype,
+            utilization=args.utilization,
+        )
+    elif args.quantity == "seq":
+        ans = max_seq_len(
+            spec, _parallel(args), _setup(args, 1), args.gpu, bound=args.bound, **opts
+        )
+    else:
+        if args.seq is None:
+            raise ValueError(f"--seq is required for fit {args.quantity}")
+        if args.quantity == "micro-batch":
+            ans = max_micro_batch(
+                spec, _parallel(args), _setup(args, args.seq), args.gpu, bound=args.bound, **opts
+            )
+        else:
+            ans = fewest_gpus(
+                spec,
+                _setup(args, args.seq),
+                args.gpu,
+                bound=args.bound,
+                max_gpus=args.max_gpus,
+                **opts,
+            )
+    write_out(strict_json(ans.to_dict()) if args.json else ans)
+    return 0 if ans.fits else 1
 
 
 def _cmd_kv(args) -> int:
@@ -310,29 +379,17 @@ def _flash_flags(p: argparse.ArgumentParser) -> None:
     flash.add_argument("--no-flash", dest="flash", action="store_false", help="it keeps it")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from . import __version__
-
-    ap = OneLineParser(prog="parmem", description="GPU memory under parallelism.")
-    ap.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    sub = ap.add_subparsers(dest="cmd", metavar="COMMAND", required=True)
-
-    p = sub.add_parser("models", help="list model presets")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=_cmd_models)
-
-    p = sub.add_parser("engines", help="list engine profiles, one line each")
-    p.add_argument("--json", action="store_true")
-    p.set_defaults(func=_cmd_engines)
-
-    p = sub.add_parser("estimate", help="per-GPU training memory, stage by stage")
+def _step_flags(p: argparse.ArgumentParser, seq_required: bool) -> None:
+    """The model, layout and step flags of ``estimate`` and ``fit``."""
     p.add_argument("--model", required=True, help="preset name or path to a config.json")
     for flag, default in (("dp", 1), ("tp", 1), ("pp", 1), ("ep", 1), ("cp", 1)):
         p.add_argument(f"--{flag}", type=_int(), default=default)
     p.add_argument("--vpp", type=_int(1, MAX_LAYERS), default=1)
     p.add_argument("--sp", action="store_true", help="sequence parallelism (needs --tp >= 2)")
     p.add_argument("--zero", type=_int(0, 3), default=0, choices=(0, 1, 2, 3))
-    p.add_argument("--seq", type=_int(1, MAX_SEQ_LEN), required=True, help="sequence length s")
+    p.add_argument(
+        "--seq", type=_int(1, MAX_SEQ_LEN), required=seq_required, help="sequence length s"
+    )
     p.add_argument("--micro-batch", type=_int(1, MAX_BATCH), default=1, help="micro-batch size b")
     p.add_argument(
         "--microbatches", type=_int(1, MAX_BATCH), default=1, help="micro-batches per step m"
@@ -369,10 +426,69 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--context-gib", type=_real(0, 1024), default=0.0, help="CUDA context per GPU, GiB"
     )
+    p.add_argument("--json", action="store_true", help="bytes as JSON")
+    p.add_argument(
+        "--bound", default="high", choices=BOUNDS, help="the number fits is judged on (fit)"
+    )
+    p.add_argument(
+        "--measured-context-gib",
+        type=_real(0, 1024),
+        default=None,
+        help="your measured CUDA context, GiB (bounds; default: data/overheads.toml)",
+    )
+    p.add_argument(
+        "--reserve-gib",
+        type=_real(0, 1024),
+        default=None,
+        help="your measured reserved - allocated, GiB (bounds; default: the allocator model)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
+    ap = OneLineParser(prog="parmem", description="GPU memory under parallelism.")
+    ap.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = ap.add_subparsers(dest="cmd", metavar="COMMAND", required=True)
+
+    p = sub.add_parser("models", help="list model presets")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_models)
+
+    p = sub.add_parser("engines", help="list engine profiles, one line each")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_cmd_engines)
+
+    p = sub.add_parser("estimate", help="per-GPU training memory, stage by stage")
+    _step_flags(p, seq_required=True)
     p.add_argument("--layers-per-stage", type=_ints, default=None, help="uneven split, e.g. 15,17")
     p.add_argument("--world-size", type=_int(), default=None, help="check d*t*p*cp against this")
-    p.add_argument("--json", action="store_true", help="bytes as JSON")
+    p.add_argument(
+        "--gpu",
+        default=None,
+        help="also print allocated, expected reserved and the high bound on this GPU preset",
+    )
     p.set_defaults(func=_cmd_estimate)
+
+    p = sub.add_parser(
+        "fit",
+        help="the longest sequence, largest micro-batch, most requests or fewest GPUs that fit",
+    )
+    p.add_argument(
+        "quantity",
+        choices=("seq", "micro-batch", "requests", "gpus"),
+        help="what to find (seq, micro-batch: for the layout given; requests: serving on --tp "
+        "GPUs; gpus: the fewest, and the layout)",
+    )
+    _step_flags(p, seq_required=False)
+    p.add_argument("--gpu", default="h100-sxm", help="hardware preset (see data/hardware.toml)")
+    p.add_argument("--max-gpus", type=_int(1, MAX_GPUS), default=1024, help="fit gpus: stop here")
+    p.add_argument("--weights", default="fp16", choices=tuple(WEIGHT_DTYPES), help="fit requests")
+    p.add_argument("--kv-dtype", default="fp16", choices=tuple(KV_DTYPES), help="fit requests")
+    p.add_argument(
+        "--utilization", type=_real(0, 1), default=0.9, help="fit requests: memory fraction"
+    )
+    p.set_defaults(func=_cmd_fit)
 
     p = sub.add_parser("kv", help="KV-cache bytes for serving")
     p.add_argument("--model", required=True)

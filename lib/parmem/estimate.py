@@ -38,7 +38,7 @@ from .sharding import factored_numel, largest_module_params, stage_params, vocab
 from .states import apply_rule, state_rule
 from .units import GIB
 
-__all__ = ["MemoryBreakdown", "Estimate", "estimate"]
+__all__ = ["MemoryBreakdown", "Estimate", "estimate", "activation_terms"]
 
 
 # ---------------------------------------------------------------------------- results
@@ -321,13 +321,14 @@ def estimate(
     return Estimate(spec=spec, parallel=par, setup=setup, stages=tuple(stages), gpus_per_node=gpn)
 
 
-def _activation_bytes(lay: Layout) -> tuple[int, int, int, int, int]:
-    """(all, kept) activation bytes of one layer and one micro-batch, and per micro-batch the
-    tensors every stage keeps once (shared by its layers) and the first and the last stage's
-    own tensors, from the profile's saved-tensor tables
-    (:func:`~parmem.activations.layer_terms`). Kept: all under no recompute; all but the core
-    under selective; the layer's input (the layout's boundary tensor) under full (Korthikanti
-    et al. 2022 Table 2)."""
+def activation_terms(lay: Layout) -> tuple[list[int], list[int], list[int], list[int], list[int]]:
+    """The bytes of each saved tensor of one micro-batch on one rank, from the profile's tables
+    (:func:`~parmem.activations.saved_tensor_bytes`): (every tensor of one layer, the tensors one
+    layer keeps under the setup's recompute policy, the tensors every stage keeps once, the first
+    stage's own, the last stage's own). Kept: all under no recompute; all but the core under
+    selective; the layer's input (the layout's boundary tensor) under full (Korthikanti et al.
+    2022 Table 2). :func:`estimate` sums them; :func:`parmem.bounds.step_events` allocates them
+    one by one."""
     spec, par, setup = lay.spec, lay.parallel, lay.setup
     layer, stage, first, last = saved_tensor_bytes(
         spec,
@@ -343,14 +344,21 @@ def _activation_bytes(lay: Layout) -> tuple[int, int, int, int, int]:
         capacity_factor=setup.capacity_factor,
         engine=setup.engine,
     )
-    full = sum(n for x, n in layer if not x.only_selective)
+    full = [n for x, n in layer if not x.only_selective]
     if setup.recompute == "none":
         kept = full
     elif setup.recompute == "selective":
-        kept = sum(n for x, n in layer if not x.core)
+        kept = [n for x, n in layer if not x.core]
     else:
-        kept = lay.boundary_bytes
-    stage_b, first_b, last_b = (sum(n for _, n in place) for place in (stage, first, last))
+        kept = [lay.boundary_bytes]
+    return full, kept, *([n for _, n in place] for place in (stage, first, last))
+
+
+def _activation_bytes(lay: Layout) -> tuple[int, int, int, int, int]:
+    """(all, kept) activation bytes of one layer and one micro-batch, and per micro-batch the
+    tensors every stage keeps once (shared by its layers) and the first and the last stage's
+    own tensors: the sums of :func:`activation_terms`."""
+    full, kept, stage_b, first_b, last_b = (sum(x) for x in activation_terms(lay))
     return full, kept, stage_b, first_b, last_b
 
 

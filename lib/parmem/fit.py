@@ -1,0 +1,351 @@
+"""What fits: the inverse questions, answered by bisection over the estimator.
+
+Readers rarely ask "how much memory does this layout take"; they ask "what is the longest
+sequence, the largest micro-batch, the most concurrent requests that fit?" and "what is the
+fewest GPUs for this model?". Each function here answers one of them exactly at its boundary:
+the answer fits, and the next value up (or, for GPUs, every smaller count) does not, both
+checked with the same function a forward question uses.
+
+"Fits" is judged on one of :func:`parmem.bounds.bounds`' numbers (``bound``): ``"high"`` (the
+default: allocated + the caching allocator's overhead + CUDA context, NCCL buffers and the
+cuBLAS workspace), ``"reserved"`` or ``"allocated"`` (:func:`parmem.estimate` alone). Memory
+grows with the sequence and the micro-batch, so bisection finds the boundary in O(log n)
+estimates. The allocator's overhead is not monotone in every case; the answer is still exact at
+its boundary (the answer fits, one step more does not), but a much larger value could fit
+again in principle. :attr:`FitAnswer.probes` says how many estimates the search ran.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ._check import MAX_BATCH, MAX_GPUS, MAX_SEQ_LEN, choice, integer
+from .bounds import bounds
+from .config import ParallelConfig, TrainingSetup
+from .engines import engine as engine_profile
+from .estimate import Estimate, estimate
+from .hardware import Hardware, hardware_preset
+from .inference import kv_cache_bytes, max_concurrency, serving_weight_bytes
+from .model import ModelSpec
+from .units import GIB
+
+__all__ = [
+    "FitAnswer",
+    "BOUNDS",
+    "judged_bytes",
+    "max_seq_len",
+    "max_micro_batch",
+    "max_requests",
+    "fewest_gpus",
+]
+
+#: the numbers "fits" may be judged on
+BOUNDS = ("high", "reserved", "allocated")
+
+
+@dataclass(frozen=True)
+class FitAnswer:
+    """An inverse query's answer. ``value``: the largest value that fits (the fewest GPUs for
+    :func:`fewest_gpus`); 0 when none does. ``bytes``: the judged bytes at ``value``.
+    ``next_value``/``next_bytes``: the step beyond the boundary, which does not fit (``None``
+    when ``value`` is the largest allowed, or, for :func:`fewest_gpus`, always: every smaller
+    count was tried). ``capacity``: the GPU's bytes. ``layout``: the layout found
+    (:func:`fewest_gpus`), else the one asked about."""
+
+    quantity: str
+    value: int
+    bytes: int
+    next_value: int | None
+    next_bytes: int | None
+    capacity: int
+    bound: str
+    probes: int
+    parallel: ParallelConfig | None = None
+    setup: TrainingSetup | None = None
+
+    @property
+    def fits(self) -> bool:
+        """Whether any value fits at all."""
+        return self.value > 0
+
+    @property
+    def headroom(self) -> int:
+        """Capacity minus the judged bytes at the answer."""
+        return self.capacity - self.bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {k: v for k, v in self.__dict__.items() if k not in ("parallel", "setup")}
+        d["parallel"] = None if self.parallel is None else self.parallel.__dict__.copy()
+        d["setup"] = None if self.setup is None else self.setup.__dict__.copy()
+        d["headroom"] = self.headroom
+        return d
+
+    def __str__(self) -> str:
+        g = GIB
+        if not self.value:
+            return (
+                f"{self.quantity}: nothing fits ({self.bytes / g:.2f} GiB {self.bound} at the "
+                f"smallest value > {self.capacity / g:.2f} GiB)"
+            )
+        out = (
+            f"{self.quantity} = {self.value:,}: {self.bytes / g:.2f} GiB {self.bound} of "
+            f"{self.capacity / g:.2f} GiB ({self.headroom / g:+.2f} GiB headroom)"
+        )
+        if self.next_value is not None and self.next_bytes is not None:
+            out += f"; {self.next_value:,} needs {self.next_bytes / g:.2f} GiB"
+        if self.parallel is not None and self.quantity == "gpus":
+            out += f"; layout {self.parallel}"
+        return out
+
+
+def _hw(hardware: Hardware | str) -> Hardware:
+    if isinstance(hardware, Hardware):
+        return hardware
+    if isinstance(hardware, str):
+        return hardware_preset(hardware)
+    raise ValueError(f"hardware={hardware!r:.60} must be a Hardware or a preset name")
+
+
+def judged_bytes(est: Estimate, hardware: Hardware | str, bound: str = "high", **kw: Any) -> int:
+    """The bytes "fits" is judged on: the fullest stage's ``bound`` (one of :data:`BOUNDS`);
+    ``kw`` goes to :func:`parmem.bounds.bounds` (a measured ``cuda_context`` or ``reserve``)."""
+    bound = choice("bound", bound, BOUNDS)
+    if bound == "allocated":
+        return est.peak_bytes
+    b = bounds(est, hardware, **kw)
+    return b.high if bound == "high" else b.reserved
+
+
+def _largest(
+    quantity: str, limit: int, judge: Callable[[int], int], capacity: int, bound: str
+) -> tuple[int, int, int | None, int | None, int]:
+    """The largest k in 1..limit with judge(k) <= capacity, found by doubling then bisection:
+    (k, judge(k), k + 1 or None, judge(k + 1) or None, probes). k = 0 when judge(1) does not
+    fit (its bytes are returned then)."""
+    probes = 1
+    first = judge(1)
+    if first > capacity:
+        return 0, first, None, None, probes
+    lo, lo_bytes = 1, first
+    hi, hi_bytes = None, None
+    k = 2
+    while k <= limit:
+        probes += 1
+        got = judge(k)
+        if got > capacity:
+            hi, hi_bytes = k, got
+            break
+        lo, lo_bytes = k, got
+        k *= 2
+    if hi is None:
+        if lo == limit:
+            return lo, lo_bytes, None, None, probes
+        probes += 1
+        got = judge(limit)
+        if got <= capacity:
+            return limit, got, None, None, probes
+        hi, hi_bytes = limit, got
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        probes += 1
+        got = judge(mid)
+        if got <= capacity:
+            lo, lo_bytes = mid, got
+        else:
+            hi, hi_bytes = mid, got
+    return lo, lo_bytes, hi, hi_bytes, probes
+
+
+def max_seq_len(
+    spec: ModelSpec,
+    parallel: ParallelConfig | None = None,
+    setup: TrainingSetup | None = None,
+    hardware: Hardware | str = "h100-sxm",
+    *,
+    bound: str = "high",
+    **bound_options: Any,
+) -> FitAnswer:
+    """The longest sequence a training step of ``spec`` under ``parallel``/``setup`` fits on
+    ``hardware``. Sequences are tried in steps of cp × (t under sequence parallelism), the
+    lengths the layout accepts; with cp > 1 this is the longest context for that CP degree. A
+    model with learned positions stops at ``max_positions``. ``setup``'s own ``seq_len`` is
+    ignored."""
+    par = parallel or ParallelConfig()
+    base = setup or TrainingSetup(seq_len=1)
+    hw = _hw(hardware)
+    step = par.cp * (par.tp if par.sp else 1)
+    top = spec.max_positions if spec.position == "learned" else MAX_SEQ_LEN
+    limit = top // step
+    if not limit:
+        raise ValueError(
+            f"no sequence length is a multiple of cp·t = {step} within {top} (max_positions)"
+        )
+
+    def judge(k: int) -> int:
+        return judged_bytes(
+            estimate(spec, par, replace(base, seq_len=k * step)), hw, bound, **bound_options
+        )
+
+    k, got, nk, nb, probes = _largest("seq_len", limit, judge, hw.memory_bytes, bound)
+    value = k * step
+    return FitAnswer(
+        "seq_len",
+        value,
+        got,
+        None if nk is None else nk * step,
+        nb,
+        hw.memory_bytes,
+        bound,
+        probes,
+        par,
+        replace(base, seq_len=value or step),
+    )
+
+
+def max_micro_batch(
+    spec: ModelSpec,
+    parallel: ParallelConfig | None = None,
+    setup: TrainingSetup | None = None,
+    hardware: Hardware | str = "h100-sxm",
+    *,
+    bound: str = "high",
+    **bound_options: Any,
+) -> FitAnswer:
+    """The largest micro-batch b a training step of ``spec`` fits on ``hardware``, at the setup's
+    sequence length and number of micro-batches (``setup``'s own ``micro_batch`` is ignored)."""
+    par = parallel or ParallelConfig()
+    if setup is None:
+        raise ValueError(
+            "setup must be a TrainingSetup(seq_len=...): the sequence length is needed"
+        )
+    hw = _hw(hardware)
+
+    def judge(b: int) -> int:
+        return judged_bytes(
+            estimate(spec, par, replace(setup, micro_batch=b)), hw, bound, **bound_options
+        )
+
+    b, got, nb_, nbytes, probes = _largest("micro_batch", MAX_BATCH, judge, hw.memory_bytes, bound)
+    return FitAnswer(
+        "micro_batch",
+        b,
+        got,
+        nb_,
+        nbytes,
+        hw.memory_bytes,
+        bound,
+        probes,
+        par,
+        replace(setup, micro_batch=b or 1),
+    )
+
+
+def max_requests(
+    spec: ModelSpec,
+    seq_len: int,
+    hardware: Hardware | str = "h100-sxm",
+    *,
+    tp: int = 1,
+    weight_dtype: str = "fp16",
+    kv_dtype: str = "fp16",
+    utilization: float = 0.9,
+    reserved: int = 0,
+) -> FitAnswer:
+    """The most concurrent requests of ``seq_len`` tokens one GPU of a t-way serving group holds
+    (:func:`parmem.inference.max_concurrency`: the weights and every request's whole KV cache
+    within ``utilization`` of memory less ``reserved``), with the bytes at the answer and one
+    request more. The budget is the serving engine's (``utilization``), not the training bounds."""
+    hw = _hw(hardware)
+    n = max_concurrency(spec, seq_len, hw, tp, weight_dtype, kv_dtype, utilization, reserved)
+    weights = serving_weight_bytes(spec, weight_dtype, tp)
+    per = kv_cache_bytes(spec, seq_len, 1, kv_dtype, tp)
+    budget = int(hw.memory_bytes * utilization) - reserved
+    return FitAnswer(
+        "requests",
+        n,
+        weights + reserved + n * per,
+        n + 1,
+        weights + reserved + (n + 1) * per,
+        budget + reserved,
+        f"serving budget ({utilization:g} of memory)",
+        1,
+    )
+
+
+def _divisors(n: int, most: int) -> list[int]:
+    return [k for k in range(1, min(n, most) + 1) if n % k == 0]
+
+
+def _layouts(
+    spec: ModelSpec, n: int, gpus_per_node: int, prof: Any, zeros: tuple[int, ...]
+) -> Iterator[ParallelConfig]:
+    """Every (t, p, d, e, ZeRO) layout of n GPUs the engine may run: t within a node, dividing
+    the kv heads' multiple rules checked by the layout itself; p up to the layers; e dividing
+    the experts and d."""
+    for t in _divisors(n, gpus_per_node):
+        if t > 1 and prof.refusal("tp"):
+            continue
+        for p in _divisors(n // t, spec.layers):
+            d = n // (t * p)
+            eps = [1]
+            if spec.is_moe and not prof.refusal("ep"):
+                eps = [e for e in _divisors(d, spec.num_experts) if spec.num_experts % e == 0]
+            for e in eps:
+                for z in zeros if d > 1 else (0,):
+                    yield ParallelConfig(
+                        dp=d, tp=t, pp=p, ep=e, sp=t > 1 and not prof.refusal("sp"), zero=z
+                    )
+
+
+def fewest_gpus(
+    spec: ModelSpec,
+    setup: TrainingSetup,
+    hardware: Hardware | str = "h100-sxm",
+    *,
+    bound: str = "high",
+    max_gpus: int = 1024,
+    gpus_per_node: int = 8,
+    recompute: tuple[str, ...] = ("none", "selective", "full"),
+    **bound_options: Any,
+) -> FitAnswer:
+    """The fewest GPUs on which a training step of ``spec`` at ``setup``'s sequence length and
+    micro-batch fits, and the layout that does it. Every GPU count from 1 up is tried; for each,
+    every layout of :func:`_layouts` (t within a node, p up to L, e dividing the experts, ZeRO
+    0–3 as the engine allows) under each ``recompute`` policy, with m = p micro-batches (1F1B's
+    memory does not grow past p), until one fits. Among the layouts that fit at that count, the
+    one with the most headroom is returned. ``setup``'s ``engine`` decides the rules and the
+    accounting."""
+    hw = _hw(hardware)
+    bound = choice("bound", bound, BOUNDS)
+    max_gpus = integer("max_gpus", max_gpus, 1, MAX_GPUS)
+    gpus_per_node = integer("gpus_per_node", gpus_per_node, 1, 1024)
+    for r in recompute:
+        choice("recompute", r, ("none", "selective", "full"))
+    prof = engine_profile(setup.engine)
+    zeros = tuple(prof.zero_stages)
+    probes = 0
+    smallest: int | None = None
+    for n in range(1, max_gpus + 1):
+        best: tuple[int, ParallelConfig, TrainingSetup] | None = None
+        for par in _layouts(spec, n, gpus_per_node, prof, zeros):
+            for r in recompute:
+                st = replace(setup, recompute=r, num_microbatches=max(par.pp, 1))
+                try:
+                    est = estimate(spec, par, st)
+                except ValueError:
+                    continue  # a layout the model or the engine cannot run
+                probes += 1
+                if est.peak_bytes > hw.memory_bytes:
+                    smallest = est.peak_bytes if smallest is None else min(smallest, est.peak_bytes)
+                    continue
+                got = judged_bytes(est, hw, bound, **bound_options)
+                probes += 1
+                if got <= hw.memory_bytes and (best is None or got < best[0]):
+                    best = (got, par, st)
+        if best is not None:
+            return FitAnswer(
+                "gpus", n, best[0], None, None, hw.memory_bytes, bound, probes, best[1], best[2]
+            )
+    return FitAnswer("gpus", 0, smallest or 0, None, None, hw.memory_bytes, bound, probes)
