@@ -174,3 +174,39 @@ def test_every_documented_name_is_a_field():
     doc = web.__doc__
     for name in [*web.CALC_FIELDS, *web.PLAN_FIELDS]:
         assert f"``{name}``" in doc, name
+
+
+def test_the_band_is_parmem_bounds():
+    """Both pages show parmem.bounds' three numbers for the fullest GPU (the planner's for the
+    picked layout); the calculator's verdict stays the book's rule."""
+    from parmem.bounds import bounds
+
+    settings = {"model": "llama-2-7b", "d": "8", "zero": "1", "recompute": "full"}
+    got = web.calculate(settings)
+    ref = estimate(ModelSpec.preset("llama-2-7b"), ParallelConfig(dp=8, zero=1),
+                   TrainingSetup(seq_len=4096, recompute="full"))
+    want = bounds(ref, "h100-sxm")
+    b = got["band"]
+    assert (b["allocated"], b["reserved"], b["high"]) == (want.allocated, want.reserved, want.high)
+    assert b["headroom"] == want.headroom and b["fits"] is want.fits
+    assert b["gib"]["high"] == f"{want.high / GIB:.2f}"
+    planned = web.plan_layouts({"model": "llama-3-8b", "pick": "2"})
+    cand = plan(ModelSpec.preset("llama-3-8b"), Cluster("h100-sxm", 8, 1), 64, 4096,
+                engine="megatron-core").candidates[1]
+    assert planned["band"]["high"] == bounds(cand.estimate, "h100-sxm").high
+
+
+def test_solve_finds_the_longest_sequence_and_the_largest_micro_batch():
+    from parmem.fit import max_micro_batch, max_seq_len
+
+    base = {"model": "llama-3-8b", "d": "8", "zero": "1", "engine": "megatron-core"}
+    par = ParallelConfig(dp=8, zero=1)
+    setup = TrainingSetup(seq_len=4096, engine="megatron-core")
+    spec = ModelSpec.preset("llama-3-8b")
+    seq = web.calculate({**base, "solve": "seq"})["solve"]
+    assert seq["value"] == max_seq_len(spec, par, setup, "h100-sxm").value
+    b = web.calculate({**base, "solve": "b"})["solve"]
+    assert b["value"] == max_micro_batch(spec, par, setup, "h100-sxm").value
+    assert web.calculate(base)["solve"] is None
+    bad = web.calculate({**base, "solve": "gpus"})
+    assert not bad["ok"] and "solve" in bad["errors"]

@@ -18,6 +18,7 @@ import pytest
 from test_site import SITE, PageVisit, browser, origin  # noqa: F401 (fixtures)
 
 from parmem import Cluster, ModelSpec, ParallelConfig, TrainingSetup, estimate, plan
+from parmem.bounds import bounds
 from parmem.hardware import hardware_preset
 from parmem.planner import Assumptions
 from parmem.units import GIB
@@ -122,6 +123,10 @@ def check_calculation(page, settings: dict) -> None:
     usable = Assumptions().usable_bytes(hw)  # the planner's headroom: one rule for both pages
     assert summary.get_attribute("data-fits") == str(est.peak_bytes <= usable).lower()
     assert f"peak {est.peak_bytes / GIB:.2f} GiB" in summary.inner_text(), name
+    band, want = page.locator(".parmem-band"), bounds(est, hw)  # parmem.bounds, in the page
+    assert int(band.get_attribute("data-high")) == want.high, name
+    assert int(band.get_attribute("data-reserved")) == want.reserved, name
+    assert f"high bound {want.high / GIB:.2f} GiB" in band.inner_text(), name
     stages = shown_stages(page)
     assert len(stages) == len(est.stages), name
     for got, ref in zip(stages, est.stages, strict=True):

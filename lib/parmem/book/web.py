@@ -29,10 +29,17 @@ with its default:
 * ``seq``: sequence length s, 4096; ``b``: micro-batch size, 1; ``m``: micro-batches per step, 1;
 * ``precision``: ``bf16-mixed``, ``fp16-mixed``, ``bf16`` or ``fp32``, ``bf16-mixed``;
 * ``flash``: fused attention (no s x s scores kept): ``auto`` (the engine's kernel), 1 or 0,
-  ``auto``.
+  ``auto``;
+* ``solve``: ``seq`` (the longest sequence) or ``b`` (the largest micro-batch) that fits this
+  layout, judged on the high bound (:func:`parmem.fit.max_seq_len`,
+  :func:`parmem.fit.max_micro_batch`), ``none``.
 
 "fits" is judged on the usable memory, the GPU's memory less the planner's headroom
 (:meth:`parmem.planner.Assumptions.usable_bytes`): one rule for both pages and the chapters.
+Beside it both pages show the band of :func:`parmem.bounds.bounds`: allocated (the estimate),
+expected reserved (the caching allocator's overhead on the step's trace) and the high bound
+(with the CUDA context, NCCL's buffers and the cuBLAS workspace), and the headroom the high
+bound leaves on the GPU (``band``; the planner's for the picked layout).
 
 URL parameters of the planner (``planner.html?model=gpt3-175b&gpu=a100-80gb&nodes=96``):
 
@@ -64,9 +71,11 @@ from functools import lru_cache
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
+from ..bounds import bounds
 from ..config import PRECISIONS, RECOMPUTE, ParallelConfig, TrainingSetup
 from ..engines import engines
-from ..estimate import MemoryBreakdown, estimate
+from ..estimate import Estimate, MemoryBreakdown, estimate
+from ..fit import max_micro_batch, max_seq_len
 from ..hardware import hardware_preset, hardware_presets
 from ..model import ModelSpec, presets
 from ..planner import ENGINES, Assumptions, Cluster, Plan, plan
@@ -106,6 +115,7 @@ CALC_FIELDS: dict[str, tuple[str, str]] = {
     "m": ("1", "micro-batches per step"),
     "precision": ("bf16-mixed", "number formats"),
     "flash": ("auto", "fused attention (no s x s scores kept): auto (the engine's kernel), 1 or 0"),
+    "solve": ("none", "find the largest that fits on the high bound: none, seq or b"),
 }
 
 #: The planner's settings, as :data:`CALC_FIELDS`.
@@ -256,6 +266,47 @@ def _calc_inputs(v: Mapping[str, str]) -> tuple[ModelSpec, ParallelConfig, Train
     return spec, par, setup
 
 
+def band(est: Estimate, gpu: str) -> dict[str, Any]:
+    """:func:`parmem.bounds.bounds` of ``est`` on ``gpu`` as the pages show it: bytes and GiB of
+    allocated, reserved and high, the high bound's parts, its headroom and verdict."""
+    b = bounds(est, gpu)
+    p = b.peak
+    out: dict[str, Any] = {
+        "stage": p.stage,
+        "allocated": p.allocated,
+        "reserved": p.reserved,
+        "high": p.high,
+        "allocator": p.allocator,
+        "cuda_context": p.cuda_context,
+        "nccl": p.nccl,
+        "workspace": p.workspace,
+        "headroom": b.headroom,
+        "fits": b.fits,
+    }
+    out["gib"] = {k: f"{v / GIB:.2f}" for k, v in out.items() if isinstance(v, int)
+                  and not isinstance(v, bool) and k != "stage"}  # fmt: skip
+    return out
+
+
+def _solve(
+    what: str, spec: ModelSpec, par: ParallelConfig, setup: TrainingSetup, gpu: str
+) -> dict[str, Any] | None:
+    """The calculator's inverse query (``solve``): the longest sequence or the largest
+    micro-batch that fits on the high bound, with the bytes there and one step beyond."""
+    what = _one_of({"solve": what}, "solve", ("none", "seq", "b"))
+    if what == "none":
+        return None
+    ans = (max_seq_len if what == "seq" else max_micro_batch)(spec, par, setup, gpu)
+    return {
+        "quantity": what,
+        "value": ans.value,
+        "next": ans.next_value,
+        "gib": f"{ans.bytes / GIB:.2f}",
+        "next_gib": None if ans.next_bytes is None else f"{ans.next_bytes / GIB:.2f}",
+        "text": str(ans),
+    }
+
+
 def _stage_row(stage: MemoryBreakdown) -> dict[str, Any]:
     row: dict[str, Any] = {"stage": stage.stage, "layers": stage.layers, "total": stage.total}
     row.update({k: getattr(stage, k) for k in MemoryBreakdown.DRAWN})
@@ -289,6 +340,8 @@ def calculate(settings: Mapping[str, Any]) -> dict[str, Any]:
             "usable_gib": f"{usable / GIB:.2f}",
             "headroom": f"{Assumptions().headroom:.0%}",
             "fits": est.peak_bytes <= usable,
+            "band": band(est, hw.name),
+            "solve": _solve(values["solve"], spec, par, setup, hw.name),
             "components": list(MemoryBreakdown.DRAWN),
             "labels": {k: LABELS.get(k, k) for k in MemoryBreakdown.DRAWN},
             "stages": stages,
@@ -369,6 +422,7 @@ def plan_layouts(settings: Mapping[str, Any]) -> dict[str, Any]:
             "rejected": dict(result.rejected),
             "engine": engine,
             "recipe": result.emit(None, pick - 1) if rows and engine in EMITTER_OF else "",
+            "band": band(result.candidates[pick - 1].estimate, values["gpu"]) if rows else None,
             "query": to_query(values, PLAN_FIELDS),
         }
 

@@ -32,6 +32,7 @@ const CHOICES = {
   emit: (o) => o.emit,
   zero: () => ["0", "1", "2", "3"],
   flash: () => ["auto", "1", "0"],
+  solve: () => ["none", "seq", "b"],
 };
 const FLAGS = new Set(["sp"]);
 
@@ -113,6 +114,22 @@ function cell(row, text, attrs = {}) {
   row.append(el("td", attrs, String(text)));
 }
 
+// The band of parmem.bounds: allocated, expected reserved and the high bound, with its headroom
+function renderBand(out, b) {
+  const node = out.querySelector(".parmem-band");
+  if (!node) return;
+  if (!b) { node.textContent = ""; return; }
+  const verdict = b.fits ? "fits" : "does not fit";
+  node.textContent =
+    `Stage ${b.stage}: allocated ${b.gib.allocated} GiB, expected reserved ${b.gib.reserved} GiB ` +
+    `(+${b.gib.allocator} allocator), high bound ${b.gib.high} GiB (+${b.gib.cuda_context} CUDA context, ` +
+    `+${b.gib.nccl} NCCL, +${b.gib.workspace} cuBLAS): the high bound ${verdict} (${b.gib.headroom} GiB headroom).`;
+  node.dataset.allocated = String(b.allocated);
+  node.dataset.reserved = String(b.reserved);
+  node.dataset.high = String(b.high);
+  node.dataset.fits = String(b.fits);
+}
+
 function renderCalculation(r) {
   const out = root.querySelector(".parmem-output");
   const fits = r.fits ? "fits" : "does not fit";
@@ -121,6 +138,12 @@ function renderCalculation(r) {
     `${fits} in the ${r.usable_gib} GiB usable of the ${r.gpu}'s ${r.memory_gib} GiB (${r.headroom} kept free).`;
   out.querySelector(".parmem-summary").dataset.fits = String(r.fits);
   out.querySelector(".parmem-summary").dataset.peakBytes = String(r.peak_bytes);
+  renderBand(out, r.band);
+  const solved = out.querySelector(".parmem-solve");
+  if (solved) {
+    solved.textContent = r.solve ? `Largest that fits on the high bound: ${r.solve.text}.` : "";
+    solved.dataset.value = r.solve ? String(r.solve.value) : "";
+  }
   const table = el("table", { class: "parmem-table" });
   const head = el("tr");
   for (const h of ["stage", "layers", ...r.components.map((c) => r.labels[c]), "total"]) head.append(el("th", {}, h));
@@ -162,6 +185,7 @@ function renderPlan(r) {
   }
   out.querySelector(".parmem-table-box").replaceChildren(table);
   out.querySelector(".parmem-recipe").textContent = r.recipe;
+  renderBand(out, r.band);
 }
 
 async function update() {
