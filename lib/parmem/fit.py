@@ -12,7 +12,7 @@ cuBLAS workspace), ``"reserved"`` or ``"allocated"`` (:func:`parmem.estimate` al
 grows with the sequence and the micro-batch, so bisection finds the boundary in O(log n)
 estimates. The allocator's overhead is not monotone in every case; the answer is still exact at
 its boundary (the answer fits, one step more does not), but a much larger value could fit
-again in principle. :attr:`FitAnswer.probes` says how many estimates the search ran.
+again in principle. ``FitAnswer.probes`` says how many estimates the search ran.
 """
 
 from __future__ import annotations
@@ -312,7 +312,7 @@ def fewest_gpus(
 ) -> FitAnswer:
     """The fewest GPUs on which a training step of ``spec`` at ``setup``'s sequence length and
     micro-batch fits, and the layout that does it. Every GPU count from 1 up is tried; for each,
-    every layout of :func:`_layouts` (t within a node, p up to L, e dividing the experts, ZeRO
+    every layout (t within a node, p up to L, e dividing the experts, ZeRO
     0–3 as the engine allows) under each ``recompute`` policy, with m = p micro-batches (1F1B's
     memory does not grow past p), until one fits. Among the layouts that fit at that count, the
     one with the most headroom is returned. ``setup``'s ``engine`` decides the rules and the
