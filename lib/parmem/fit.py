@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ._check import MAX_BATCH, MAX_GPUS, MAX_SEQ_LEN, choice, integer
+from ._check import MAX_BATCH, MAX_GPUS, MAX_SEQ_LEN, choice, instance, integer
 from .bounds import bounds
 from .config import ParallelConfig, TrainingSetup
 from .engines import engine as engine_profile
@@ -118,6 +118,22 @@ def judged_bytes(est: Estimate, hardware: Hardware | str, bound: str = "high", *
     return b.high if bound == "high" else b.reserved
 
 
+def _inputs(
+    spec: Any, parallel: Any, setup: Any, need_setup: bool
+) -> tuple[ModelSpec, ParallelConfig, TrainingSetup | None]:
+    """The model, layout and setup of a query, each checked for its type."""
+    instance("spec", spec, ModelSpec, "ModelSpec.preset(name)")
+    par = ParallelConfig() if parallel is None else parallel
+    instance("parallel", par, ParallelConfig, "ParallelConfig(...)")
+    if setup is None and need_setup:
+        raise ValueError(
+            "setup must be a TrainingSetup(seq_len=...): the sequence length is needed"
+        )
+    if setup is not None:
+        instance("setup", setup, TrainingSetup, "TrainingSetup(seq_len=...)")
+    return spec, par, setup
+
+
 def _largest(
     quantity: str, limit: int, judge: Callable[[int], int], capacity: int, bound: str
 ) -> tuple[int, int, int | None, int | None, int]:
@@ -172,8 +188,8 @@ def max_seq_len(
     lengths the layout accepts; with cp > 1 this is the longest context for that CP degree. A
     model with learned positions stops at ``max_positions``. ``setup``'s own ``seq_len`` is
     ignored."""
-    par = parallel or ParallelConfig()
-    base = setup or TrainingSetup(seq_len=1)
+    spec, par, given = _inputs(spec, parallel, setup, False)
+    base = given or TrainingSetup(seq_len=1)
     hw = _hw(hardware)
     step = par.cp * (par.tp if par.sp else 1)
     top = spec.max_positions if spec.position == "learned" else MAX_SEQ_LEN
@@ -215,11 +231,9 @@ def max_micro_batch(
 ) -> FitAnswer:
     """The largest micro-batch b a training step of ``spec`` fits on ``hardware``, at the setup's
     sequence length and number of micro-batches (``setup``'s own ``micro_batch`` is ignored)."""
-    par = parallel or ParallelConfig()
-    if setup is None:
-        raise ValueError(
-            "setup must be a TrainingSetup(seq_len=...): the sequence length is needed"
-        )
+    spec, par, checked = _inputs(spec, parallel, setup, True)
+    assert checked is not None
+    setup = checked
     hw = _hw(hardware)
 
     def judge(b: int) -> int:
@@ -317,10 +331,15 @@ def fewest_gpus(
     memory does not grow past p), until one fits. Among the layouts that fit at that count, the
     one with the most headroom is returned. ``setup``'s ``engine`` decides the rules and the
     accounting."""
+    spec, _, checked = _inputs(spec, None, setup, True)
+    assert checked is not None
+    setup = checked
     hw = _hw(hardware)
     bound = choice("bound", bound, BOUNDS)
     max_gpus = integer("max_gpus", max_gpus, 1, MAX_GPUS)
     gpus_per_node = integer("gpus_per_node", gpus_per_node, 1, 1024)
+    if isinstance(recompute, str) or not isinstance(recompute, tuple | list) or not recompute:
+        raise ValueError(f"recompute={recompute!r:.60} must be a tuple of policies")
     for r in recompute:
         choice("recompute", r, ("none", "selective", "full"))
     prof = engine_profile(setup.engine)
