@@ -204,3 +204,69 @@ def test_torchtitan_sac_can_keep_more_than_no_recompute_at_large_t():
     kw1 = dict(engine="fsdp2", flash=True)
     assert (sum(x.bytes for x in kept_terms(spec, 4096, 1, recompute="selective", **kw1))
             < sum(x.bytes for x in kept_terms(spec, 4096, 1, recompute="none", **kw1)))
+
+
+# ------------------------------------------------------------------ issue 28: features, refusals
+_LLAMA = dict(vocab_size=256, hidden=64, layers=2, heads=4, ffn_hidden=80, ffn_kind="swiglu",
+              norm="rmsnorm", dropout=0.0)
+
+
+@pytest.mark.parametrize("engine", ["paper", "megatron-core", "deepspeed", "fsdp2", "hf"])
+@pytest.mark.parametrize("field, value, shown", [
+    ("parallel_block", True, "parallel_block=True"),
+    ("norm_position", "post", "norm_position=post"),
+    ("embedding_norm", True, "embedding_norm=True"),
+])
+def test_every_table_refuses_a_layer_it_does_not_model(engine, field, value, shown):
+    """A structural feature no table models is refused, naming the field and the table, by the
+    named view and by the estimator alike (never counted as another layer)."""
+    from dataclasses import replace
+
+    from parmem import ParallelConfig, TrainingSetup, estimate
+
+    kw = {field: value}
+    if field == "parallel_block":
+        kw["norms_per_layer"] = 2
+    spec = replace(ModelSpec(name="t", **_LLAMA), **kw)
+    with pytest.raises(ValueError, match=f"{shown} .* is not modelled by the"):
+        layer_terms(spec, 32, 1, engine=engine)
+    with pytest.raises(ValueError, match=shown):
+        estimate(spec, ParallelConfig(), TrainingSetup(seq_len=32, engine=engine))
+
+
+def test_engines_refuse_gemmas_sandwich_norms_the_paper_counts_them():
+    """Gemma 2/3's post-attention and post-MLP norms: the paper's accounting keeps each norm's
+    16-bit input (2sbh, Korthikanti et al. 2022 §4.1) and, with norm statistics, an rstd per
+    token; Megatron-Core's and torchtitan's layers have no such norms and refuse the spec."""
+    from dataclasses import replace
+
+    base = ModelSpec(name="t", **_LLAMA)
+    gemma = replace(base, sandwich_norm=True)
+    s, b, h = 32, 2, 64
+    plain = sum(x.bytes for x in layer_terms(base, s, b, norm_stat_bytes=4))
+    four = sum(x.bytes for x in layer_terms(gemma, s, b, norm_stat_bytes=4))
+    assert four - plain == 2 * (2 * s * b * h + 4 * s * b)
+    for engine in ("megatron-core", "fsdp2"):
+        with pytest.raises(ValueError, match="sandwich_norm=True .* not modelled"):
+            layer_terms(gemma, s, b, engine=engine)
+
+
+def test_the_paper_counts_soft_capping_and_the_gated_shared_expert():
+    """Gemma 2's tanh soft-capping keeps its output, an s×s matrix per head when the scores are
+    materialised (2as²b) and V logits per token on the last stage (2sbV); Qwen2-MoE's sigmoid
+    gate keeps its output (2sb) and the shared expert's output it multiplies (2sbh)."""
+    from dataclasses import replace
+
+    base = ModelSpec(name="t", **_LLAMA)
+    s, b, a, h, V = 32, 2, 4, 64, 256
+    capped = replace(base, attn_softcap=50.0, logit_softcap=30.0)
+
+    def total(spec, **kw):
+        return sum(x.bytes for x in layer_terms(spec, s, b, **kw))
+
+    assert total(capped) - total(base) == 2 * a * s * s * b
+    assert total(capped, flash=True) == total(base, flash=True)
+    assert total(capped, place="last") - total(base, place="last") == 2 * s * b * V
+    moe = replace(base, num_experts=4, top_k=2, expert_ffn_hidden=40, shared_experts=1)
+    gated = replace(moe, shared_expert_gate=True)
+    assert total(gated) - total(moe) == 2 * s * b + 2 * s * b * h

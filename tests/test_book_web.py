@@ -105,7 +105,8 @@ def test_pasted_hf_config():
     ({"model": "llama-9"}, "model", "model='llama-9' must be one of"),
     ({"gpu": "b200"}, "gpu", "gpu='b200' must be one of"),
     ({"config": "{"}, "config", "config is not valid JSON"),
-    ({"config": '{"hidden_size": 64.7}'}, "config", "config['hidden_size']=64.7"),
+    ({"config": '{"model_type": "llama", "hidden_size": 64.7}'}, "config",
+         "config['hidden_size']=64.7"),
     ({"colour": "red"}, "_", "unknown setting(s) ['colour']"),
 ])
 def test_bad_input_names_its_field(settings, field, message):
@@ -210,3 +211,11 @@ def test_solve_finds_the_longest_sequence_and_the_largest_micro_batch():
     assert web.calculate(base)["solve"] is None
     bad = web.calculate({**base, "solve": "gpus"})
     assert not bad["ok"] and "solve" in bad["errors"]
+
+
+def test_a_model_the_engine_cannot_build_gets_a_reason_not_a_recipe():
+    got = web.plan_layouts({"model": "llama-4-scout", "nodes": "4", "engine": "megatron-core",
+                            "top": "1"})
+    assert got["ok"] and got["candidates"]
+    assert got["recipe"].startswith("# no recipe: a Megatron-LM recipe cannot express")
+    assert "shared_experts" in got["recipe"]

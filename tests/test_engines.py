@@ -258,9 +258,10 @@ def test_dropout_follows_the_model():
     ({"model_type": "llama", "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008,
       "num_hidden_layers": 32, "num_attention_heads": 32, "attention_dropout": 0.0}, 0.0),
     ({"model_type": "qwen2", "vocab_size": 1000, "hidden_size": 64, "intermediate_size": 128,
-      "num_hidden_layers": 2, "num_attention_heads": 4, "attention_dropout": 0.05}, 0.05),
+      "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,
+      "attention_dropout": 0.05}, 0.05),
     ({"model_type": "mistral", "vocab_size": 1000, "hidden_size": 64, "intermediate_size": 128,
-      "num_hidden_layers": 2, "num_attention_heads": 4}, 0.0),  # Llama key names: no dropout
+      "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4}, 0.0),  # Llama key names: no dropout
 ])
 def test_from_hf_config_reads_the_dropout(cfg, dropout):
     assert ModelSpec.from_hf_config(cfg).dropout == dropout
@@ -610,8 +611,10 @@ def test_hf_layer_is_the_paper_plus_rmsnorms_fp32_copies():
     """Transformers' LlamaDecoderLayer with SDPA keeps the paper's tensors (Korthikanti et al.
     2022 with SwiGLU and FlashAttention: 2 + 2 + 2 + 4 + 2 + 2 + 2 + 8f/h per sbh, plus the
     log-sum-exp) and, per RMSNorm, an fp32 copy of its input (4sbh) and an fp32 rsqrt (4sb); the
-    rotary cos and sin once per model (2 x 2·s·head_dim). Llama-2-7B: 45.5·sbh + 8sb per layer,
-    where the paper's table gives 37.5·sbh."""
+    rotary cos and sin once per model (2 x 2·s·head_dim); the loss's int64 shifted labels and
+    its 0-d fp32 total weight on the last stage (ForCausalLMLoss, measured in
+    tests/test_hf_layers.py). Llama-2-7B: 45.5·sbh + 8sb per layer, where the paper's table
+    gives 37.5·sbh."""
     s, h, a, f, d = 4096, 4096, 32, 11008, 128
     spec = ModelSpec.preset("llama-2-7b")
     est = estimate(spec, setup=TrainingSetup(seq_len=s, engine="hf", flash_attention=True))
@@ -620,6 +623,7 @@ def test_hf_layer_is_the_paper_plus_rmsnorms_fp32_copies():
     assert per_layer == s * h * 45.5 + 8 * s + 4 * a * s
     first = 8 * s  # int64 token ids
     last = s * (4 * h + 2 * h + 4 + 2 * h)  # final RMSNorm and the LM head's input
+    last += 8 * s + 4  # the loss: int64 shifted labels and nll_loss's 0-d fp32 total weight
     assert est.stages[0].activations == 32 * per_layer + 2 * 2 * s * d + first + last
 
 

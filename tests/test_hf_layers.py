@@ -1,10 +1,15 @@
-"""Transformers' own decoder layers against the ``hf`` engine profile (issue 14).
+"""Transformers' own decoder layers against the ``hf`` engine profile (issues 14 and 28).
 
-One decoder layer of each of six families (Llama, Mistral, Qwen2, Qwen3, Mixtral, GPT-2) is
-built by transformers 5.23.0 from a tiny config (every width distinct: h = 64, query heads x
-head_dim = 96, key/value heads x head_dim = 48, f = 80), run forward as the Trainer runs it
-(train mode, use_cache=False), in bf16 and fp32, with eager and SDPA attention; the bytes it keeps
+One decoder layer of each case of parmem.distributed.engine_runs.HF_TINY (Llama, Mistral,
+Qwen2, Qwen3, Mixtral, GPT-2, Gemma, Gemma 2, Gemma 3, Qwen2-MoE, Qwen3-MoE with and without
+norm_topk_prob, Llama and Gemma 2 with attention dropout) is built by transformers 5.23.0 from a
+tiny config (every width distinct: h = 64, query heads x head_dim = 96, key/value heads x
+head_dim = 48, f = 80, expert f = 40, shared expert 120), run forward as the Trainer runs it
+(train mode, use_cache=False), in bf16 and fp32, with eager and SDPA attention (Gemma 2: eager
+only, Transformers has no SDPA for it), and fp32 weights under bf16 autocast; the bytes it keeps
 for backward are counted by storage (parmem.measure.SavedTensorsMeter, parameters excluded).
+A whole tiny model with labels (the loss computed in its forward, as the Trainer does) keeps
+layers x the layer table plus the stage, first and last tables and the fp32 log-probabilities.
 
 The measurement must equal the ``hf`` profile (``layer`` and ``stage`` tables of
 data/engines.toml, evaluated on device "cpu") to the byte. The only differences between a CPU
@@ -22,7 +27,20 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from parmem.distributed.engine_runs import HF_FAMILIES, hf_layer, hf_spec  # noqa: E402
+from dataclasses import replace  # noqa: E402
+
+from parmem import ParallelConfig, TrainingSetup, estimate  # noqa: E402
+from parmem.activations import layer_terms  # noqa: E402
+from parmem.distributed.engine_runs import (  # noqa: E402
+    HF_CASES,
+    HF_EAGER_ONLY,
+    HF_FAMILIES,
+    HF_TINY,
+    hf_layer,
+    hf_model,
+    hf_spec,
+)
+from parmem.engines import engine  # noqa: E402
 
 S, B = 24, 3  # hf_layer's defaults
 T = S * B
@@ -30,10 +48,107 @@ T = S * B
 
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
-@pytest.mark.parametrize("family", HF_FAMILIES)
+@pytest.mark.parametrize("family", HF_CASES)
 def test_layer_keeps_exactly_what_the_hf_profile_lists(family, dtype, attn):
+    assert family in HF_FAMILIES or family in HF_EAGER_ONLY
+    if attn == "sdpa" and family in HF_EAGER_ONLY:
+        with pytest.raises(ValueError, match="flash_attention=True: Transformers 5.23 has no SDPA"):
+            layer_terms(hf_spec(family, "eager"), S, B, flash=True, engine="hf")
+        return
     r = hf_layer(family, dtype, attn)
     assert r["measured"] == r["predicted"], (r["measured"], r["predicted"], r["records"])
+
+
+AUTOCAST = [c for c in HF_CASES if c in engine("hf").autocast]
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+@pytest.mark.parametrize("family", AUTOCAST)
+def test_fp32_weights_under_bf16_autocast(family, attn):
+    """precision="bf16-autocast": an fp32 model's layer run under torch.autocast(bfloat16)."""
+    if attn == "sdpa" and family in HF_EAGER_ONLY:
+        return
+    r = hf_layer(family, "fp32", attn, autocast=True)
+    assert r["measured"] == r["predicted"], (r["measured"], r["predicted"], r["records"])
+
+
+def test_llama_autocast_by_hand():
+    """LlamaDecoderLayer, fp32 weights under bf16 autocast, SDPA (modeling_llama.py): the
+    residual stream stays fp32, so each RMSNorm keeps its fp32 input (4h), an fp32 rsqrt (4) and
+    the fp32 normalised tensor (4h); q_proj, k_proj and v_proj each keep their own bf16 cast of
+    the norm's output (3 x 2h), gate_proj and up_proj theirs (2 x 2h); SDPA and the MLP keep
+    bf16 tensors as in a bf16 layer (2·96 + 2·2·48 + 4·4 + 2·96; 4 x 2f); every matmul keeps
+    autocast's bf16 copy of its weight (2 bytes x the 7 projections' weights); cos and sin are
+    fp32."""
+    h, q, kv, heads, f, hd = 64, 96, 48, 4, 80, 24
+    norms = 2 * (4 * h + 4 * h + 4) + 3 * 2 * h + 2 * 2 * h
+    attention = 2 * q + 2 * 2 * kv + 4 * heads + 2 * q
+    weights = 2 * (h * q + 2 * h * kv + q * h + 3 * h * f)
+    rotary = 2 * 4 * S * hd
+    got = hf_layer("llama", "fp32", "sdpa", autocast=True)["measured"]
+    assert got == T * (norms + attention + 4 * 2 * f) + weights + rotary
+
+
+@pytest.mark.parametrize("family", HF_CASES)
+def test_whole_model_with_the_loss(family):
+    """Two layers, labels given: layers x layer + stage + first + last + 4·s·b·V."""
+    attn = "eager" if family in HF_EAGER_ONLY else "sdpa"
+    for dtype in ("bf16", "fp32"):
+        r = hf_model(family, dtype, attn)
+        assert r["measured"] == r["predicted"], (dtype, r["measured"], r["predicted"])
+
+
+def test_the_loss_keeps_shifted_labels_and_a_scalar():
+    """ForCausalLMLoss: cross_entropy keeps the int64 shifted labels (8 bytes per token) and
+    nll_loss a 0-d fp32 total weight (4 bytes), besides its fp32 log-probabilities (4·V per
+    token): measured in a whole Llama, beside the same model's forward without labels."""
+    import torch
+    import transformers
+
+    from parmem.measure import SavedTensorsMeter
+
+    got = {}
+    for labels in (False, True):
+        torch.manual_seed(0)
+        cfg = transformers.AutoConfig.for_model(
+            "llama", vocab_size=256, num_hidden_layers=1, use_cache=False, **HF_TINY["llama"]
+        )
+        model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).train()
+        ids = torch.randint(0, 256, (B, S))
+        with SavedTensorsMeter(exclude=model.parameters()) as meter:
+            model(input_ids=ids, labels=ids if labels else None, use_cache=False)
+        got[labels] = meter.bytes
+    assert got[True] - got[False] == T * (8 + 4 * 256) + 4
+    last = layer_terms(hf_spec("llama"), S, B, engine="hf", place="last")
+    assert {x.name: x.bytes for x in last}["shifted labels"] == 8 * T
+    assert {x.name: x.bytes for x in last}["loss total weight"] == 4
+
+
+def test_the_hf_profile_refuses_what_it_did_not_measure():
+    spec = hf_spec("llama")
+    falcon = replace(spec, family="falcon")
+    with pytest.raises(ValueError, match="not measured for model_type='falcon' layers"):
+        layer_terms(falcon, S, B, engine="hf")
+    with pytest.raises(ValueError, match="not measured for model_type='falcon' layers"):
+        estimate(falcon, ParallelConfig(), TrainingSetup(seq_len=S, engine="hf"))
+    # DeepSpeed trains the Transformers model: the same table, the same refusal
+    with pytest.raises(ValueError, match="model_type='falcon'"):
+        estimate(falcon, ParallelConfig(), TrainingSetup(seq_len=S, engine="deepspeed"))
+    layer_terms(replace(spec, family=""), S, B, engine="hf")  # a hand-built spec passes
+    gemma3 = hf_spec("gemma3_text")
+    window = replace(gemma3, sliding_window=16)
+    with pytest.raises(ValueError, match="seq_len=24 > sliding_window=16 with flash_attention"):
+        layer_terms(window, S, B, flash=True, engine="hf")
+    layer_terms(window, S, B, flash=False, engine="hf")  # eager: the mask is only added
+    with pytest.raises(ValueError, match="engine='hf' only, not engine='paper'"):
+        TrainingSetup(seq_len=S, precision="bf16-autocast")
+    with pytest.raises(ValueError, match="mixture of experts"):
+        layer_terms(hf_spec("mixtral"), S, B, engine="hf", autocast=True)
+    with pytest.raises(ValueError, match="without dropout only"):
+        layer_terms(hf_spec("starcoder2"), S, B, engine="hf", dropout=True)
+    wide = replace(spec, head_dim=288)
+    with pytest.raises(ValueError, match="head_dim=288 > 256 with flash_attention"):
+        layer_terms(wide, S, B, flash=True, engine="hf")
 
 
 def test_llama_sdpa_bf16_by_hand():

@@ -116,7 +116,7 @@ def test_from_hf_config_malformed(tmp_path):
     with pytest.raises(ValueError, match="not valid JSON"):
         ModelSpec.from_hf_config(bad)
     with pytest.raises(ValueError, match="missing 'hidden_size'"):
-        ModelSpec.from_hf_config({"model_type": "llama", "vocab_size": 10})
+        ModelSpec.from_hf_config({"model_type": "llama", "vocab_size": 10, "hidden_size": None})
     with pytest.raises(ValueError, match="no such file"):
         ModelSpec.from_hf_config(tmp_path / "nope.json")
     bad.write_text("[1, 2]")

@@ -388,3 +388,48 @@ def test_torchtitan_recipe_passes_torchtitan_checks(name):
     ac = type(cfg.activation_checkpoint).__qualname__ if cfg.activation_checkpoint else "none"
     assert ac.split(".")[0].lower().replace("ac", "") in (
         {"full": "full", "selective": "selective", "none": "none"}[st.recompute],)
+
+
+# ---------------------------------------------------------------------------- what a recipe builds
+def _megatron_args(spec, nodes=1):
+    pl = plan(spec, Cluster("h100-sxm", 8, nodes), 64, 4096, top=1, engine="megatron-core")
+    return parse_recorded("megatron_lm_args", list(pl.recipe("megatron").args))
+
+
+def test_megatron_recipe_builds_per_head_qk_norms_and_latent_attention():
+    """Qwen3's per-head q/k RMSNorms are Megatron-LM's --qk-layernorm; multi-latent attention
+    (DeepSeek-V2 §2.1) its --multi-latent-attention with the ranks and head widths, parsed by
+    the recorded argument parser."""
+    a = _megatron_args(ModelSpec.preset("qwen3-32b"), nodes=2)
+    assert a.qk_layernorm is True
+    mla = ModelSpec(name="mla-dense", vocab_size=32000, hidden=2048, layers=24, heads=16,
+                    head_dim=192, ffn_hidden=10944, ffn_kind="swiglu", norm="rmsnorm",
+                    q_lora_rank=0, kv_lora_rank=512, qk_rope_head_dim=64, v_head_dim=128)
+    a = _megatron_args(mla)
+    assert a.multi_latent_attention is True and a.q_lora_rank is None
+    assert (a.kv_lora_rank, a.qk_head_dim, a.qk_pos_emb_head_dim, a.v_head_dim) == (512, 128, 64, 128)
+
+
+@pytest.mark.parametrize("preset, field", [
+    ("gemma-3-27b", "sandwich_norm"),
+    ("gpt-oss-120b", "attention_sinks"),
+    ("deepseek-v3", "shared_experts"),
+    ("llama-4-maverick", "moe_every=2"),
+])  # fmt: skip
+def test_a_model_megatron_cannot_build_gets_no_recipe(preset, field):
+    from parmem.planner.emit.megatron import model_args
+
+    with pytest.raises(ValueError, match=f"cannot express {preset!r}: .*{field}"):
+        model_args(ModelSpec.preset(preset), 4096)
+
+
+def test_config_families_megatron_cannot_build_are_named():
+    from parmem.planner.emit.megatron import unexpressed
+
+    gptj = ModelSpec.from_hf_config({"model_type": "gptj", "n_layer": 2, "n_embd": 64, "n_head": 4,
+                                     "vocab_size": 128, "rotary_dim": 8})
+    assert any(u.startswith("parallel_block") for u in unexpressed(gptj))
+    olmo2 = ModelSpec.from_hf_config({"model_type": "olmo2", "num_hidden_layers": 2,
+                                      "hidden_size": 64, "num_attention_heads": 4,
+                                      "intermediate_size": 96, "vocab_size": 128})
+    assert any(u.startswith("norm_position='post'") for u in unexpressed(olmo2))

@@ -36,12 +36,16 @@ from ._check import boolean, choice, integer
 from .config import RECOMPUTE
 from .engines import SavedTensor, activation_itemsizes, devices, engine, engines
 from .model import NORM_KINDS, ModelSpec
+from .sharding import layer_tensors
 
 __all__ = [
     "per_layer_bytes",
     "layer_terms",
     "kept_terms",
     "saved_tensor_bytes",
+    "check_family",
+    "spec_features",
+    "FEATURES",
     "norm_statistics",
     "Term",
 ]
@@ -157,21 +161,44 @@ def _widths(spec: ModelSpec, tp: int, s_full: int) -> dict[str, int]:
         "heads": q_local,
         "kvheads": kv_local,
         "one": 1,
+        "vocab": spec.vocab_size // t,  # the logits' row on one rank (the hf profile: t = 1)
+        "wlin": _linear_weights(spec) // t,
     }
+
+
+def _linear_weights(spec: ModelSpec) -> int:
+    """The weight elements of one layer's matrix multiplies (attention and MLP projections, the
+    router; not the norms, not the biases): what autocast casts to 16 bits and the matmuls keep
+    (:func:`parmem.sharding.layer_tensors`, kind ``linear``, experts left out)."""
+    return sum(
+        x.rows * x.cols * x.count
+        for x in layer_tensors(spec)
+        if x.kind == "linear" and x.place == "layer" and not x.expert
+    )
 
 
 @lru_cache(maxsize=256)
 def _conditions(
-    spec_kinds: tuple[str, ...], flash: bool, dropout: bool, act: int
+    spec_kinds: tuple[str, ...], flash: bool, dropout: bool, act: int, autocast: bool = False
 ) -> frozenset[str]:
     out = {*spec_kinds, "flash" if flash else "no_flash", "act32" if act == 4 else "act16"}
-    if dropout:
-        out.add("dropout")
+    out.add("dropout" if dropout else "no_dropout")
+    if autocast:
+        out.add("autocast")
     return frozenset(out)
 
 
+#: The Transformers families whose RMSNorm is GemmaRMSNorm (modeling_gemma.py: computed in
+#: fp32, ``output * (1.0 + self.weight.float())``) and whose embeddings are scaled by sqrt(h)
+GEMMA_FAMILIES = ("gemma", "gemma2", "gemma3_text")
+#: The families whose router casts the top-k weights to the activation dtype
+#: (Qwen2MoeTopKRouter, Qwen3MoeTopKRouter: ``router_top_value.to(router_logits.dtype)``)
+ROUTER_CAST_FAMILIES = ("qwen2_moe", "qwen3_moe")
+
+
 def _spec_kinds(spec: ModelSpec) -> tuple[str, ...]:
-    """The conditions of ``data/engines.toml`` that the model's shape decides."""
+    """The conditions of ``data/engines.toml`` that the model's shape and its Transformers code
+    path (``spec.family``) decide."""
     out = [spec.ffn_kind, spec.norm, spec.position, "moe" if spec.is_moe else "dense"]
     if spec.shared_experts > 0:
         out.append("shared")
@@ -179,7 +206,163 @@ def _spec_kinds(spec: ModelSpec) -> tuple[str, ...]:
         out.append("qk_norm")
     if spec.attention == "mla":
         out.append("mla")
+    if spec.sandwich_norm:
+        out.append("sandwich")
+    if spec.shared_expert_gate:
+        out.append("shared_gate")
+    gemma = spec.family in GEMMA_FAMILIES
+    out += ["gemma_norm", "embed_scale"] if gemma else ["cast_norm"]
+    out.append("router_cast" if spec.family in ROUTER_CAST_FAMILIES else "router_fp32")
+    if getattr(spec, "norm_topk_prob", True):
+        out.append("topk_norm")
+    if getattr(spec, "attn_softcap", 0):
+        out.append("softcap")
+    if getattr(spec, "logit_softcap", 0):
+        out.append("logit_softcap")
+    if spec.family == "gemma3_text" and spec.global_every and spec.layers >= spec.global_every:
+        out.append("two_rope")  # local and global layers, each kind with its rotary table
     return tuple(out)
+
+
+#: The structural features of a :class:`~parmem.model.ModelSpec` that change what a layer
+#: keeps for backward, each with what it means; an activation table models those of its
+#: ``features`` list (``data/engines.toml``) and refuses a spec with any other. Biases, and
+#: norms without a weight or a bias, keep no extra tensor (a bias's gradient needs none).
+FEATURES: dict[str, str] = {
+    "parallel_block": "attention and MLP in parallel on the layer input (GPT-J, Falcon, ...)",
+    "norms_per_layer=1": "one norm feeding attention and MLP",
+    "norm_position=post": "norms on the attention and MLP outputs (OLMo 2)",
+    "qk_norm_shape=heads": "a q/k norm weight per head (Cohere)",
+    "qk_norm_shape=full": "q/k norms over the whole projection (OLMo 2)",
+    "embedding_norm": "a LayerNorm after the embedding (BLOOM)",
+    "position=alibi": "ALiBi attention biases",
+    "sandwich_norm": "four norms per layer (Gemma 2/3)",
+    "attn_softcap": "attention logit soft-capping (Gemma 2)",
+    "logit_softcap": "final logit soft-capping (Gemma 2)",
+    "shared_expert_gate": "a sigmoid gate on the shared expert (Qwen2-MoE)",
+    "norm_topk_prob=false": "top-k routing weights not renormalised (Qwen-MoE)",
+}
+
+
+def spec_features(spec: ModelSpec) -> tuple[str, ...]:
+    """The keys of :data:`FEATURES` that ``spec`` uses."""
+    out = []
+    if getattr(spec, "parallel_block", False):
+        out.append("parallel_block")
+    if getattr(spec, "norms_per_layer", 0) == 1:
+        out.append("norms_per_layer=1")
+    for f, default in (("norm_position", "pre"), ("position", "")):
+        value = getattr(spec, f, default)
+        if f"{f}={value}" in FEATURES:
+            out.append(f"{f}={value}")
+    if spec.qk_norm and getattr(spec, "qk_norm_shape", "head") != "head":
+        out.append(f"qk_norm_shape={spec.qk_norm_shape}")
+    for f in ("embedding_norm", "sandwich_norm", "attn_softcap", "logit_softcap"):
+        if getattr(spec, f, False):
+            out.append(f)
+    if spec.shared_expert_gate and spec.shared_experts:
+        out.append("shared_expert_gate")
+    if spec.is_moe and not getattr(spec, "norm_topk_prob", True):
+        out.append("norm_topk_prob=false")
+    return tuple(out)
+
+
+@lru_cache(maxsize=256)
+def _refusal(
+    engine_name: str,
+    family: str,
+    flash: bool,
+    window: int,
+    seq_len: int,
+    autocast: bool,
+    features: tuple[str, ...] = (),
+    dropout: bool = False,
+) -> str:
+    """Why the profile ``engine_name`` cannot give a family's saved tensors, or ``""``."""
+    prof = engine(engine_name)
+    for f in features:
+        if f not in prof.features:
+            field, _, value = f.partition("=")
+            shown = f"{field}={value or True}"
+            return (
+                f"{shown} ({FEATURES[f]}) is not modelled by the {prof.activations!r} "
+                f"activation table ({prof.who}): refused rather than counted as another layer"
+            )
+    if autocast and not prof.autocast:
+        return (
+            f"precision='bf16-autocast' (fp32 weights under bf16 autocast) is modelled by the "
+            f"hf profile only, not by {prof.who}"
+        )
+    if autocast and family and family not in prof.autocast:
+        return (
+            f"precision='bf16-autocast': the {prof.activations} profile's saved tensors under "
+            f"autocast are not measured for model_type={family!r} layers (measured: "
+            f"{', '.join(prof.autocast)})"
+        )
+    if not prof.families or not family:
+        return ""
+    who = f"the {prof.activations} profile's saved tensors"
+    if family not in prof.families:
+        return (
+            f"{who} are not measured for model_type={family!r} layers (measured: "
+            f"{', '.join(prof.families)})"
+        )
+    if dropout and family in prof.dropout_free:
+        return (
+            f"dropout: {who} are measured for model_type={family!r} without dropout only "
+            "(its dropout keys differ; set dropout=False if the config's are 0)"
+        )
+    if flash and family in prof.eager_only:
+        return (
+            f"flash_attention=True: Transformers 5.23 has no SDPA attention for "
+            f"model_type={family!r} (_supports_sdpa = False); the model runs eager attention, "
+            "set flash_attention=False"
+        )
+    if flash and window and seq_len > window:
+        return (
+            f"seq_len={seq_len} > sliding_window={window} with flash_attention=True: "
+            "Transformers' SDPA local layers then keep a mask and key/value heads repeated to "
+            f"every query head, which {who} do not model"
+        )
+    return ""
+
+
+def check_family(
+    spec: ModelSpec,
+    seq_len: int,
+    flash: bool,
+    engine_name: str,
+    autocast: bool = False,
+    dropout: bool = False,
+) -> None:
+    """Raise ``ValueError`` when the profile's activation table does not model a structural
+    feature ``spec`` uses (:func:`spec_features`, the table's ``features`` list), is not measured
+    for the Transformers family ``spec.family`` (its ``families`` list in ``data/engines.toml``;
+    a spec without a family, a preset or a hand-built spec, passes this check), or not for its
+    attention setting."""
+    if autocast and spec.is_moe:
+        raise ValueError(
+            "precision='bf16-autocast' with a mixture of experts: the experts' grouped matmuls "
+            "under autocast are not measured (the hf profile models dense layers)"
+        )
+    if flash and spec.head_dim > 256 and spec.family and engine(engine_name).families:
+        raise ValueError(
+            f"head_dim={spec.head_dim} > 256 with flash_attention=True: Transformers' SDPA "
+            "then repeats the key/value heads (integrations/sdpa_attention.py use_gqa_in_sdpa), "
+            "which the measured table does not model"
+        )
+    why = _refusal(
+        engine_name,
+        spec.family,
+        flash,
+        spec.sliding_window,
+        seq_len,
+        autocast,
+        spec_features(spec),
+        dropout,
+    )
+    if why:
+        raise ValueError(why)
 
 
 @lru_cache(maxsize=512)
@@ -211,13 +394,14 @@ def _context(
     norm_stat_bytes: int,
     capacity_factor: float,
     device: str,
+    autocast: bool = False,
 ) -> _Ctx:
     s = seq_len // cp
     return _Ctx(
         counts={"token": s * micro_batch, "position": s, "layer": 1},
         rep=tp if sp else 1,
         widths=_widths(spec, tp, s * cp),
-        sizes=activation_itemsizes(device, act_bytes, norm_stat_bytes),
+        sizes=activation_itemsizes(device, act_bytes, norm_stat_bytes, 4 if autocast else 0),
         k=spec.top_k * capacity_factor,
     )
 
@@ -238,13 +422,19 @@ def saved_tensor_bytes(
     capacity_factor: float = 1.0,
     engine: str = "paper",
     device: str = "cuda",
+    autocast: bool = False,
 ) -> list[list[tuple[SavedTensor, int]]]:
     """For each of ``places`` (``"layer"``; ``"stage"``: the tensors every pipeline stage keeps
     once, shared by its layers; ``"first"``, ``"last"``: the first and the last pipeline stage's
     own tensors), (entry, bytes) of every saved tensor of the profile's table that applies to
     ``spec``, for one micro-batch on one rank. The layout is taken as checked: this is the
-    estimator's fast path; :func:`layer_terms` is the checked, named view."""
-    conds = _conditions(_spec_kinds(spec), flash, dropout, act_bytes)
+    estimator's fast path; :func:`layer_terms` is the checked, named view. A profile measured
+    family by family (``hf``) refuses a spec of another family (:func:`check_family`).
+    ``autocast``: fp32 weights under bf16 autocast (``precision="bf16-autocast"``,
+    ``act_bytes=2``): the residual stream is fp32 (the ``res`` entries) and each layer keeps its
+    matmuls' 16-bit weight copies."""
+    check_family(spec, seq_len // cp, flash, engine, autocast, dropout)
+    conds = _conditions(_spec_kinds(spec), flash, dropout, act_bytes, autocast)
     c = _context(
         spec,
         seq_len,
@@ -256,6 +446,7 @@ def saved_tensor_bytes(
         norm_stat_bytes,
         capacity_factor,
         device,
+        autocast,
     )
     return [
         [
@@ -282,6 +473,7 @@ def _all_terms(
     engine: str = "paper",
     device: str = "cuda",
     place: str = "layer",
+    autocast: bool = False,
 ) -> list[Term]:
     """:func:`layer_terms` with the profile's ``only_selective`` terms: checks the arguments,
     evaluates one table."""
@@ -316,6 +508,7 @@ def _all_terms(
         capacity_factor=capacity_factor,
         engine=engine,
         device=device,
+        autocast=boolean("autocast", autocast),
     )
     return [Term(x.name, n, x.note, x.core, x.only_selective) for x, n in pairs]
 
@@ -335,6 +528,7 @@ def layer_terms(
     engine: str = "paper",
     device: str = "cuda",
     place: str = "layer",
+    autocast: bool = False,
 ) -> list[Term]:
     """Per-layer, per-micro-batch activation terms for any :class:`~parmem.model.ModelSpec`.
 
@@ -369,6 +563,8 @@ def layer_terms(
     fp32 normalised tensor on CPU. ``place`` picks the table: ``"layer"`` (one layer),
     ``"stage"`` (what a pipeline stage keeps once for all its layers, e.g. Transformers' rotary
     cos and sin), ``"first"`` or ``"last"`` (the first and the last stage's own tensors).
+    ``autocast=True`` (the ``hf`` profile only, with ``act_bytes=2``): fp32 weights trained
+    under bf16 autocast (``precision="bf16-autocast"``).
 
     These are the tensors kept without recomputation; :func:`kept_terms` applies one.
     """
@@ -387,6 +583,7 @@ def layer_terms(
         engine,
         device,
         place,
+        autocast,
     )
     return [x for x in terms if not x.only_selective]
 

@@ -85,7 +85,27 @@ def _find_model(name: str) -> ModelSpec:
     return ModelSpec.preset(name)  # unknown: the message lists the presets
 
 
+def _cmd_hf_families(args) -> int:
+    """``parmem models --hf``: the Transformers families a config.json is read for, and the
+    model_types refused with the reason (parmem.hfconfig, data/hf_families.toml)."""
+    from .hfconfig import families, refused_families
+
+    read, refused = families(), refused_families()
+    if args.json:
+        write_out(strict_json({"supported": read, "refused": refused}))
+        return 0
+    write_out(f"config.json families parmem reads ({len(read)}, by model_type):")
+    for name, cls in read.items():
+        write_out(f"  {name:<18} {cls}")
+    write_out("refused (any other model_type is refused too):")
+    for name, why in refused.items():
+        write_out(f"  {name:<18} {why}")
+    return 0
+
+
 def _cmd_models(args) -> int:
+    if getattr(args, "hf", False):
+        return _cmd_hf_families(args)
     rows = []
     for n in presets():
         s = ModelSpec.preset(n)
@@ -451,8 +471,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = ap.add_subparsers(dest="cmd", metavar="COMMAND", required=True)
 
-    p = sub.add_parser("models", help="list model presets")
+    p = sub.add_parser("models", help="list model presets (--hf: the config.json families)")
     p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--hf", action="store_true", help="list the Transformers families read from a config.json"
+    )
     p.set_defaults(func=_cmd_models)
 
     p = sub.add_parser("engines", help="list engine profiles, one line each")

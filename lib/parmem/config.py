@@ -52,7 +52,14 @@ PRECISIONS: dict[str, dict[str, int]] = {
     "bf16-mixed": {"param": 2, "grad": 2, "master": 4, "state": 4, "act": 2},
     "fp16-mixed": {"param": 2, "grad": 2, "master": 4, "state": 4, "act": 2},
     "bf16": {"param": 2, "grad": 2, "master": 0, "state": 2, "act": 2},
+    # fp32 weights, gradients and optimizer states, the forward under torch.autocast(bfloat16):
+    # the Trainer with bf16=True on a checkpoint loaded (or built) in fp32. The hf profile alone
+    # models what such a layer keeps (16-bit matmul inputs, fp32 residual stream and norms,
+    # autocast's bf16 weight copies): parmem.activations, precision "bf16-autocast".
+    "bf16-autocast": {"param": 4, "grad": 4, "master": 0, "state": 4, "act": 2},
 }
+#: the precision whose forward runs fp32 weights under bf16 autocast
+AUTOCAST = "bf16-autocast"
 #: optimizer states per parameter, in units of the precision's state size (adam-8bit: 1 byte;
 #: adafactor: 0 moments plus a factored second moment), from ``data/engines.toml``.
 OPTIMIZERS: dict[str, int] = {name: p.states for name, p in optimizer_presets().items()}
@@ -215,6 +222,24 @@ class TrainingSetup:
         choice("engine", self.engine, engines())
         choice("offload", self.offload, OFFLOADS)
         self._check_optional()
+        self._check_autocast()
+
+    def _check_autocast(self) -> None:
+        """``precision="bf16-autocast"`` needs a profile that measured autocast (``hf``) and is
+        not modelled with full recomputation (the checkpointed layer input is the fp32 residual
+        stream, not a 16-bit tensor)."""
+        if self.precision != AUTOCAST:
+            return
+        if not engine(self.engine).autocast:
+            raise ValueError(
+                f"precision={AUTOCAST!r} (fp32 weights under bf16 autocast) is modelled by "
+                f"engine='hf' only, not engine={self.engine!r}"
+            )
+        if self.recompute == "full":
+            raise ValueError(
+                f"recompute='full' with precision={AUTOCAST!r} is not modelled (the kept layer "
+                "inputs are fp32 under autocast; not measured)"
+            )
 
     def _check_optional(self) -> None:
         """The fields where ``None`` means "the model's" or "the profile's"."""

@@ -70,6 +70,7 @@ ACT_DTYPES: dict[str, int] = {
     "lnstat": 0,
     "rmsin": 0,
     "rmsmid": 0,
+    "res": 0,
     "fp32": 4,
     "i32": 4,
     "i64": 8,
@@ -94,6 +95,8 @@ WIDTHS: tuple[str, ...] = (
     "qa",
     "kva",
     "kvl",
+    "vocab",
+    "wlin",
 )
 #: What a saved tensor's count multiplies: the tokens of the micro-batch on this rank, its
 #: positions (one sequence's, shared by the b sequences), or nothing (a fixed size per layer).
@@ -116,6 +119,25 @@ CONDITIONS: tuple[str, ...] = (
     "learned",
     "qk_norm",
     "mla",
+    # the code paths of Transformers families (parmem.activations._spec_kinds): the complement
+    # of dropout; Gemma's RMSNorm (fp32, 1 + weight) or Llama's (weight * x cast back); the
+    # sandwich norms; eager attention's logit soft-capping; Qwen2-MoE's gated shared expert;
+    # top-k renormalisation; routing weights cast to the activation dtype or kept fp32; Gemma's
+    # embedding scale; the final logit soft-capping; Gemma 3's two rotary tables
+    "no_dropout",
+    "gemma_norm",
+    "cast_norm",
+    "sandwich",
+    "softcap",
+    "shared_gate",
+    "topk_norm",
+    "router_cast",
+    "router_fp32",
+    "embed_scale",
+    "logit_softcap",
+    "two_rope",
+    # fp32 weights under bf16 autocast (precision "bf16-autocast")
+    "autocast",
 )
 FIELDS: tuple[str, ...] = ("params", "grads", "optimizer")
 STATE_OFFLOAD: tuple[str, ...] = ("never", "optimizer", "params", "drop")
@@ -240,6 +262,19 @@ class EngineProfile:
     defaults: Defaults = Defaults(flash_attention=False, dropout="model")
     refuses: tuple[tuple[str, str], ...] = ()
     plan_pipeline_zero_max: int = 3
+    #: the Transformers ``model_type`` values whose decoder layer was measured equal to the
+    #: activation table (``families`` of ``[activations.*]``; empty: the table does not depend
+    #: on the family)
+    families: tuple[str, ...] = ()
+    #: of those, the families Transformers runs with eager attention only (no SDPA)
+    eager_only: tuple[str, ...] = ()
+    #: the families measured under bf16 autocast with fp32 weights (``autocast`` of
+    #: ``[activations.*]``); empty: the profile does not model autocast
+    autocast: tuple[str, ...] = ()
+    #: of those, the families measured without dropout only
+    dropout_free: tuple[str, ...] = ()
+    #: the structural features of parmem.activations.FEATURES the activation table models
+    features: tuple[str, ...] = ()
 
     def refusal(self, feature: str) -> str:
         """Why the engine cannot run ``feature`` (one of :data:`FEATURES`), or ``""``."""
@@ -318,13 +353,14 @@ def itemsizes(
 
 
 @lru_cache(maxsize=64)
-def activation_itemsizes(device: str, act: int, stat: int) -> dict[str, int]:
+def activation_itemsizes(device: str, act: int, stat: int, res: int = 0) -> dict[str, int]:
     """Bytes of each saved-tensor dtype symbol on ``device`` (a name of :func:`devices`) for
     activations of ``act`` bytes and norm statistics of ``stat`` bytes (``stat``: the size the
-    caller passes as ``norm_stat_bytes``; 0 leaves the ``stat`` entries out). Cached: do not
-    modify the result."""
+    caller passes as ``norm_stat_bytes``; 0 leaves the ``stat`` entries out); ``res``: the
+    residual stream's element (0: ``act``; 4 for fp32 weights under bf16 autocast). Cached: do
+    not modify the result."""
     out = dict(ACT_DTYPES)
-    out["act"], out["stat"] = act, stat
+    out["act"], out["stat"], out["res"] = act, stat, res or act
     for key, size in _devices()[device].items():
         out[key] = size if isinstance(size, int) else act
     return out
@@ -443,6 +479,11 @@ def _profile(name: str, t: dict[str, Any], tables: dict[str, Any]) -> EngineProf
         stage=tuple(_saved(r, aw) for r in acts.get("stage", ())),
         first=tuple(_saved(r, aw) for r in acts.get("first", ())),
         last=tuple(_saved(r, aw) for r in acts.get("last", ())),
+        families=tuple(str(f) for f in acts.get("families", ())),
+        eager_only=tuple(str(f) for f in acts.get("eager_only", ())),
+        autocast=tuple(str(f) for f in acts.get("autocast", ())),
+        dropout_free=tuple(str(f) for f in acts.get("dropout_free", ())),
+        features=tuple(str(f) for f in acts.get("features", ())),
     )
 
 

@@ -343,6 +343,7 @@ def activation_terms(lay: Layout) -> tuple[list[int], list[int], list[int], list
         act_bytes=lay.act_bytes,
         capacity_factor=setup.capacity_factor,
         engine=setup.engine,
+        autocast=setup.precision == "bf16-autocast",
     )
     full = [n for x, n in layer if not x.only_selective]
     if setup.recompute == "none":
@@ -351,7 +352,8 @@ def activation_terms(lay: Layout) -> tuple[list[int], list[int], list[int], list
         kept = [n for x, n in layer if not x.core]
     else:
         kept = [lay.boundary_bytes]
-    return full, kept, *([n for _, n in place] for place in (stage, first, last))
+    shared, own_first, own_last = ([n for _, n in place] for place in (stage, first, last))
+    return full, kept, shared, own_first, own_last
 
 
 def _activation_bytes(lay: Layout) -> tuple[int, int, int, int, int]:

@@ -14,6 +14,15 @@
 * A sliding-window (local) layer keeps at most its window: min(seq_len, sliding_window) tokens
   (Beltagy et al. 2020; Jiang et al. 2023 §2 "rolling buffer cache"; Gemma 2/3, gpt-oss;
   Llama 4's chunked layers need at most one chunk). Full-attention layers keep every token.
+
+Against Transformers 5.23's DynamicCache (tests/test_hf_families.py, every family's layout of
+kv_heads and head_dim checked after a forward pass): equal for full-attention layers; a
+sliding-window layer there keeps window - 1 tokens between steps (DynamicSlidingWindowLayer),
+the window once the next token is added, which is what parmem counts. Two layouts hold more in
+Transformers than a serving engine keeps, and parmem counts the engine's: Falcon's
+``new_decoder_architecture`` caches K and V broadcast to every query head (heads/kv_heads times
+more; vLLM caches kv_heads), and DeepSeek's MLA caches the up-projected K and V per head (vLLM
+caches the latent, as above).
 """
 
 from __future__ import annotations

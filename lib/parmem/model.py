@@ -33,7 +33,9 @@ __all__ = ["ModelSpec", "presets"]
 
 FFN_KINDS = ("gelu", "swiglu")
 NORM_KINDS = ("layernorm", "rmsnorm")
-POSITION_KINDS = ("learned", "rotary")
+POSITION_KINDS = ("learned", "rotary", "alibi")
+NORM_POSITIONS = ("pre", "post")
+QK_NORM_SHAPES = ("head", "heads", "full")
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,30 @@ class ModelSpec:
     ``router_bias``: the router has a bias (gpt-oss). ``mtp_layers``: DeepSeek-V3's
     multi-token-prediction modules (§2.2), kept on the last pipeline stage; Transformers does not
     build them, so :meth:`num_params` leaves them out unless ``mtp=True``.
+
+    The other decoder families (issue 28; Transformers 5.23's modeling_*.py of each):
+    ``parallel_block``: attention and MLP both read the layer input and add to the residual
+    together, y = x + attn(n1(x)) + mlp(n2(x)) (GPT-J, Phi-1/2, Cohere, Falcon
+    ``parallel_attn``, GPT-NeoX ``use_parallel_residual``); ``norms_per_layer`` = 1: one norm
+    feeds both (n1 = n2; 0 derives 2, or 4 with ``sandwich_norm``). ``norm_position="post"``:
+    the two norms act on the attention and MLP outputs before the residual add, none on the input
+    (OLMo 2/3, EXAONE 4). ``norm_weight=False``: a LayerNorm without parameters (OLMo);
+    ``norm_bias=False``: a LayerNorm without bias (Cohere, MPT; RMSNorm never has one).
+    ``qk_norm_shape`` (with ``qk_norm``): ``"head"`` one weight of head_dim shared by the heads,
+    ``"heads"`` one weight per head (Cohere's (heads, head_dim) LayerNorm), ``"full"`` one
+    RMSNorm over all heads · head_dim (OLMo 2/3). ``attn_bias``: biases on Q, K, V and the
+    output projection (Llama's ``attention_bias``, GPT-NeoX, Phi-MoE); ``mlp_bias``: on the
+    dense MLP's linears (GPT-J, GPT-NeoX, Llama's ``mlp_bias``); ``lm_head_bias`` (Phi, GPT-J);
+    ``embedding_norm``: a LayerNorm after the token embedding (BLOOM). ``position="alibi"``:
+    ALiBi's head-wise bias on the scores (MPT, BLOOM, Falcon ``alibi``), no parameters.
+    ``attn_softcap`` / ``logit_softcap``: Gemma 2's tanh soft-capping of the attention scores
+    and of the logits (0: off); ``norm_topk_prob``: the router renormalises its top-k
+    probabilities (Qwen-MoE's key; Mixtral-style routers do). None of these three has
+    parameters; the activation tables read them.
+
+    ``family``: the Transformers ``model_type`` the spec was read from by
+    :meth:`from_hf_config` (the text model's type for a multimodal config: ``"gemma3_text"``,
+    ``"llama4_text"``); ``""`` for presets and specs built by hand.
 
     ``dropout`` is the model's own dropout probability (the largest of its attention, residual
     and embedding dropouts): 0.1 for GPT-2 and GPT-3, 0.0 for Llama, Mistral, Mixtral and Qwen.
@@ -115,12 +141,29 @@ class ModelSpec:
     shared_expert_gate: bool = False
     router_bias: bool = False
     mtp_layers: int = 0
+    # ---- which Transformers architecture the spec was read from (issue 28)
+    family: str = ""
+    # ---- the older and other decoder families of Transformers (issue 28)
+    parallel_block: bool = False
+    norms_per_layer: int = 0
+    norm_position: str = "pre"
+    norm_weight: bool = True
+    norm_bias: bool = True
+    qk_norm_shape: str = "head"
+    attn_bias: bool = False
+    mlp_bias: bool = False
+    lm_head_bias: bool = False
+    embedding_norm: bool = False
+    # ---- config values the activation tables read (no parameters)
+    attn_softcap: float = 0.0
+    logit_softcap: float = 0.0
+    norm_topk_prob: bool = True
 
     def __post_init__(self) -> None:
         # Every field is stored as checked: an ``int`` (not the NumPy integer given, whose
         # arithmetic wraps and which hashes like the equal int in the caches), a ``float``, a
         # ``str``. The checks read the stored values, so they see Python numbers too.
-        for f in ("name", "source"):
+        for f in ("name", "source", "family"):
             if not isinstance(getattr(self, f), str):
                 raise ValueError(f"{f}={getattr(self, f)!r:.60} must be a string")
             self._store(f, str.__str__(getattr(self, f)))
@@ -145,6 +188,7 @@ class ModelSpec:
         self._check_experts()
         self._check_attention()
         self._int("mtp_layers", 0, MAX_LAYERS)
+        self._check_block()
 
     def _int(self, f: str, minimum: int, maximum: int) -> int:
         """Check field ``f`` with :func:`~parmem._check.integer` and store the ``int`` it gives."""
@@ -177,6 +221,43 @@ class ModelSpec:
         self._int("global_every", 0, self.layers)
         if self.global_every and not self.sliding_window:
             raise ValueError(f"global_every={self.global_every} needs sliding_window >= 1")
+
+    def _check_block(self) -> None:
+        """The layer-block fields of the other families (see the class docstring)."""
+        for f in ("parallel_block", "norm_weight", "norm_bias", "attn_bias", "mlp_bias"):
+            boolean(f, getattr(self, f))
+        for f in ("lm_head_bias", "embedding_norm", "norm_topk_prob"):
+            boolean(f, getattr(self, f))
+        for f, kinds in (("norm_position", NORM_POSITIONS), ("qk_norm_shape", QK_NORM_SHAPES)):
+            self._store(f, kinds[kinds.index(choice(f, getattr(self, f), kinds))])
+        for f in ("attn_softcap", "logit_softcap"):
+            self._store(f, number(f, getattr(self, f), 0.0, 1e6))
+        self._check_norm_count()
+        if self.sandwich_norm and (self.parallel_block or self.norm_position != "pre"):
+            raise ValueError(
+                "sandwich_norm=True needs parallel_block=False and norm_position='pre'"
+            )
+        if self.parallel_block and self.norm_position != "pre":
+            raise ValueError("parallel_block=True needs norm_position='pre'")
+        if self.kv_lora_rank and (self.attn_bias or self.qk_norm):
+            raise ValueError("attn_bias and qk_norm are not modelled with MLA (kv_lora_rank > 0)")
+
+    def _check_norm_count(self) -> None:
+        """``norms_per_layer``: 0 (derive it: :attr:`layer_norm_count`), the derived count, or 1
+        with a parallel block."""
+        n = self._int("norms_per_layer", 0, 4)
+        derived = 4 if self.sandwich_norm else 2
+        if n == 1 and not self.parallel_block:
+            raise ValueError("norms_per_layer=1 needs parallel_block=True (one norm feeds both)")
+        if n not in (0, 1, derived):
+            raise ValueError(
+                f"norms_per_layer={n} must be 0 (derive it), {derived} or 1 (with parallel_block)"
+            )
+
+    @property
+    def layer_norm_count(self) -> int:
+        """Norms in one layer: ``norms_per_layer``, or 2 (4 with ``sandwich_norm``) when it is 0."""
+        return self.norms_per_layer or (4 if self.sandwich_norm else 2)
 
     def _derive_widths(self) -> None:
         """Fill in the widths left at 0 (or None): kv_heads = a, head_dim = h/a, f = 4h."""

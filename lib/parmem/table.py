@@ -75,9 +75,11 @@ def _mlp(
     count: int,
     expert: bool,
     row_bias_group: str,
+    biased: bool = False,
 ) -> list[Tensor]:
     """A dense MLP (or ``count`` experts) of inner size ``width``: weights, then the column
-    biases, then the row-parallel bias (Shoeybi et al. 2019 §3: FC1 column-, FC2 row-parallel)."""
+    biases when ``biased``, then the row-parallel bias (Shoeybi et al. 2019 §3: FC1 column-, FC2
+    row-parallel)."""
     h = spec.hidden
     names = ("gate", "up", "down") if spec.ffn_kind == "swiglu" else ("fc1", "fc2")
 
@@ -86,7 +88,7 @@ def _mlp(
 
     out = [t(f"{n}.weight", width, h, "column", group, "linear") for n in names[:-1]]
     out.append(t(f"{names[-1]}.weight", h, width, "row", group, "linear"))
-    if spec.bias:
+    if biased:
         out += [t(f"{n}.bias", width, 1, "column", group, "bias") for n in names[:-1]]
         out.append(t(f"{names[-1]}.bias", h, 1, "replicated", row_bias_group, "bias"))
     return out
@@ -107,24 +109,46 @@ def _attention(spec: Any) -> list[Tensor]:
             Tensor("attn.v.weight", kv, h, "kv", "attention", kvg, "linear"),
             Tensor("attn.o.weight", h, q, "row", "attention", qo, "linear"),
         ]
-        if spec.bias or spec.qkv_bias:
+        attn_bias = spec.bias or getattr(spec, "attn_bias", False)
+        if attn_bias or spec.qkv_bias:
             out += [
                 Tensor("attn.q.bias", q, 1, "column", "attention", qo, "bias"),
                 Tensor("attn.k.bias", kv, 1, "kv", "attention", kvg, "bias"),
                 Tensor("attn.v.bias", kv, 1, "kv", "attention", kvg, "bias"),
             ]
-        if spec.bias:
+        if attn_bias:
             out.append(Tensor("attn.o.bias", h, 1, "replicated", "attention", rb, "bias"))
     if spec.qk_norm:
-        d = spec.head_dim
-        out += [
-            Tensor(f"attn.{n}_norm.weight", d, 1, "replicated", "norms", "norms", "norm")
-            for n in ("q", "k")
-        ]
+        out += _qk_norms(spec)
     if getattr(spec, "attention_sinks", False):
         out.append(
             Tensor("attn.sinks", spec.heads, 1, "column", "attention", "attention Q, O", "sinks")
         )
+    return out
+
+
+def _qk_norms(spec: Any) -> list[Tensor]:
+    """The query and key norms by ``qk_norm_shape``: ``"head"`` one weight of head_dim each,
+    shared by the heads (Qwen3Attention, Gemma3Attention, Exaone4Attention; PhiAttention's
+    ``q_layernorm`` is a LayerNorm with bias), replicated under TP; ``"heads"`` one weight per
+    head, (a, head_dim) and (kv_heads, head_dim) (CohereAttention's CohereLayerNorm, no bias),
+    split with the heads (vLLM's CohereAttention keeps its own heads' rows); ``"full"`` one
+    RMSNorm over a · head_dim and kv_heads · head_dim (Olmo2Attention, Olmo3Attention),
+    replicated (vLLM's Olmo2Attention gathers q and k over TP before it)."""
+    shape, d = getattr(spec, "qk_norm_shape", "head"), spec.head_dim
+    rows = {"q": d, "k": d}
+    split = {"q": "replicated", "k": "replicated"}
+    if shape != "head":
+        rows = {"q": spec.heads * d, "k": spec.kv_heads * d}
+    if shape == "heads":
+        split = {"q": "column", "k": "kv"}
+    bias = spec.norm == "layernorm" and getattr(spec, "norm_bias", True)
+    out = []
+    for n in ("q", "k"):
+        for part in ("weight", "bias") if bias else ("weight",):
+            out.append(
+                Tensor(f"attn.{n}_norm.{part}", rows[n], 1, split[n], "norms", "norms", "norm")
+            )
     return out
 
 
@@ -163,12 +187,11 @@ def _experts(spec: Any) -> list[Tensor]:
     ranks, as Megatron-Core's SharedExpertMLP and DeepSeek-V3 §3.4's training layout keep it),
     Qwen2-MoE's shared-expert gate and the router (with gpt-oss's bias)."""
     h, ef, E = spec.hidden, spec.expert_ffn_hidden, spec.num_experts
-    out = _mlp(spec, "experts.", ef, "experts", "experts", E, True, "experts")
+    out = _mlp(spec, "experts.", ef, "experts", "experts", E, True, "experts", spec.bias)
     if spec.shared_experts:
         sh = "shared experts"
-        out += _mlp(
-            spec, "shared_experts.", ef, "shared_experts", sh, spec.shared_experts, False, sh
-        )
+        n = spec.shared_experts
+        out += _mlp(spec, "shared_experts.", ef, "shared_experts", sh, n, False, sh, spec.bias)
         if getattr(spec, "shared_expert_gate", False):
             out.append(
                 Tensor(
@@ -184,8 +207,9 @@ def _experts(spec: Any) -> list[Tensor]:
 @normalised_cache(maxsize=256)
 def layer_tensors(spec: Any, moe: bool | None = None) -> tuple[Tensor, ...]:
     """The parameter tensors of one transformer layer, in module order: the attention
-    (:func:`_attention`), the MLP or the experts, shared experts and router, then the norms (two,
-    or four with Gemma's ``sandwich_norm``). ``moe``: an MoE layer (default: when the model has
+    (:func:`_attention`), the MLP or the experts, shared experts and router, then the norms
+    (``layer_norm_count`` of them: two, four with Gemma's ``sandwich_norm``, one for a parallel
+    block with one norm: GPTJBlock's ``ln_1``, CohereDecoderLayer, FalconDecoderLayer). ``moe``: an MoE layer (default: when the model has
     experts) or a dense one (the dense layers of an MoE model: DeepSeek-V3's first three, Llama
     4's interleaved ones)."""
     moe = bool(spec.num_experts) if moe is None else moe and bool(spec.num_experts)
@@ -194,10 +218,11 @@ def layer_tensors(spec: Any, moe: bool | None = None) -> tuple[Tensor, ...]:
     if moe:
         out += _experts(spec)
     else:
-        out += _mlp(spec, "mlp.", spec.ffn_hidden, "mlp", "MLP", 1, False, rb)
-    out += _norm(spec, "attn_norm") + _norm(spec, "mlp_norm")
-    if getattr(spec, "sandwich_norm", False):
-        out += _norm(spec, "post_attn_norm") + _norm(spec, "post_mlp_norm")
+        biased = spec.bias or getattr(spec, "mlp_bias", False)
+        out += _mlp(spec, "mlp.", spec.ffn_hidden, "mlp", "MLP", 1, False, rb, biased)
+    names = ("attn_norm", "mlp_norm", "post_attn_norm", "post_mlp_norm")
+    for name in names[: getattr(spec, "layer_norm_count", 4 if spec.sandwich_norm else 2)]:
+        out += _norm(spec, name)
     return tuple(out)
 
 
@@ -224,13 +249,24 @@ def layer_groups(
 
 
 def _norm(spec: Any, name: str, place: str = "layer") -> list[Tensor]:
-    """LayerNorm has a weight and a bias of h values, RMSNorm a weight (Zhang & Sennrich 2019)."""
-    out = [
-        Tensor(
-            f"{name}.weight", spec.hidden, 1, "replicated", "norms", "norms", "norm", place=place
+    """LayerNorm has a weight and a bias of h values, RMSNorm a weight (Zhang & Sennrich 2019);
+    without ``norm_bias`` a LayerNorm has no bias (CohereLayerNorm, MptBlock's norms), without
+    ``norm_weight`` no parameters at all (OlmoLayerNorm)."""
+    out = []
+    if getattr(spec, "norm_weight", True):
+        out.append(
+            Tensor(
+                f"{name}.weight",
+                spec.hidden,
+                1,
+                "replicated",
+                "norms",
+                "norms",
+                "norm",
+                place=place,
+            )
         )
-    ]
-    if spec.norm == "layernorm":
+    if spec.norm == "layernorm" and getattr(spec, "norm_bias", True):
         out.append(
             Tensor(
                 f"{name}.bias", spec.hidden, 1, "replicated", "norms", "norms", "norm", place=place
@@ -265,10 +301,16 @@ def model_tensors(spec: Any, pipeline: bool = False) -> tuple[Tensor, ...]:
                 place="first",
             )
         )
+    if getattr(spec, "embedding_norm", False):  # BloomModel.word_embeddings_layernorm
+        out += _norm(spec, "embedding_norm", place="first")
     out += _norm(spec, "final_norm", place="last")
     if not spec.tied_embeddings or pipeline:
         out.append(
             Tensor("lm_head.weight", V, h, "vocab", "lm_head", "LM head", "lm_head", place="last")
+        )
+    if getattr(spec, "lm_head_bias", False):  # PhiForCausalLM, GPTJForCausalLM: even when tied
+        out.append(
+            Tensor("lm_head.bias", V, 1, "vocab", "lm_head", "LM head", "bias", place="last")
         )
     for j in range(getattr(spec, "mtp_layers", 0)):
         out += _mtp(spec, f"mtp.{j}.")

@@ -379,6 +379,14 @@ def _candidate_row(rank: int, c: Any) -> dict[str, Any]:
     }
 
 
+def _recipe(result: Plan, pick: int) -> str:
+    """The picked layout's launch recipe, or why the engine's recipe cannot express the model."""
+    try:
+        return result.emit(None, pick - 1)
+    except ValueError as e:
+        return f"# no recipe: {e}"
+
+
 @lru_cache(maxsize=8)
 def _plan(
     spec: ModelSpec, gpu: str, gpn: int, nodes: int, batch: int, seq: int, top: int, engine: str
@@ -421,7 +429,7 @@ def plan_layouts(settings: Mapping[str, Any]) -> dict[str, Any]:
             "message": result.message or "",
             "rejected": dict(result.rejected),
             "engine": engine,
-            "recipe": result.emit(None, pick - 1) if rows and engine in EMITTER_OF else "",
+            "recipe": _recipe(result, pick) if rows and engine in EMITTER_OF else "",
             "band": band(result.candidates[pick - 1].estimate, values["gpu"]) if rows else None,
             "query": to_query(values, PLAN_FIELDS),
         }

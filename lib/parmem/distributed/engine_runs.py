@@ -1,12 +1,15 @@
 """The engines' own code, measured beside the engine profiles of :mod:`parmem.engines`.
 
-* :func:`hf_layer`: one decoder layer of a Transformers model (Llama, Mistral, Qwen2, Qwen3,
-  Mixtral, GPT-2; transformers 5.23.0) built from a tiny config, run forward as the Trainer runs
-  it (``train()``, ``use_cache=False``), in bf16 or fp32, with eager or SDPA attention. The bytes
-  it keeps for backward (:class:`parmem.measure.SavedTensorsMeter`, parameters excluded) beside
-  the ``hf`` profile's ``layer`` and ``stage`` tables on device ``"cpu"``
-  (:func:`parmem.activations.layer_terms`): the layer is the model's only one, so it is also the
-  one that keeps the rotary cos and sin every layer shares.
+* :func:`hf_layer`: one decoder layer of a Transformers model (the cases of :data:`HF_TINY`:
+  Llama, Mistral, Qwen2, Qwen3, Mixtral, GPT-2, Gemma, Gemma 2, Gemma 3, Qwen2-MoE, Qwen3-MoE,
+  Granite, Starcoder2; transformers 5.23.0) built from a tiny config, run forward as the Trainer
+  runs it (``train()``, ``use_cache=False``), in bf16 or fp32, with eager or SDPA attention, or
+  fp32 weights under bf16 autocast. The bytes it keeps for backward
+  (:class:`parmem.measure.SavedTensorsMeter`, parameters excluded) beside the ``hf`` profile's
+  ``layer`` and ``stage`` tables on device ``"cpu"`` (:func:`parmem.activations.layer_terms`):
+  the layer is the model's only one, so it is also the one that keeps the rotary cos and sin
+  every layer shares. :func:`hf_model`: a whole two-layer model computing its loss, beside the
+  ``layer``, ``stage``, ``first`` and ``last`` tables and the fp32 log-probabilities.
 * :func:`demo_torchtitan` (a :class:`parmem.distributed.Pool` worker): torchtitan 0.3.0's Llama 3
   ``debugmodel`` parallelized by torchtitan's own ``parallelize_llama`` (FSDP2 ``fully_shard``
   per block, bf16 parameters for compute, fp32 reduction) on the pool's ranks, one AdamW step
@@ -20,9 +23,10 @@ What a CPU run changes, each named (the profiles describe CUDA; the ``[devices.c
 
 * dropout masks are the activation dtype, LayerNorm statistics the input dtype, and
   ``nn.RMSNorm`` keeps an fp32 copy and an fp32 normalised tensor (the CPU composite);
-* GPT-2 with SDPA is run with ``attn_pdrop=0``: CPU SDPA has no fused kernel with dropout, and
-  its math fallback upcasts to fp32, which no GPU run does (on CUDA the flash kernel regenerates
-  the dropout mask, so the profile keeps no attention-dropout tensor under SDPA either way);
+* every case with attention dropout (GPT-2, ``+dropout``) is run with SDPA at dropout 0: CPU SDPA
+  has no fused kernel with dropout, and its math fallback upcasts to fp32, which no GPU run does
+  (on CUDA the flash kernel regenerates the dropout mask, so the profile keeps no
+  attention-dropout tensor under SDPA either way);
 * torchtitan: ``device_type`` is set to ``"cpu"`` (torchtitan assumes an accelerator);
   ``parallelism.spmd_backend="partial_dtensor"`` (the default ``"spmd_types"`` needs annotations
   this torch build's ``fully_shard`` does not read); torchtitan's ``ScaledDotProductAttention``
@@ -51,7 +55,10 @@ from parmem._check import choice, integer
 __all__ = [
     "HF_FAMILIES",
     "HF_TINY",
+    "HF_CASES",
+    "HF_EAGER_ONLY",
     "hf_layer",
+    "hf_model",
     "hf_spec",
     "triton_stub",
     "datasets_stub",
@@ -62,68 +69,128 @@ __all__ = [
 ]
 
 #: Tiny configs of the Transformers families checked against the ``hf`` profile: every width
-#: distinct (h = 64, query heads x head_dim = 96, key/value heads x head_dim = 48, f = 80, and
-#: for GPT-2 f = 4h), so that no two terms can stand in for each other.
+#: distinct (h = 64, query heads x head_dim = 96, key/value heads x head_dim = 48, f = 80, expert
+#: f = 40, shared expert 120, and for GPT-2 f = 4h), so that no two terms can stand in for each
+#: other. A key is a case: the ``model_type``, and after a ``+`` what the case sets beyond the
+#: family's defaults (``qwen3_moe+norm_topk_prob``; ``+dropout``: attention dropout 0.1).
+_GQA = dict(
+    hidden_size=64, intermediate_size=80, num_attention_heads=4, num_key_value_heads=2, head_dim=24
+)
+_EXPERTS = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=40)
 HF_TINY: dict[str, dict[str, Any]] = {
-    "llama": dict(
-        hidden_size=64,
-        intermediate_size=80,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=24,
-    ),
-    "mistral": dict(
-        hidden_size=64,
-        intermediate_size=80,
-        num_attention_heads=4,
-        num_key_value_heads=1,
-        head_dim=24,
-    ),
+    "llama": dict(_GQA),
+    "llama+dropout": dict(_GQA, attention_dropout=0.1),
+    "mistral": dict(_GQA, num_key_value_heads=1),
     "qwen2": dict(
         hidden_size=64, intermediate_size=80, num_attention_heads=4, num_key_value_heads=2
     ),
-    "qwen3": dict(
-        hidden_size=64,
-        intermediate_size=80,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=24,
-    ),
-    "mixtral": dict(
-        hidden_size=64,
-        intermediate_size=80,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=24,
-        num_local_experts=4,
-        num_experts_per_tok=2,
-    ),
+    "qwen3": dict(_GQA),
+    "mixtral": dict(_GQA, num_local_experts=4, num_experts_per_tok=2),
     "gpt2": dict(n_embd=64, n_head=4, n_positions=256, bos_token_id=0, eos_token_id=0),
+    # GemmaRMSNorm, GeGLU (gelu_pytorch_tanh), the sqrt(h) embedding scale
+    "gemma": dict(_GQA),
+    # + four norms per layer, attention logit soft-capping (50.0) and final logit soft-capping
+    # (30.0), Transformers' defaults; Gemma 2 has no SDPA attention (eager only)
+    "gemma2": dict(_GQA),
+    "gemma2+dropout": dict(_GQA, attention_dropout=0.1),
+    # + q/k norms, local and global layers with their own rotary tables (every 2nd layer
+    # global here, so that a two-layer model has both)
+    "gemma3_text": dict(_GQA, sliding_window_pattern=2),
+    # a shared expert of 120 behind a sigmoid gate; norm_topk_prob false (the default)
+    "qwen2_moe": dict(_GQA, **_EXPERTS, shared_expert_intermediate_size=120),
+    "qwen3_moe": dict(_GQA, **_EXPERTS),
+    "qwen3_moe+norm_topk_prob": dict(_GQA, **_EXPERTS, norm_topk_prob=True),
+    # Llama's layer with Granite's scalar multipliers (Python floats: nothing kept)
+    "granite": dict(_GQA),
+    # LayerNorm with biases, a GeLU MLP with biases, rotary positions; no dropout (the profile
+    # refuses Starcoder2 with dropout)
+    "starcoder2": dict(_GQA),
 }
-HF_FAMILIES: tuple[str, ...] = tuple(HF_TINY)
+#: every case of :data:`HF_TINY`
+HF_CASES: tuple[str, ...] = tuple(HF_TINY)
+#: cases whose family has no SDPA attention in Transformers 5.23 (``_supports_sdpa = False``):
+#: the profile refuses ``flash_attention=True`` for them
+HF_EAGER_ONLY: tuple[str, ...] = tuple(c for c in HF_TINY if c.startswith("gemma2"))
+#: the cases that run with both eager and SDPA attention
+HF_FAMILIES: tuple[str, ...] = tuple(c for c in HF_CASES if c not in HF_EAGER_ONLY)
 _DTYPES = ("bf16", "fp32")
 _ATTN = ("eager", "sdpa")
 _VOCAB = 256
+#: the dropout keys a case may set (zeroed under SDPA, see the module doc)
+_DROPOUT_KEYS = ("attention_dropout", "attn_pdrop")
 
 
-def _hf_config(family: str, attn: str):
+def _hf_config(case: str, attn: str, layers: int = 1):
     import transformers
 
-    kw = dict(HF_TINY[family], vocab_size=_VOCAB, use_cache=False)
-    kw["n_layer" if family == "gpt2" else "num_hidden_layers"] = 1
-    if family == "gpt2" and attn == "sdpa":
-        kw["attn_pdrop"] = 0.0  # CPU SDPA with dropout falls back to fp32 math (module doc)
+    family = case.split("+")[0]
+    kw = dict(HF_TINY[case], vocab_size=_VOCAB, use_cache=False)
+    kw["n_layer" if family == "gpt2" else "num_hidden_layers"] = layers
+    if attn == "sdpa":
+        for k in _DROPOUT_KEYS:  # CPU SDPA with dropout falls back to fp32 math (module doc)
+            if k in kw or family == "gpt2":
+                kw[k] = 0.0
     return transformers.AutoConfig.for_model(family, **kw)
 
 
-def hf_spec(family: str, attn: str = "sdpa"):
+def hf_spec(family: str, attn: str = "sdpa", layers: int = 1):
     """The :class:`~parmem.model.ModelSpec` :func:`parmem.ModelSpec.from_hf_config` reads from
-    the tiny config of ``family`` (one layer)."""
+    the tiny config of case ``family`` (``layers`` layers)."""
     from parmem.model import ModelSpec
 
-    choice("family", family, HF_FAMILIES)
+    choice("family", family, HF_CASES)
     choice("attn", attn, _ATTN)
-    return ModelSpec.from_hf_config(_hf_config(family, attn).to_dict(), name=f"tiny-{family}")
+    cfg = _hf_config(family, attn, layers).to_dict()
+    return ModelSpec.from_hf_config(cfg, name=f"tiny-{family}")
+
+
+def _hf_model(case: str, dtype: str, attn: str, layers: int, seed: int, autocast: bool):
+    import torch
+    import transformers
+
+    choice("family", case, HF_CASES)
+    choice("dtype", dtype, _DTYPES)
+    choice("attn", attn, _ATTN)
+    if autocast and dtype != "fp32":
+        raise ValueError("autocast=True runs fp32 weights under bf16 autocast: needs dtype='fp32'")
+    torch.manual_seed(seed)
+    cfg = _hf_config(case, attn, layers)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation=attn)
+    return model.to(torch.bfloat16 if dtype == "bf16" else torch.float32).train()
+
+
+def _forward(model, ids, labels: bool, autocast: bool):
+    """The Trainer's forward: the loss when ``labels``, else the logits' sum; under
+    ``torch.autocast("cpu", dtype=torch.bfloat16)`` when ``autocast`` (Accelerate's
+    ``mixed_precision="bf16"`` wraps the model's forward the same way)."""
+    import torch
+
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        out = model(input_ids=ids, labels=ids if labels else None, use_cache=False)
+    return out.loss if labels else out.logits.float().sum()
+
+
+def _predict(spec, seq_len: int, micro_batch: int, attn: str, act: int, device: str, **kw):
+    """The ``hf`` profile's bytes of each table on ``device``."""
+    from parmem.activations import layer_terms
+
+    return {
+        p: sum(
+            x.bytes
+            for x in layer_terms(
+                spec,
+                seq_len,
+                micro_batch,
+                flash=attn == "sdpa",
+                act_bytes=act,
+                engine="hf",
+                device=device,
+                place=p,
+                **kw,
+            )
+        )
+        for p in ("layer", "stage", "first", "last")
+    }
 
 
 def hf_layer(
@@ -133,31 +200,26 @@ def hf_layer(
     seq_len: int = 24,
     micro_batch: int = 3,
     seed: int = 0,
+    autocast: bool = False,
 ) -> dict:
-    """Bytes one Transformers decoder layer of ``family`` keeps for backward, measured, beside
-    the ``hf`` profile on device ``"cpu"``.
+    """Bytes one Transformers decoder layer of case ``family`` (a key of :data:`HF_TINY`) keeps
+    for backward, measured, beside the ``hf`` profile on device ``"cpu"``.
 
     Returns ``measured`` (distinct storages saved inside the layer's forward, parameters
     excluded), ``predicted`` (the profile's ``layer`` plus ``stage`` tables), ``layer`` and
     ``stage`` (those two parts), ``cuda`` (what the profile predicts for the same layer on a GPU:
     1-byte masks, fp32 LayerNorm statistics) and ``records`` ((bytes, dtype, shape) of every
-    saved storage, in the order the forward saved them).
+    saved storage, in the order the forward saved them). ``autocast=True`` (with ``dtype="fp32"``)
+    runs the fp32 model under bf16 autocast; ``predicted`` is then the profile's
+    ``precision="bf16-autocast"`` accounting.
     """
     import torch
-    import transformers
 
-    from parmem.activations import layer_terms
     from parmem.measure import SavedTensorsMeter
 
-    choice("family", family, HF_FAMILIES)
-    choice("dtype", dtype, _DTYPES)
-    choice("attn", attn, _ATTN)
     integer("seq_len", seq_len, 1, 4096)
     integer("micro_batch", micro_batch, 1, 64)
-    torch.manual_seed(seed)
-    cfg = _hf_config(family, attn)
-    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation=attn)
-    model.to(torch.bfloat16 if dtype == "bf16" else torch.float32).train()
+    model = _hf_model(family, dtype, attn, 1, seed, autocast)
     body = model.transformer if family == "gpt2" else model.model
     layer = body.h[0] if family == "gpt2" else body.layers[0]
     meter = SavedTensorsMeter(exclude=model.parameters())
@@ -171,35 +233,64 @@ def hf_layer(
     ]
     try:
         ids = torch.randint(0, _VOCAB, (micro_batch, seq_len))
-        model(input_ids=ids, use_cache=False).logits.float().sum().backward()
+        _forward(model, ids, False, autocast).backward()
     finally:
         for h in hooks:
             h.remove()
     spec = hf_spec(family, attn)
-    act = 2 if dtype == "bf16" else 4
-
-    def predict(place: str, device: str) -> int:
-        terms = layer_terms(
-            spec,
-            seq_len,
-            micro_batch,
-            flash=attn == "sdpa",
-            act_bytes=act,
-            engine="hf",
-            device=device,
-            place=place,
-        )
-        return sum(x.bytes for x in terms)
-
-    parts = {p: predict(p, "cpu") for p in ("layer", "stage")}
+    act = 2 if dtype == "bf16" or autocast else 4
+    kw = {"autocast": True} if autocast else {}
+    parts = _predict(spec, seq_len, micro_batch, attn, act, "cpu", **kw)
+    cuda = _predict(spec, seq_len, micro_batch, attn, act, "cuda", **kw)
     return {
         "family": family,
         "dtype": dtype,
         "attn": attn,
         "measured": meter.bytes,
         "predicted": parts["layer"] + parts["stage"],
+        "layer": parts["layer"],
+        "stage": parts["stage"],
+        "cuda": cuda["layer"] + cuda["stage"],
+        "records": meter.records,
+    }
+
+
+def hf_model(
+    family: str = "llama",
+    dtype: str = "bf16",
+    attn: str = "sdpa",
+    layers: int = 2,
+    seq_len: int = 24,
+    micro_batch: int = 3,
+    seed: int = 0,
+) -> dict:
+    """Bytes a whole tiny Transformers causal LM of case ``family`` keeps for backward when its
+    forward computes the loss (``labels`` given, as the Trainer runs it), measured, beside the
+    ``hf`` profile on device ``"cpu"``: ``layers`` x the ``layer`` table, plus ``stage``,
+    ``first`` and ``last``, plus the fp32 log-probabilities the cross-entropy keeps (4·s·b·V,
+    the estimate's ``logits``). Returns ``measured``, ``predicted``, the parts and ``records``."""
+    import torch
+
+    from parmem.measure import SavedTensorsMeter
+
+    integer("layers", layers, 1, 8)
+    model = _hf_model(family, dtype, attn, layers, seed, False)
+    ids = torch.randint(0, _VOCAB, (micro_batch, seq_len))
+    with SavedTensorsMeter(exclude=model.parameters()) as meter:
+        loss = _forward(model, ids, True, False)
+    loss.backward()
+    spec = hf_spec(family, attn, layers)
+    parts = _predict(spec, seq_len, micro_batch, attn, 2 if dtype == "bf16" else 4, "cpu")
+    logits = 4 * seq_len * micro_batch * spec.vocab_size
+    predicted = layers * parts["layer"] + parts["stage"] + parts["first"] + parts["last"]
+    return {
+        "family": family,
+        "dtype": dtype,
+        "attn": attn,
+        "measured": meter.bytes,
+        "predicted": predicted + logits,
         **parts,
-        "cuda": predict("layer", "cuda") + predict("stage", "cuda"),
+        "logits": logits,
         "records": meter.records,
     }
 

@@ -32,7 +32,14 @@ if TYPE_CHECKING:
     from ...model import ModelSpec
     from ..result import Candidate, Plan
 
-__all__ = ["MEGATRON_LM_COMMIT", "TARGET", "megatron", "model_args", "pipeline_layout"]
+__all__ = [
+    "MEGATRON_LM_COMMIT",
+    "TARGET",
+    "megatron",
+    "model_args",
+    "pipeline_layout",
+    "unexpressed",
+]
 
 #: The Megatron-LM commit the recipes are written for (github.com/NVIDIA/Megatron-LM, 2026-08-22).
 MEGATRON_LM_COMMIT = "d98e8a64ddf34856e74b24714e3bedb2f5a39553"
@@ -40,8 +47,82 @@ MEGATRON_LM_COMMIT = "d98e8a64ddf34856e74b24714e3bedb2f5a39553"
 TARGET = f"Megatron-LM commit {MEGATRON_LM_COMMIT[:10]} (2026-08-22), pretrain_gpt.py"
 
 
+#: ModelSpec features Megatron-LM's GPTModel cannot build at :data:`MEGATRON_LM_COMMIT`, each with
+#: what the recipe would otherwise get wrong (the spec's field, then why)
+_UNEXPRESSED = (
+    (
+        "parallel_block",
+        "attention and MLP in parallel (GPT-J, Falcon, Cohere, Phi): GPTModel "
+        "runs them one after the other",
+    ),
+    (
+        "sandwich_norm",
+        "norms after attention and after the MLP too (Gemma 2/3): GPTModel has two per layer",
+    ),
+    ("embedding_norm", "a norm after the embedding (BLOOM)"),
+    ("lm_head_bias", "a bias on the output layer"),
+    ("attn_softcap", "soft-capped attention logits (Gemma 2)"),
+    ("logit_softcap", "soft-capped output logits (Gemma 2)"),
+    ("sliding_window", "sliding-window or chunked layers between global ones"),
+    ("attention_sinks", "attention sinks (gpt-oss)"),
+    ("shared_experts", "shared experts"),
+    ("first_dense_layers", "dense layers before the MoE layers"),
+    ("router_bias", "a router with a bias"),
+    ("mtp_layers", "multi-token prediction modules"),
+)
+
+
+def unexpressed(spec: ModelSpec) -> list[str]:
+    """What of ``spec`` a Megatron-LM recipe cannot express, each as ``"field: why"`` (empty when
+    :func:`model_args` writes the whole model): a recipe for such a model would train another
+    one, so :func:`model_args` refuses it."""
+    out = [f"{f}: {why}" for f, why in _UNEXPRESSED if getattr(spec, f, 0)]
+    if getattr(spec, "norm_position", "pre") != "pre":
+        out.append(
+            f"norm_position={spec.norm_position!r}: norms after attention and the MLP (OLMo 2)"
+        )
+    if spec.position not in ("rotary", "learned"):
+        out.append(f"position={spec.position!r}: GPTModel has learned or rotary positions")
+    if not getattr(spec, "norm_weight", True) or (
+        spec.norm == "layernorm" and not getattr(spec, "norm_bias", True)
+    ):
+        out.append("norm_weight/norm_bias: norms without a weight or a bias")
+    if not spec.bias and (getattr(spec, "attn_bias", False) or getattr(spec, "mlp_bias", False)):
+        out.append(
+            "attn_bias/mlp_bias: biases on some linear layers only (Megatron-LM has all or none)"
+        )
+    if spec.qk_norm and getattr(spec, "qk_norm_shape", "head") != "head":
+        out.append(f"qk_norm_shape={spec.qk_norm_shape!r}: --qk-layernorm normalises each head")
+    if spec.is_moe and spec.moe_every != 1:
+        out.append(f"moe_every={spec.moe_every}: MoE layers between dense ones")
+    return out
+
+
+def _mla_args(spec: ModelSpec) -> list[str]:
+    """Multi-latent attention (DeepSeek-V2 §2.1) as megatron/training/arguments.py names it."""
+    if not spec.kv_lora_rank:
+        return []
+    args = ["--multi-latent-attention"]
+    if spec.q_lora_rank:
+        args += ["--q-lora-rank", str(spec.q_lora_rank)]
+    return args + [
+        "--kv-lora-rank", str(spec.kv_lora_rank),
+        "--qk-head-dim", str(spec.head_dim - spec.qk_rope_head_dim),
+        "--qk-pos-emb-head-dim", str(spec.qk_rope_head_dim),
+        "--v-head-dim", str(spec.v_head_dim),
+    ]  # fmt: skip
+
+
 def model_args(spec: ModelSpec, seq_len: int) -> list[str]:
-    """The model's shape as Megatron-LM arguments (GPT-style decoder, ``pretrain_gpt.py``)."""
+    """The model's shape as Megatron-LM arguments (GPT-style decoder, ``pretrain_gpt.py``): GQA,
+    SwiGLU, RMSNorm, rotary positions, untied embeddings, biases, per-head q/k norms
+    (``--qk-layernorm``), multi-latent attention and the experts. A model with a feature
+    Megatron-LM cannot build (:func:`unexpressed`) raises ``ValueError`` naming it."""
+    missing = unexpressed(spec)
+    if missing:
+        raise ValueError(
+            f"a Megatron-LM recipe cannot express {spec.name!r}: " + "; ".join(missing)
+        )
     args = [
         "--num-layers", str(spec.layers),
         "--hidden-size", str(spec.hidden),
@@ -66,6 +147,9 @@ def model_args(spec: ModelSpec, seq_len: int) -> list[str]:
         args.append("--disable-bias-linear")
     if spec.qkv_bias:
         args.append("--add-qkv-bias")
+    if spec.qk_norm:
+        args.append("--qk-layernorm")
+    args += _mla_args(spec)
     if spec.is_moe:
         args += [
             "--num-experts", str(spec.num_experts),
