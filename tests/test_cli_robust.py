@@ -88,7 +88,8 @@ def _config(tmp_path, **extra):
 
 @pytest.mark.parametrize("entry", [["full_attention"], {"kind": "sliding_attention"}])
 def test_layer_types_of_lists_or_dicts_name_the_key(tmp_path, capsys, entry):
-    path = _config(tmp_path, layer_types=["full_attention", entry])
+    path = _config(tmp_path, model_type="qwen2", sliding_window=8,
+                   layer_types=["full_attention", entry])
     assert main(["kv", "--model", path, "--seq", "16"]) == 2
     line = one_error_line(capsys.readouterr().err, "--model", "layer_types")
     assert "[1]" in line and "unhashable" not in line
