@@ -108,19 +108,17 @@ def test_serving_requests_by_hand():
 
 
 def test_fewest_gpus_and_no_fewer():
-    """Llama 3 70B at 4K under Megatron-Core on H100s: the answer's layout fits, and no layout of
-    one GPU fewer fits even on allocated bytes alone (the smallest of the three numbers)."""
+    """Llama 3 70B at 4K under Megatron-Core on H100s: the answer's layout fits, and no layout
+    of fewer GPUs does."""
     spec = ModelSpec.preset("llama-3-70b")
     setup = TrainingSetup(seq_len=4096, engine="megatron-core")
     ans = fewest_gpus(spec, setup, H100)
     assert ans.value > 1 and ans.parallel.world_size == ans.value
     assert _fits(spec, ans.parallel, ans.setup)
-    fewer = fewest_gpus(spec, setup, H100, bound="allocated", max_gpus=ans.value - 1)
-    if fewer.value:  # allocated fits at fewer GPUs: then the high bound must not, there
-        assert fewer.value < ans.value
-        for n in range(fewer.value, ans.value):
-            assert fewest_gpus(spec, setup, H100, max_gpus=n).value == 0
+    # every count below the answer was tried, every layout of it: none fits on the high bound
     assert fewest_gpus(spec, setup, H100, max_gpus=ans.value - 1).value == 0
+    # judged on allocated bytes alone (the smallest of the three numbers) it may need fewer
+    assert 0 < fewest_gpus(spec, setup, H100, bound="allocated").value <= ans.value
 
 
 def test_fewest_gpus_moe_uses_expert_parallelism_when_it_must():
