@@ -134,35 +134,12 @@ def _inputs(
     return spec, par, setup
 
 
-def _largest(
-    quantity: str, limit: int, judge: Callable[[int], int], capacity: int, bound: str
-) -> tuple[int, int, int | None, int | None, int]:
-    """The largest k in 1..limit with judge(k) <= capacity, found by doubling then bisection:
-    (k, judge(k), k + 1 or None, judge(k + 1) or None, probes). k = 0 when judge(1) does not
-    fit (its bytes are returned then)."""
-    probes = 1
-    first = judge(1)
-    if first > capacity:
-        return 0, first, None, None, probes
-    lo, lo_bytes = 1, first
-    hi, hi_bytes = None, None
-    k = 2
-    while k <= limit:
-        probes += 1
-        got = judge(k)
-        if got > capacity:
-            hi, hi_bytes = k, got
-            break
-        lo, lo_bytes = k, got
-        k *= 2
-    if hi is None:
-        if lo == limit:
-            return lo, lo_bytes, None, None, probes
-        probes += 1
-        got = judge(limit)
-        if got <= capacity:
-            return limit, got, None, None, probes
-        hi, hi_bytes = limit, got
+def _bisect(
+    lo: int, lo_bytes: int, hi: int, hi_bytes: int, judge: Callable[[int], int], capacity: int
+) -> tuple[int, int, int, int, int]:
+    """Narrow lo (fits) < hi (does not) to adjacent values: (lo, its bytes, hi, its bytes,
+    probes)."""
+    probes = 0
     while hi - lo > 1:
         mid = (lo + hi) // 2
         probes += 1
@@ -172,6 +149,80 @@ def _largest(
         else:
             hi, hi_bytes = mid, got
     return lo, lo_bytes, hi, hi_bytes, probes
+
+
+def _upward(
+    limit: int, judge: Callable[[int], int], capacity: int
+) -> tuple[int, int, int | None, int | None, int]:
+    """The largest k in 1..limit with judge(k) <= capacity, by doubling then bisection:
+    (k, judge(k), k + 1 or None, judge(k + 1) or None, probes). k = 0 when judge(1) does not
+    fit (its bytes are returned then)."""
+    first = judge(1)
+    if first > capacity:
+        return 0, first, None, None, 1
+    lo, lo_bytes, probes, k = 1, first, 1, 2
+    while k <= limit:
+        probes += 1
+        got = judge(k)
+        if got > capacity:
+            out = _bisect(lo, lo_bytes, k, got, judge, capacity)
+            return out[0], out[1], out[2], out[3], probes + out[4]
+        lo, lo_bytes, k = k, got, k * 2
+    if lo == limit:
+        return lo, lo_bytes, None, None, probes
+    got = judge(limit)
+    if got <= capacity:
+        return limit, got, None, None, probes + 1
+    out = _bisect(lo, lo_bytes, limit, got, judge, capacity)
+    return out[0], out[1], out[2], out[3], probes + 1 + out[4]
+
+
+def _largest(
+    limit: int, judge: Callable[[int], int], cheap: Callable[[int], int] | None, capacity: int
+) -> tuple[int, int, int | None, int | None, int]:
+    """The largest k in 1..limit with judge(k) <= capacity (see :func:`_upward`). ``cheap`` is a
+    lower bound of ``judge`` that costs no allocator replay: the search first finds where it
+    stops fitting, k_lb (the answer is at most k_lb), then walks down from there by doubling
+    steps with ``judge`` and bisects: a few replays instead of one per step of the search."""
+    if cheap is None:
+        return _upward(limit, judge, capacity)
+    k_lb, _, _, _, probes = _upward(limit, cheap, capacity)
+    if not k_lb:
+        return 0, judge(1), None, None, probes + 1
+    hi, hi_bytes = None, None
+    if k_lb < limit:
+        hi, hi_bytes, probes = k_lb + 1, judge(k_lb + 1), probes + 1
+    step, k = 1, k_lb
+    while True:
+        probes += 1
+        got = judge(k)
+        if got <= capacity:
+            break
+        hi, hi_bytes = k, got
+        if k == 1:
+            return 0, got, None, None, probes
+        k, step = max(1, k - step), step * 2
+    if hi is None or hi_bytes is None:
+        return k, got, None, None, probes
+    out = _bisect(k, got, hi, hi_bytes, judge, capacity)
+    return out[0], out[1], out[2], out[3], probes + out[4]
+
+
+def _cheap(bound: str, hw: Hardware, **bound_options: Any) -> Callable[[Estimate], int] | None:
+    """A lower bound of :func:`judged_bytes` with no allocator replay (``None`` when the bound is
+    ``allocated``, which needs none): each stage's allocated bytes, plus for ``high`` the
+    context, NCCL and cuBLAS bytes, which :func:`parmem.bounds.bounds` adds exactly. With a
+    measured ``reserve`` there is no replay to save."""
+    if bound == "allocated" or bound_options.get("reserve") is not None:
+        return None
+
+    def lower(est: Estimate) -> int:
+        if bound == "reserved":
+            return est.peak_bytes
+        b = bounds(est, hw, reserve=0, **{k: v for k, v in bound_options.items() if k != "reserve"})
+        return b.high
+
+    return lower
 
 
 def max_seq_len(
@@ -199,12 +250,15 @@ def max_seq_len(
             f"no sequence length is a multiple of cp·t = {step} within {top} (max_positions)"
         )
 
-    def judge(k: int) -> int:
-        return judged_bytes(
-            estimate(spec, par, replace(base, seq_len=k * step)), hw, bound, **bound_options
-        )
+    def at(k: int) -> Estimate:
+        return estimate(spec, par, replace(base, seq_len=k * step))
 
-    k, got, nk, nb, probes = _largest("seq_len", limit, judge, hw.memory_bytes, bound)
+    def judge(k: int) -> int:
+        return judged_bytes(at(k), hw, bound, **bound_options)
+
+    lower = _cheap(bound, hw, **bound_options)
+    cheap = None if lower is None else (lambda k: lower(at(k)))
+    k, got, nk, nb, probes = _largest(limit, judge, cheap, hw.memory_bytes)
     value = k * step
     return FitAnswer(
         "seq_len",
@@ -236,12 +290,15 @@ def max_micro_batch(
     setup = checked
     hw = _hw(hardware)
 
-    def judge(b: int) -> int:
-        return judged_bytes(
-            estimate(spec, par, replace(setup, micro_batch=b)), hw, bound, **bound_options
-        )
+    def at(b: int) -> Estimate:
+        return estimate(spec, par, replace(setup, micro_batch=b))
 
-    b, got, nb_, nbytes, probes = _largest("micro_batch", MAX_BATCH, judge, hw.memory_bytes, bound)
+    def judge(b: int) -> int:
+        return judged_bytes(at(b), hw, bound, **bound_options)
+
+    lower = _cheap(bound, hw, **bound_options)
+    cheap = None if lower is None else (lambda b: lower(at(b)))
+    b, got, nb_, nbytes, probes = _largest(MAX_BATCH, judge, cheap, hw.memory_bytes)
     return FitAnswer(
         "micro_batch",
         b,
