@@ -30,7 +30,10 @@ def test_calculate_is_estimate():
     usable = int(hardware_preset("h100-sxm").memory_bytes * 0.9)
     assert got["usable_bytes"] == usable and got["headroom"] == "10%"
     assert got["usable_gib"] == f"{usable / GIB:.2f}"
-    assert got["fits"] == (ref.peak_bytes <= usable)
+    from parmem.bounds import bounds
+
+    high_fits = bounds(ref, "h100-sxm").fits  # the book's rule: both parts (parmem.fit.fits)
+    assert got["fits"] == (ref.peak_bytes <= usable and high_fits)
     assert got["text"] == str(ref)
     assert got["svg"].startswith("<svg") and got["svg"].count("<rect") >= 2 * len(ref.stages)
     json.dumps(got)  # JSON-ready

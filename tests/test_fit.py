@@ -13,8 +13,9 @@ import pytest
 from parmem import ModelSpec, ParallelConfig, TrainingSetup, estimate
 from parmem.bounds import bounds
 from parmem.fit import (
+    MARGIN,
     fewest_gpus,
-    judged_bytes,
+    fits,
     max_micro_batch,
     max_requests,
     max_seq_len,
@@ -24,15 +25,22 @@ from parmem.hardware import hardware_preset
 H100 = hardware_preset("h100-sxm")
 
 
-def _fits(spec, par, setup, bound="high", hw=H100):
-    return judged_bytes(estimate(spec, par, setup), hw, bound) <= hw.memory_bytes
+def _fits(spec, par, setup, bound="high", hw=H100, margin=MARGIN):
+    """The book's rule, computed here from its two parts: the estimate within (1 − margin) of the
+    GPU, and the bound (parmem.bounds) within the whole GPU."""
+    est = estimate(spec, par, setup)
+    b = bounds(est, hw)
+    shown = {"high": b.high, "reserved": b.reserved, "allocated": est.peak_bytes}[bound]
+    ok = est.peak_bytes <= int(hw.memory_bytes * (1 - margin)) and shown <= hw.memory_bytes
+    assert ok == fits(est, hw, bound=bound, margin=margin)
+    return ok
 
 
 CASES = [
     # dense, one GPU row per layout kind
     ("llama-3-8b", ParallelConfig(dp=8, zero=3), TrainingSetup(seq_len=1, engine="fsdp2")),
-    ("llama-3-70b", ParallelConfig(tp=8, pp=2, sp=True),
-     TrainingSetup(seq_len=1, num_microbatches=2, recompute="full", engine="megatron-core")),
+    ("llama-3-70b", ParallelConfig(tp=8, pp=4, sp=True),
+     TrainingSetup(seq_len=1, num_microbatches=4, recompute="full", engine="megatron-core")),
     # MoE with expert parallelism
     ("mixtral-8x7b", ParallelConfig(dp=4, tp=2, pp=2, ep=4, sp=True, zero=1),
      TrainingSetup(seq_len=1, num_microbatches=4, recompute="selective", engine="megatron-core")),
@@ -52,16 +60,22 @@ def test_longest_sequence_fits_and_one_step_more_does_not(name, par, setup):
     assert _fits(spec, par, replace(setup, seq_len=ans.value))
     assert not _fits(spec, par, replace(setup, seq_len=ans.value + step))
     # the bytes reported are the bytes of the forward question
-    assert ans.bytes == bounds(estimate(spec, par, replace(setup, seq_len=ans.value)), H100).high
+    at = estimate(spec, par, replace(setup, seq_len=ans.value))
+    assert ans.bytes == bounds(at, H100).high and ans.allocated == at.peak_bytes
     assert ans.probes < 64  # bisection, not a sweep
 
 
-def test_judged_on_allocated_the_answer_is_at_least_as_long():
+def test_without_the_margin_the_high_bound_alone_decides():
+    """margin=0: the whole GPU for the high bound alone; the answer is at least as long, and
+    judged on allocated bytes alone longer still."""
     name, par, setup = CASES[1]
     spec = ModelSpec.preset(name)
-    high = max_seq_len(spec, par, setup, H100)
-    alloc = max_seq_len(spec, par, setup, H100, bound="allocated")
-    assert alloc.value >= high.value
+    book = max_seq_len(spec, par, setup, H100)
+    high = max_seq_len(spec, par, setup, H100, margin=0)
+    alloc = max_seq_len(spec, par, setup, H100, bound="allocated", margin=0)
+    assert alloc.value >= high.value >= book.value
+    assert _fits(spec, par, replace(setup, seq_len=high.value), margin=0)
+    assert not _fits(spec, par, replace(setup, seq_len=high.next_value), margin=0)
     assert estimate(spec, par, replace(setup, seq_len=alloc.value)).peak_bytes <= H100.memory_bytes
     nxt = replace(setup, seq_len=alloc.next_value)
     assert estimate(spec, par, nxt).peak_bytes > H100.memory_bytes
@@ -117,8 +131,8 @@ def test_fewest_gpus_and_no_fewer():
     assert _fits(spec, ans.parallel, ans.setup)
     # every count below the answer was tried, every layout of it: none fits on the high bound
     assert fewest_gpus(spec, setup, H100, max_gpus=ans.value - 1).value == 0
-    # judged on allocated bytes alone (the smallest of the three numbers) it may need fewer
-    assert 0 < fewest_gpus(spec, setup, H100, bound="allocated").value <= ans.value
+    # without the margin, judged on allocated bytes alone, it may need fewer
+    assert 0 < fewest_gpus(spec, setup, H100, bound="allocated", margin=0).value <= ans.value
 
 
 def test_fewest_gpus_moe_uses_expert_parallelism_when_it_must():

@@ -121,7 +121,8 @@ def check_calculation(page, settings: dict) -> None:
     summary = page.locator(".parmem-summary")
     assert int(summary.get_attribute("data-peak-bytes")) == est.peak_bytes, name
     usable = Assumptions().usable_bytes(hw)  # the planner's headroom: one rule for both pages
-    assert summary.get_attribute("data-fits") == str(est.peak_bytes <= usable).lower()
+    fits = est.peak_bytes <= usable and bounds(est, hw).fits  # and the high bound (fit.fits)
+    assert summary.get_attribute("data-fits") == str(fits).lower()
     assert f"peak {est.peak_bytes / GIB:.2f} GiB" in summary.inner_text(), name
     band, want = page.locator(".parmem-band"), bounds(est, hw)  # parmem.bounds, in the page
     assert int(band.get_attribute("data-high")) == want.high, name

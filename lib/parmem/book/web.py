@@ -34,8 +34,9 @@ with its default:
   layout, judged on the high bound (:func:`parmem.fit.max_seq_len`,
   :func:`parmem.fit.max_micro_batch`), ``none``.
 
-"fits" is judged on the usable memory, the GPU's memory less the planner's headroom
-(:meth:`parmem.planner.Assumptions.usable_bytes`): one rule for both pages and the chapters.
+"fits" is the book's rule (:func:`parmem.fit.fits`): the estimate within the usable memory, the
+GPU's memory less the planner's headroom (:meth:`parmem.planner.Assumptions.usable_bytes`), and
+the high bound within the GPU; one rule for both pages and the chapters.
 Beside it both pages show the band of :func:`parmem.bounds.bounds`: allocated (the estimate),
 expected reserved (the caching allocator's overhead on the step's trace) and the high bound
 (with the CUDA context, NCCL's buffers and the cuBLAS workspace), and the headroom the high
@@ -339,8 +340,8 @@ def calculate(settings: Mapping[str, Any]) -> dict[str, Any]:
             "usable_bytes": usable,
             "usable_gib": f"{usable / GIB:.2f}",
             "headroom": f"{Assumptions().headroom:.0%}",
-            "fits": est.peak_bytes <= usable,
-            "band": band(est, hw.name),
+            "fits": (verdict := band(est, hw.name))["fits"] and est.peak_bytes <= usable,
+            "band": verdict,
             "solve": _solve(values["solve"], spec, par, setup, hw.name),
             "components": list(MemoryBreakdown.DRAWN),
             "labels": {k: LABELS.get(k, k) for k in MemoryBreakdown.DRAWN},

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, fields
 from typing import TypedDict
 
 from .._check import MAX_GPUS, integer, number
+from ..fit import MARGIN
 from ..hardware import Hardware, hardware_preset, hardware_presets
 
 __all__ = ["Cluster", "Assumptions", "AssumptionOptions", "SetupOptions"]
@@ -91,11 +92,14 @@ class Assumptions:
     FLOP. Fitted to the published runs (the 1.7B-7.5B rows of Narayanan et al. 2021 Table 1
     reach 137-142 TFLOP/s on A100s, the 530B and 1T rows 163); 0 switches it off."""
 
-    headroom: float = 0.10
+    headroom: float = MARGIN
     """Fraction of GPU memory kept free for what :func:`~parmem.estimate.estimate` does not count:
     allocator fragmentation (PyTorch's caching allocator), the CUDA context and kernels, NCCL's
     own buffers, temporaries of fused kernels. A layout fits when its peak stage is at most
-    ``(1 − headroom) · memory``."""
+    ``(1 − headroom) · memory`` (the book's margin, :data:`parmem.fit.MARGIN`). The planner checks
+    this part of the book's rule only (:func:`parmem.fit.fits` also wants the high bound within
+    the GPU): the high bound of a listed layout is :func:`parmem.bounds.bounds` of its
+    ``estimate``, which the planner page shows for the picked one."""
 
     tp_overlap: float = 0.75
     """Fraction of TP/SP collective time hidden behind computation. Fitted to the published

@@ -135,7 +135,8 @@ function renderCalculation(r) {
   const fits = r.fits ? "fits" : "does not fit";
   out.querySelector(".parmem-summary").textContent =
     `${r.model} on ${r.world_size} GPUs: peak ${r.peak_gib} GiB per GPU (stage ${r.peak_stage}) — ` +
-    `${fits} in the ${r.usable_gib} GiB usable of the ${r.gpu}'s ${r.memory_gib} GiB (${r.headroom} kept free).`;
+    `${fits}: the estimate within the ${r.usable_gib} GiB usable of the ${r.gpu}'s ${r.memory_gib} GiB (${r.headroom} kept free), ` +
+    `and the high bound below within the whole GPU.`;
   out.querySelector(".parmem-summary").dataset.fits = String(r.fits);
   out.querySelector(".parmem-summary").dataset.peakBytes = String(r.peak_bytes);
   renderBand(out, r.band);
