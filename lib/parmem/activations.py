@@ -232,6 +232,7 @@ FEATURES: dict[str, str] = {
     "parallel_block": "attention and MLP in parallel on the layer input (GPT-J, Falcon, ...)",
     "norms_per_layer=1": "one norm feeding attention and MLP",
     "norm_position=post": "norms on the attention and MLP outputs (OLMo 2)",
+    "qk_norm": "an RMSNorm on each query and key head (Qwen3, Gemma 3)",
     "qk_norm_shape=heads": "a q/k norm weight per head (Cohere)",
     "qk_norm_shape=full": "q/k norms over the whole projection (OLMo 2)",
     "embedding_norm": "a LayerNorm after the embedding (BLOOM)",
@@ -257,6 +258,8 @@ def spec_features(spec: ModelSpec) -> tuple[str, ...]:
             out.append(f"{f}={value}")
     if spec.qk_norm and getattr(spec, "qk_norm_shape", "head") != "head":
         out.append(f"qk_norm_shape={spec.qk_norm_shape}")
+    elif spec.qk_norm:
+        out.append("qk_norm")
     for f in ("embedding_norm", "sandwich_norm", "attn_softcap", "logit_softcap"):
         if getattr(spec, f, False):
             out.append(f)
