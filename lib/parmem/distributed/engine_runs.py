@@ -68,15 +68,15 @@ __all__ = [
     "torchtitan_step",
 ]
 
+_GQA = dict(
+    hidden_size=64, intermediate_size=80, num_attention_heads=4, num_key_value_heads=2, head_dim=24
+)
+_EXPERTS = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=40)
 #: Tiny configs of the Transformers families checked against the ``hf`` profile: every width
 #: distinct (h = 64, query heads x head_dim = 96, key/value heads x head_dim = 48, f = 80, expert
 #: f = 40, shared expert 120, and for GPT-2 f = 4h), so that no two terms can stand in for each
 #: other. A key is a case: the ``model_type``, and after a ``+`` what the case sets beyond the
 #: family's defaults (``qwen3_moe+norm_topk_prob``; ``+dropout``: attention dropout 0.1).
-_GQA = dict(
-    hidden_size=64, intermediate_size=80, num_attention_heads=4, num_key_value_heads=2, head_dim=24
-)
-_EXPERTS = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=40)
 HF_TINY: dict[str, dict[str, Any]] = {
     "llama": dict(_GQA),
     "llama+dropout": dict(_GQA, attention_dropout=0.1),
