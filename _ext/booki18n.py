@@ -13,7 +13,9 @@ Both are built from the same notebooks and the same execution cache by
 * in the Chinese edition, translates a prose cell's message whose numbers changed since it was
   translated with the new numbers (:class:`Catalog`), so both editions show the numbers of the
   same execution;
-* translates the part captions of the table of contents (:class:`TranslateTocCaptions`);
+* translates the part captions of the table of contents (:class:`TranslateTocCaptions`), and
+  the display formulas itself (Sphinx's Locale transform turns a translated one into ``::``
+  under MyST, :func:`_translate_math_blocks`);
 * and warns (an error under ``-W``) for every message of a page that its catalog does not
   translate: a changed English sentence cannot slip into the Chinese edition in English. API
   docstrings are left in English on purpose and are not checked.
@@ -133,6 +135,29 @@ class UseCatalog(SphinxTransform):
             catalog = _catalog(self.app, self.env.docname)
             catalog.prepare([msg for _, msg in extract_messages(self.document)])
             sphinx_locale.translators["general", domain] = catalog
+            _translate_math_blocks(self.document, catalog)
+
+
+def _translate_math_blocks(document: nodes.document, catalog: Catalog) -> None:
+    """Translate the display formulas here, before Sphinx's Locale transform can: it re-parses a
+    translated literal-type node as ``"::"`` followed by the indented text, which reST reads
+    as a literal block but MyST as a paragraph ``"::"`` and an indented code block, so every
+    translated ``math_block`` rendered as ``\\[::\\]``. The node keeps its own kind; only its
+    text changes, and its new text translates to itself, so that the Locale transform marks it
+    translated and leaves it alone."""
+    for node, msg in extract_messages(document):
+        if not isinstance(node, nodes.math_block):
+            continue
+        found = catalog.lookup(msg)
+        if found is None or found == msg:
+            continue
+        text = found.strip("\n") if node.astext() == msg.strip("\n") else found
+        node.children = []
+        node += nodes.Text(text)
+        node.rawsource = found
+        # the Locale transform looks the node up again by its new text: found as its own
+        # translation, it is marked translated and left as it is
+        catalog._catalog[found] = found
 
 
 class FlagUntranslated(SphinxTransform):
