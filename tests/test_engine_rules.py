@@ -112,3 +112,24 @@ def test_transformers_default_attention_is_sdpa():
     assert cfg.attention_dropout == 0.0
     for name in ("hf", "deepspeed"):
         assert engine(name).defaults.flash_attention and engine(name).defaults.dropout == "model"
+
+
+def test_megatron_qk_layernorm_is_a_per_head_norm_of_the_layers_norm_class():
+    """What the megatron-core table and the recipes say of --qk-layernorm, read from
+    Megatron-Core 0.16.1: the local layer spec builds q_layernorm and k_layernorm with the same
+    norm class as the layer's own norms (so they keep what that norm keeps), and SelfAttention
+    builds them over hidden_size_per_attention_head (one norm per head, split with the heads
+    under TP); without the flag they are identities."""
+    import inspect
+
+    specs = pytest.importorskip("megatron.core.models.gpt.gpt_layer_specs")
+    attention = pytest.importorskip("megatron.core.transformer.attention")
+    on = specs.get_gpt_layer_local_spec(qk_layernorm=True, normalization="RMSNorm").submodules
+    attn = on.self_attention.submodules
+    assert attn.q_layernorm is attn.k_layernorm is on.input_layernorm
+    off = specs.get_gpt_layer_local_spec(qk_layernorm=False, normalization="RMSNorm").submodules
+    assert off.self_attention.submodules.q_layernorm.__name__ == "IdentityOp"
+    source = inspect.getsource(attention.SelfAttention.__init__)
+    for norm in ("q_layernorm", "k_layernorm"):
+        block = source[source.index(f"self.{norm} = build_module("):][:300]
+        assert "hidden_size=self.hidden_size_per_attention_head" in block, norm

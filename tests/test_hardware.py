@@ -121,3 +121,16 @@ def test_hardware_validation():
         Hardware("x", 80, 0, nv, nv, nv)
     with pytest.raises(ValueError, match="intra_node must be a Link"):
         Hardware("x", 80, 1e15, "nvlink4", nv, nv)  # type: ignore[arg-type]
+
+
+def test_usable_bytes_keeps_the_margin_free():
+    """One home for the memory a layout may use: the planner's Assumptions, parmem.fit and the
+    analyses all ask parmem.hardware.usable_bytes (81,559 MiB as nvidia-smi reports an H100)."""
+    from parmem.hardware import usable_bytes
+    from parmem.planner import Assumptions
+
+    h100 = hardware_preset("h100-sxm")
+    assert usable_bytes(h100, 0.1) == int(81559 * 2**20 * 0.9)
+    assert Assumptions().usable_bytes(h100) == usable_bytes(h100, 0.1)
+    with pytest.raises(ValueError, match="margin="):
+        usable_bytes(h100, 1.0)

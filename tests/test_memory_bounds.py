@@ -142,3 +142,16 @@ def test_cli_estimate_prints_the_band(capsys):
                  "--json", "--reserve-gib", "1"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["bounds"]["reserved"] - d["bounds"]["allocated"] == 2**30
+
+
+def test_allocator_overhead_is_the_replays_and_checks_its_input():
+    from parmem.bounds import allocator_overhead
+
+    est = estimate(ModelSpec.preset("llama-2-7b"), ParallelConfig(dp=4, zero=1),
+                   TrainingSetup(seq_len=2048))
+    r = replay(step_events(est, 0))
+    assert allocator_overhead(est) == r.peak_reserved - r.peak_requested
+    with pytest.raises(ValueError, match="est must be an Estimate"):
+        allocator_overhead([est])
+    with pytest.raises(ValueError, match="stage="):
+        allocator_overhead(est, 1)

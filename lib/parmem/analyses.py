@@ -38,7 +38,7 @@ from .comm import (
 )
 from .config import ParallelConfig, TrainingSetup
 from .estimate import Estimate, estimate
-from .hardware import Hardware, hardware_preset, link_preset
+from .hardware import Hardware, hardware_preset, link_preset, usable_bytes
 from .layout import layout
 from .model import ModelSpec
 from .pipeline import bubble_fraction, in_flight
@@ -323,7 +323,7 @@ def layout_sweep(
                     "comm_bytes": com.total,
                     "comm_time_s": com.time(hw, **where),
                     "tp_in_node": where["tp_intra"],
-                    "fits": est.peak_bytes <= int(hw.memory_bytes * (1 - headroom)),
+                    "fits": est.peak_bytes <= usable_bytes(hw, headroom),
                 }
             )
     return rows

@@ -38,7 +38,8 @@ from .estimate import Estimate, activation_terms
 from .hardware import Hardware, hardware_preset
 from .layout import layout
 from .pipeline import stage_order
-from .sharding import stage_tensor_numels, vocab_rows
+from .sharding import stage_tensor_numels
+from .traces import EventTrace
 from .units import GIB
 
 __all__ = [
@@ -46,6 +47,7 @@ __all__ = [
     "StageBounds",
     "bounds",
     "step_events",
+    "allocator_overhead",
     "nccl_bytes",
     "communicators",
     "overheads",
@@ -135,33 +137,6 @@ def cublas_workspace_bytes(hardware: Hardware) -> int:
 
 
 # ---------------------------------------------------------------------------- the trace
-class _Trace:
-    """Allocation events with a fresh key per tensor."""
-
-    def __init__(self) -> None:
-        self.events: list[tuple[Any, ...]] = []
-        self._next = 0
-
-    def alloc(self, nbytes: int) -> int:
-        key = self._next
-        self._next += 1
-        self.events.append(("alloc", key, nbytes))
-        return key
-
-    def free(self, keys: list[int]) -> None:
-        self.events.extend(("free", k) for k in keys)
-
-    def split(self, total: int, weights: list[int]) -> list[int]:
-        """Allocate ``total`` bytes as one tensor per weight, in proportion to ``weights`` (the
-        remainder on the last), and return their keys."""
-        whole = sum(weights)
-        if not total or not whole:
-            return []
-        sizes = [total * w // whole for w in weights]
-        sizes[-1] += total - sum(sizes)
-        return [self.alloc(n) for n in sizes if n]
-
-
 def _rebuilt(full: list[int], kept: list[int]) -> list[int]:
     """The tensors a layer's backward recomputes: ``full`` less ``kept`` as multisets, adjusted
     so that they sum to ``sum(full) - sum(kept)``, the working set the estimate counts (under full
@@ -211,14 +186,12 @@ def step_events(est: Estimate, stage: int = 0, steps: int = 2) -> list[tuple[Any
     own = shared + (first if st.first else []) + (last if st.last else [])
     m = min(setup.num_microbatches, _TRACE_MICROBATCHES)
     order = stage_order("gpipe" if setup.schedule == "gpipe" else "1f1b", par.pp, m, stage)
-    t = _Trace()
+    t = EventTrace()
     t.split(b.params, numels if par.zero < 3 else [1])
     if b.comm_buffers:
         t.alloc(b.comm_buffers)
     # the fp32 logits of one micro-batch, as the estimate counts them
-    logits_unit = (
-        4 * lay.tokens * vocab_rows(spec, par.tp, lay.engine.vocab_multiple) if st.last else 0
-    )
+    logits_unit = lay.logits_bytes if st.last else 0
     for step in range(steps):
         live: dict[int, list[int]] = {}
         for op in order:
@@ -331,6 +304,25 @@ def _hardware(hardware: Hardware | str) -> Hardware:
     return hardware
 
 
+def allocator_overhead(est: Estimate, stage: int = 0, expandable_segments: bool = False) -> int:
+    """What the caching allocator reserves beyond the tensors on a GPU of ``stage``: the peak
+    reserved minus the peak requested bytes of :func:`step_events` replayed through
+    :func:`parmem.allocator.replay` (remembered per estimate: the inverse queries and the pages
+    ask for the same one more than once)."""
+    if not isinstance(est, Estimate):
+        raise ValueError(
+            f"est must be an Estimate (parmem.estimate(...)), got {type(est).__name__}"
+        )
+    stage = integer("stage", stage, 0, est.parallel.pp - 1)
+    return _overhead(est, stage, bool(expandable_segments))
+
+
+@lru_cache(maxsize=256)
+def _overhead(est: Estimate, stage: int, expandable_segments: bool) -> int:
+    r = replay(step_events(est, stage), expandable_segments=expandable_segments)
+    return max(0, r.peak_reserved - r.peak_requested)
+
+
 def bounds(
     est: Estimate,
     hardware: Hardware | str = "h100-sxm",
@@ -365,8 +357,7 @@ def bounds(
     out = []
     for b in est.stages:
         if reserve is None:
-            r = replay(step_events(est, b.stage), expandable_segments=bool(expandable_segments))
-            extra = max(0, r.peak_reserved - r.peak_requested)
+            extra = allocator_overhead(est, b.stage, bool(expandable_segments))
         else:
             extra = reserve
         nccl = nccl_bytes(est, b.stage, channels, p2p_channels_per_peer)

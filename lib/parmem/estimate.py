@@ -34,7 +34,7 @@ from .engines import itemsizes
 from .layout import Layout, Stage, layout
 from .model import ModelSpec
 from .pipeline import in_flight_profile
-from .sharding import factored_numel, largest_module_params, stage_params, vocab_rows
+from .sharding import factored_numel, largest_module_params, stage_params
 from .states import apply_rule, state_rule
 from .units import GIB
 
@@ -288,8 +288,7 @@ def estimate(
         logits = 0
         if st.last:
             act += last_b * mb_units
-            rows = vocab_rows(spec, par.tp, prof.vocab_multiple)
-            logits = 4 * lay.tokens * rows * mb_units
+            logits = lay.logits_bytes * mb_units
         zero3, zero3_note = _zero3_buffers(lay, st)
         comm = buffers + bucket + zero3
         if zero3_note:

@@ -23,12 +23,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ._check import MAX_BATCH, MAX_GPUS, MAX_SEQ_LEN, choice, instance, integer, number
+from ._check import MAX_BATCH, MAX_GPUS, MAX_SEQ_LEN, choice, instance, integer
 from .bounds import bounds
 from .config import ParallelConfig, TrainingSetup
 from .engines import engine as engine_profile
 from .estimate import Estimate, estimate
-from .hardware import Hardware, hardware_preset
+from .hardware import Hardware, hardware_preset, usable_bytes
 from .inference import kv_cache_bytes, max_concurrency, serving_weight_bytes
 from .model import ModelSpec
 from .units import GIB
@@ -134,8 +134,7 @@ def judged_bytes(est: Estimate, hardware: Hardware | str, bound: str = "high", *
 
 
 def _usable(hw: Hardware, margin: float | None) -> int:
-    m = MARGIN if margin is None else number("margin", margin, 0.0, 1.0, hi_open=True)
-    return int(hw.memory_bytes * (1 - m))
+    return usable_bytes(hw, MARGIN if margin is None else margin)
 
 
 def fits(
@@ -308,6 +307,32 @@ def _answer(
     )
 
 
+def _search(
+    quantity: str,
+    spec: ModelSpec,
+    par: ParallelConfig,
+    setup_at: Callable[[int], TrainingSetup],
+    limit: int,
+    scale: int,
+    hardware: Hardware | str,
+    bound: str,
+    margin: float | None,
+    bound_options: dict[str, Any],
+) -> FitAnswer:
+    """The largest k in 1..limit whose setup ``setup_at(k)`` fits (:func:`fits`), as a
+    :class:`FitAnswer` of value k · ``scale``: the search shared by the inverse queries."""
+    hw = _hw(hardware)
+    bound = choice("bound", bound, BOUNDS)
+    usable = _usable(hw, margin)
+
+    def at(k: int) -> Estimate:
+        return estimate(spec, par, setup_at(k))
+
+    judge, cheap = _judges(at, hw, bound, usable, **bound_options)
+    found = _largest(limit, judge, cheap)
+    return _answer(quantity, found, scale, hw, bound, usable, at, par, setup_at)
+
+
 def max_seq_len(
     spec: ModelSpec,
     parallel: ParallelConfig | None = None,
@@ -325,9 +350,6 @@ def max_seq_len(
     ``seq_len`` is ignored."""
     spec, par, given = _inputs(spec, parallel, setup, False)
     base = given or TrainingSetup(seq_len=1)
-    hw = _hw(hardware)
-    bound = choice("bound", bound, BOUNDS)
-    usable = _usable(hw, margin)
     step = par.cp * (par.tp if par.sp else 1)
     top = spec.max_positions if spec.position == "learned" else MAX_SEQ_LEN
     limit = top // step
@@ -339,12 +361,9 @@ def max_seq_len(
     def at_seq(k: int) -> TrainingSetup:
         return replace(base, seq_len=k * step)
 
-    def at(k: int) -> Estimate:
-        return estimate(spec, par, at_seq(k))
-
-    judge, cheap = _judges(at, hw, bound, usable, **bound_options)
-    found = _largest(limit, judge, cheap)
-    return _answer("seq_len", found, step, hw, bound, usable, at, par, at_seq)
+    return _search(
+        "seq_len", spec, par, at_seq, limit, step, hardware, bound, margin, bound_options
+    )
 
 
 def max_micro_batch(
@@ -363,19 +382,12 @@ def max_micro_batch(
     spec, par, checked = _inputs(spec, parallel, setup, True)
     assert checked is not None
     base = checked
-    hw = _hw(hardware)
-    bound = choice("bound", bound, BOUNDS)
-    usable = _usable(hw, margin)
 
     def at_b(b: int) -> TrainingSetup:
         return replace(base, micro_batch=b)
 
-    def at(b: int) -> Estimate:
-        return estimate(spec, par, at_b(b))
-
-    judge, cheap = _judges(at, hw, bound, usable, **bound_options)
-    found = _largest(MAX_BATCH, judge, cheap)
-    return _answer("micro_batch", found, 1, hw, bound, usable, at, par, at_b)
+    return _search("micro_batch", spec, par, at_b, MAX_BATCH, 1, hardware, bound, margin,
+                   bound_options)  # fmt: skip
 
 
 def max_requests(

@@ -30,7 +30,15 @@ from typing import Any
 from parmem._check import integer, number
 from parmem._data import load_toml
 
-__all__ = ["Link", "Hardware", "hardware_preset", "hardware_presets", "link_preset", "link_presets"]
+__all__ = [
+    "Link",
+    "Hardware",
+    "hardware_preset",
+    "hardware_presets",
+    "link_preset",
+    "link_presets",
+    "usable_bytes",
+]
 
 _FILE = "hardware.toml"
 
@@ -211,3 +219,11 @@ def hardware_preset(name: str) -> Hardware:
         source=" ".join(str(entry.get("source", "")).split()),
         **links,
     )
+
+
+def usable_bytes(hardware: Hardware, margin: float) -> int:
+    """The memory a layout may use on ``hardware``: ``(1 − margin)`` of ``memory_bytes`` (the
+    book's rule keeps ``margin``, 10 % by default, free for what an estimate leaves out; Chapter
+    10, :data:`parmem.fit.MARGIN`)."""
+    m = number("margin", margin, 0.0, 1.0, hi_open=True)
+    return int(hardware.memory_bytes * (1 - m))

@@ -42,7 +42,7 @@ from .activations import layer_input_bytes
 from .config import PRECISIONS, ParallelConfig, TrainingSetup, even_split
 from .engines import EngineProfile, engine
 from .model import ModelSpec
-from .sharding import check_tp, moe_layer_count, stage_params
+from .sharding import check_tp, moe_layer_count, stage_params, vocab_rows
 
 __all__ = ["Stage", "Layout", "layout", "check_layout", "dispatch_slots"]
 
@@ -250,6 +250,14 @@ class Layout:
             self.spec.hidden, st.seq_len, st.micro_batch, tp=par.tp, sp=par.sp, cp=par.cp,
             act_bytes=self.act_bytes,
         )  # fmt: skip
+
+    @property
+    def logits_bytes(self) -> int:
+        """The fp32 logits the cross-entropy keeps for one micro-batch on a last-stage GPU:
+        4 · s/cp·b · V/t, V padded as the engine pads it (vocab-parallel cross-entropy,
+        Megatron-LM)."""
+        rows = vocab_rows(self.spec, self.parallel.tp, self.engine.vocab_multiple)
+        return 4 * self.tokens * rows
 
     @property
     def tp_output_bytes(self) -> int:

@@ -26,7 +26,7 @@ from .pipeline import stage_order
 from .sharding import stage_tensor_numels
 from .states import optimizer_state_bytes, state_rule
 
-__all__ = ["record_allocations", "training_step_events", "stage_weight_tensors"]
+__all__ = ["record_allocations", "training_step_events", "stage_weight_tensors", "EventTrace"]
 
 
 class record_allocations:  # noqa: N801 - used like a function: ``with record_allocations() as r``
@@ -168,7 +168,7 @@ def training_step_events(
         raise ValueError("the interleaved schedule is not modelled by training_step_events")
     stage = integer("stage", stage, 0, par.pp - 1)
     prec = PRECISIONS[setup.precision]
-    trace = _Trace()
+    trace = EventTrace()
     weights = stage_weight_tensors(spec, par, stage)
     for n in weights:
         trace.alloc(prec["param"] * n)
@@ -208,8 +208,10 @@ def training_step_events(
     return trace.events
 
 
-class _Trace:
-    """Events under construction, with a fresh key per allocation."""
+class EventTrace:
+    """Allocation events under construction, with a fresh key per allocation: what
+    :func:`training_step_events` and :func:`parmem.bounds.step_events` build and
+    :func:`parmem.allocator.replay` runs."""
 
     def __init__(self) -> None:
         self.events: list[tuple] = []
@@ -223,6 +225,16 @@ class _Trace:
     def free(self, keys: Iterable[int]) -> None:
         self.events.extend(("free", k) for k in keys)
 
+    def split(self, total: int, weights: list[int]) -> list[int]:
+        """Allocate ``total`` bytes as one tensor per weight, in proportion to ``weights`` (the
+        remainder on the last), and return their keys."""
+        whole = sum(weights)
+        if not total or not whole:
+            return []
+        sizes = [total * w // whole for w in weights]
+        sizes[-1] += total - sum(sizes)
+        return [self.alloc(n) for n in sizes if n]
+
     def backward(self, layers: list[list[int]], grad_in: int, largest: int) -> None:
         """Backward through ``layers`` (last first): each allocates its input gradient and its
         largest inner gradient, frees its saved tensors and the gradients of the layer above."""
@@ -235,7 +247,7 @@ class _Trace:
 
 
 def _optimizer_states(
-    trace: _Trace, weights: list[int], shard: int, setup: TrainingSetup, zero: int
+    trace: EventTrace, weights: list[int], shard: int, setup: TrainingSetup, zero: int
 ) -> None:
     """The fp32 master copy and the optimizer's states: of each weight at ZeRO-0, of one flat
     ⌈Ψ/shard⌉ partition from ZeRO-1 on, in the bytes :func:`parmem.states.apply_rule` gives the

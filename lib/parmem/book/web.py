@@ -76,7 +76,7 @@ from ..bounds import bounds
 from ..config import PRECISIONS, RECOMPUTE, ParallelConfig, TrainingSetup
 from ..engines import engines
 from ..estimate import Estimate, MemoryBreakdown, estimate
-from ..fit import max_micro_batch, max_seq_len
+from ..fit import fits, max_micro_batch, max_seq_len
 from ..hardware import hardware_preset, hardware_presets
 from ..model import ModelSpec, presets
 from ..planner import ENGINES, Assumptions, Cluster, Plan, plan
@@ -340,8 +340,8 @@ def calculate(settings: Mapping[str, Any]) -> dict[str, Any]:
             "usable_bytes": usable,
             "usable_gib": f"{usable / GIB:.2f}",
             "headroom": f"{Assumptions().headroom:.0%}",
-            "fits": (verdict := band(est, hw.name))["fits"] and est.peak_bytes <= usable,
-            "band": verdict,
+            "fits": fits(est, hw),  # the book's rule (both parts; the band gives the numbers)
+            "band": band(est, hw.name),
             "solve": _solve(values["solve"], spec, par, setup, hw.name),
             "components": list(MemoryBreakdown.DRAWN),
             "labels": {k: LABELS.get(k, k) for k in MemoryBreakdown.DRAWN},

@@ -9,7 +9,7 @@ from typing import TypedDict
 
 from .._check import MAX_GPUS, integer, number
 from ..fit import MARGIN
-from ..hardware import Hardware, hardware_preset, hardware_presets
+from ..hardware import Hardware, hardware_preset, hardware_presets, usable_bytes
 
 __all__ = ["Cluster", "Assumptions", "AssumptionOptions", "SetupOptions"]
 
@@ -160,7 +160,7 @@ class Assumptions:
 
     def usable_bytes(self, hardware: Hardware) -> int:
         """GPU memory a layout may use: ``(1 − headroom)`` of ``hardware.memory_bytes``."""
-        return int(hardware.memory_bytes * (1 - self.headroom))
+        return usable_bytes(hardware, self.headroom)
 
 
 class AssumptionOptions(TypedDict, total=False):
