@@ -21,6 +21,7 @@ from functools import cache
 
 import pytest
 from engines import (
+    FIXTURES,
     deepspeed_config_class,
     megatron_core,
     parse_recorded,
@@ -433,3 +434,18 @@ def test_config_families_megatron_cannot_build_are_named():
                                       "hidden_size": 64, "num_attention_heads": 4,
                                       "intermediate_size": 96, "vocab_size": 128})
     assert any(u.startswith("norm_position='post'") for u in unexpressed(olmo2))
+
+
+def test_what_the_megatron_recipe_refuses_has_no_flag_at_the_recorded_commit():
+    """The refusals said to have no Megatron-LM flag (planner/emit/megatron.py) have none in the
+    recorded argument parser: no parallel attention/MLP block, sandwich or post norms, embedding
+    norm, output-layer bias, logit soft-capping or ALiBi option; position embeddings are
+    learned_absolute, rope, mrope or none."""
+    options = json.loads((FIXTURES / "megatron_lm_args.json").read_text())["options"]
+    flags = [f for o in options for f in o["flags"]]
+    for word in ("parallel-attn", "parallel-block", "sandwich", "softcap", "soft-cap",
+                 "embedding-norm", "embedding-layernorm", "lm-head", "output-layer-bias",
+                 "post-attn", "post-mlp", "alibi"):
+        assert not [f for f in flags if word in f], word
+    pos = next(o for o in options if "--position-embedding-type" in o["flags"])
+    assert "alibi" not in pos["choices"]

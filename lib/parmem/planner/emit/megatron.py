@@ -47,42 +47,43 @@ MEGATRON_LM_COMMIT = "d98e8a64ddf34856e74b24714e3bedb2f5a39553"
 TARGET = f"Megatron-LM commit {MEGATRON_LM_COMMIT[:10]} (2026-08-22), pretrain_gpt.py"
 
 
-#: ModelSpec features Megatron-LM's GPTModel cannot build at :data:`MEGATRON_LM_COMMIT`, each with
-#: what the recipe would otherwise get wrong (the spec's field, then why)
+#: ModelSpec features the recipe does not write at :data:`MEGATRON_LM_COMMIT`, each with what it
+#: is (the spec's field, then why). A recipe without them would train another model, so it is
+#: refused. Some of them Megatron-LM has flags for whose meaning the recipe does not map or
+#: check (``--window-size``/``--window-attn-skip-freq``, ``--softmax-type learnable``,
+#: ``--moe-shared-expert-intermediate-size``, ``--moe-layer-freq``, ``--mtp-num-layers``); the
+#: others have no flag in the recorded argument parser
+#: (``tests/fixtures/megatron_lm_args.json``).
 _UNEXPRESSED = (
     (
         "parallel_block",
-        "attention and MLP in parallel (GPT-J, Falcon, Cohere, Phi): GPTModel "
-        "runs them one after the other",
+        "attention and MLP in parallel on the layer input (GPT-J, Falcon, Cohere, Phi)",
     ),
-    (
-        "sandwich_norm",
-        "norms after attention and after the MLP too (Gemma 2/3): GPTModel has two per layer",
-    ),
+    ("sandwich_norm", "norms after attention and after the MLP too (Gemma 2/3)"),
     ("embedding_norm", "a norm after the embedding (BLOOM)"),
     ("lm_head_bias", "a bias on the output layer"),
     ("attn_softcap", "soft-capped attention logits (Gemma 2)"),
     ("logit_softcap", "soft-capped output logits (Gemma 2)"),
-    ("sliding_window", "sliding-window or chunked layers between global ones"),
-    ("attention_sinks", "attention sinks (gpt-oss)"),
-    ("shared_experts", "shared experts"),
-    ("first_dense_layers", "dense layers before the MoE layers"),
-    ("router_bias", "a router with a bias"),
-    ("mtp_layers", "multi-token prediction modules"),
+    ("sliding_window", "sliding-window or chunked layers between global ones (not mapped)"),
+    ("attention_sinks", "attention sinks (gpt-oss; not mapped to --softmax-type)"),
+    ("shared_experts", "shared experts (not mapped)"),
+    ("first_dense_layers", "dense layers before the MoE layers (not mapped)"),
+    ("router_bias", "a router with a learned bias (not mapped)"),
+    ("mtp_layers", "multi-token prediction modules (not mapped)"),
 )
 
 
 def unexpressed(spec: ModelSpec) -> list[str]:
-    """What of ``spec`` a Megatron-LM recipe cannot express, each as ``"field: why"`` (empty when
-    :func:`model_args` writes the whole model): a recipe for such a model would train another
-    one, so :func:`model_args` refuses it."""
+    """What of ``spec`` the Megatron-LM recipe does not express, each as ``"field: why"`` (empty
+    when :func:`model_args` writes the whole model): a recipe for such a model would train
+    another one, so :func:`model_args` refuses it."""
     out = [f"{f}: {why}" for f, why in _UNEXPRESSED if getattr(spec, f, 0)]
     if getattr(spec, "norm_position", "pre") != "pre":
         out.append(
             f"norm_position={spec.norm_position!r}: norms after attention and the MLP (OLMo 2)"
         )
     if spec.position not in ("rotary", "learned"):
-        out.append(f"position={spec.position!r}: GPTModel has learned or rotary positions")
+        out.append(f"position={spec.position!r}: the recipe writes learned or rotary positions")
     if not getattr(spec, "norm_weight", True) or (
         spec.norm == "layernorm" and not getattr(spec, "norm_bias", True)
     ):
