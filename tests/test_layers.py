@@ -8,10 +8,12 @@ same layer may not import each other either, so that a formula cannot drift into
     table, hfconfig                       the parameter table's rows; reading config.json
     sharding, hardware, engines           the parameter table; GPUs and links; engine profiles
     model                                 ModelSpec
-    config, papers                        ParallelConfig, TrainingSetup, vocabularies; published tables
+    config, papers, lora, quant           ParallelConfig, TrainingSetup, vocabularies; published
+                                          tables; LoRA's adapters; bitsandbytes' stored bytes
     states, pipeline, activations,        model states; schedules; saved activations;
     kvcache                               the KV cache per token and layer
-    layout                                the Layout: groups, stage walk, boundaries, engine rules
+    layout, finetune_acts                 the Layout: groups, stage walk, boundaries, engine rules;
+                                          fine-tuning's saved tensors
     comm, flops                           communication; FLOPs
     estimate, inference                   the estimator; serving memory (and its traffic)
     allocator, traces, analyses,          the allocator simulator and its traces; studies;
@@ -40,12 +42,13 @@ LAYERS: list[set[str]] = [
     {"table", "hfconfig"},
     {"sharding", "hardware", "engines"},
     {"model"},
-    {"config", "papers"},
+    {"config", "papers", "lora", "quant"},
     {"states", "pipeline", "activations", "kvcache"},
-    {"layout"},
+    {"layout", "finetune_acts"},
     {"comm", "flops"},
     {"estimate", "inference"},
-    {"allocator", "traces", "analyses", "engine_analyses", "measure", "reference"},
+    {"allocator", "traces", "analyses", "engine_analyses", "measure", "reference",
+     "finetune_analyses"},
     {"bounds"},
     {"fit"},
     {"planner"},

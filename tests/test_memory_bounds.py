@@ -35,6 +35,14 @@ LAYOUTS = [
      TrainingSetup(seq_len=4096, num_microbatches=6, schedule="gpipe")),
     ("mixtral-8x7b", ParallelConfig(tp=2, pp=2, dp=4, ep=4, sp=True, zero=1),
      TrainingSetup(seq_len=4096, num_microbatches=8, engine="megatron-core")),
+    # fine-tuning (issue 31): LoRA's first layer keeps less; QLoRA's dequantised weight;
+    # offloaded activations
+    ("llama-2-7b", ParallelConfig(dp=2),
+     TrainingSetup(seq_len=2048, engine="hf", precision="bf16", adapter="lora")),
+    ("llama-3-8b", ParallelConfig(), TrainingSetup(seq_len=2048, engine="hf", precision="bf16",
+                                                   adapter="qlora", recompute="full")),
+    ("llama-2-7b", ParallelConfig(), TrainingSetup(seq_len=1024, engine="hf", precision="bf16",
+                                                   adapter="qlora", offload_activations=True)),
 ]
 
 

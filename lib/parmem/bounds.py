@@ -34,7 +34,7 @@ from typing import Any
 from ._check import integer
 from ._data import load_toml
 from .allocator import replay
-from .estimate import Estimate, activation_terms
+from .estimate import Estimate, activation_terms, first_layer_kept
 from .hardware import Hardware, hardware_preset
 from .layout import layout
 from .pipeline import stage_order
@@ -182,6 +182,11 @@ def step_events(est: Estimate, stage: int = 0, steps: int = 2) -> list[tuple[Any
     st = lay.stages[stage]
     numels = stage_tensor_numels(spec, par.tp, par.ep, st.layers, st.first, st.last, start=st.start)
     full, kept, shared, first, last = activation_terms(lay)
+    kept0 = first_layer_kept(lay) if st.first else None
+
+    def layer_kept(i: int) -> list[int]:
+        return kept0 if i == 0 and kept0 is not None else kept
+
     recompute = _rebuilt(full, kept)
     own = shared + (first if st.first else []) + (last if st.last else [])
     m = min(setup.num_microbatches, _TRACE_MICROBATCHES)
@@ -196,7 +201,7 @@ def step_events(est: Estimate, stage: int = 0, steps: int = 2) -> list[tuple[Any
         live: dict[int, list[int]] = {}
         for op in order:
             if op.kind == "F":
-                keys = [t.alloc(n) for _ in range(st.layers) for n in kept if n]
+                keys = [t.alloc(n) for i in range(st.layers) for n in layer_kept(i) if n]
                 keys += [t.alloc(n) for n in own if n]
                 if logits_unit:
                     keys.append(t.alloc(logits_unit))

@@ -45,7 +45,10 @@ from ._check import (
 )
 from .bounds import bounds
 from .config import (
+    ADAPTERS,
+    BASE_QUANTS,
     GRAD_DTYPES,
+    LORA_TARGETS,
     OFFLOADS,
     OPTIMIZERS,
     PRECISIONS,
@@ -178,6 +181,13 @@ def _setup(args, seq: int) -> TrainingSetup:
         engine=args.engine,
         grad_dtype=args.grad_dtype,
         offload=args.offload,
+        adapter=args.adapter,
+        lora_rank=args.lora_rank,
+        lora_targets=args.lora_targets,
+        lora_dropout=args.lora_dropout,
+        base_quant=args.base_quant,
+        double_quant=args.double_quant,
+        offload_activations=args.offload_activations,
     )
 
 
@@ -375,6 +385,10 @@ def _cmd_plan(args) -> int:
         flash_attention=args.flash,
         dropout=False if args.no_dropout else None,
         engine=args.engine or (PROFILES[args.emit] if args.emit else "paper"),
+        adapter=args.adapter,
+        lora_rank=args.lora_rank,
+        lora_targets=args.lora_targets,
+        base_quant=args.base_quant,
         **opts,
     )
     if args.json:
@@ -397,6 +411,31 @@ def _flash_flags(p: argparse.ArgumentParser) -> None:
         help="attention keeps no s x s matrix (default: the engine's kernel)",
     )
     flash.add_argument("--no-flash", dest="flash", action="store_false", help="it keeps it")
+
+
+def _adapter_flags(p: argparse.ArgumentParser, step: bool = True) -> None:
+    """The fine-tuning flags (``--engine hf``): LoRA or QLoRA adapters; with ``step`` (estimate
+    and fit) also their dropout, double quantisation and activation offload."""
+    p.add_argument(
+        "--adapter", default="none", choices=ADAPTERS, help="LoRA or QLoRA (PEFT, --engine hf)"
+    )
+    p.add_argument("--lora-rank", type=_int(1, 65536), default=16, help="LoRA rank r")
+    p.add_argument("--lora-targets", default="all-linear", choices=LORA_TARGETS)
+    p.add_argument("--base-quant", default="nf4", choices=BASE_QUANTS, help="QLoRA's 4-bit format")
+    if not step:
+        return
+    p.add_argument("--lora-dropout", action="store_true", help="LoRA dropout > 0 (keeps masks)")
+    p.add_argument(
+        "--no-double-quant",
+        dest="double_quant",
+        action="store_false",
+        help="QLoRA without quantised block scales",
+    )
+    p.add_argument(
+        "--offload-activations",
+        action="store_true",
+        help="every saved tensor to the host (torch save_on_cpu)",
+    )
 
 
 def _step_flags(p: argparse.ArgumentParser, seq_required: bool) -> None:
@@ -440,6 +479,7 @@ def _step_flags(p: argparse.ArgumentParser, seq_required: bool) -> None:
     )
     p.add_argument("--grad-dtype", default=None, choices=tuple(GRAD_DTYPES))
     p.add_argument("--offload", default="none", choices=OFFLOADS, help="ZeRO-Offload to the host")
+    _adapter_flags(p)
     p.add_argument(
         "--gpus-per-node", type=_int(1, 1024), default=None, help="for host memory per node"
     )
@@ -570,6 +610,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--optimizer", default="adamw", choices=tuple(OPTIMIZERS))
     _flash_flags(p)
     p.add_argument("--no-dropout", action="store_true")
+    _adapter_flags(p, step=False)
     for flag, what in (
         ("mfu", "busy fraction of peak FLOP/s"),
         ("headroom", "fraction of GPU memory kept free"),

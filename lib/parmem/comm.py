@@ -39,6 +39,7 @@ from .activations import layer_input_bytes
 from .config import PRECISIONS, ParallelConfig, TrainingSetup
 from .hardware import Hardware, Link, hardware_preset, link_preset
 from .layout import Layout, dispatch_slots, layout
+from .lora import lora_layer_params
 from .model import ModelSpec
 from .states import reduced_grad_itemsize
 
@@ -331,8 +332,18 @@ def stage_shape(lay: Layout, stage: int, *, sp_regather: bool = False) -> StageS
     precision's weight and activation elements."""
     spec, par, setup = lay.spec, lay.parallel, lay.setup
     st = lay.stages[stage]
+    params, expert = st.dense_params, st.expert_params
+    grad_bytes = reduced_grad_itemsize(
+        setup.engine, setup.precision, par.zero, setup.grad_dtype, setup.master_weights
+    )
+    if setup.adapter != "none":  # only the adapters train: DDP reduces their fp32 gradients
+        layers = range(st.start, st.start + st.layers)
+        params = sum(
+            lora_layer_params(spec, setup.lora_rank, setup.lora_targets, i) for i in layers
+        )
+        expert, grad_bytes = 0, 4
     return StageShape(
-        params=st.dense_params,
+        params=params,
         seq_len=setup.seq_len,
         micro_batch=setup.micro_batch,
         hidden=spec.hidden,
@@ -340,9 +351,7 @@ def stage_shape(lay: Layout, stage: int, *, sp_regather: bool = False) -> StageS
         num_microbatches=setup.num_microbatches,
         dp=par.dp,
         zero=par.zero,
-        grad_bytes=reduced_grad_itemsize(
-            setup.engine, setup.precision, par.zero, setup.grad_dtype, setup.master_weights
-        ),
+        grad_bytes=grad_bytes,
         param_bytes=PRECISIONS[setup.precision]["param"],
         tp=par.tp,
         sp=par.sp,
@@ -353,7 +362,7 @@ def stage_shape(lay: Layout, stage: int, *, sp_regather: bool = False) -> StageS
         kv_hidden=spec.kv_dim,
         ep=par.ep,
         moe_layers=st.moe_layers,
-        expert_params=st.expert_params,
+        expert_params=expert,
         top_k=spec.top_k or 1,
         capacity_factor=lay.capacity_factor,
         act_bytes=lay.act_bytes,

@@ -42,6 +42,10 @@ __all__ = [
     "GRAD_BUCKETS",
     "GRAD_DTYPES",
     "OFFLOADS",
+    "ADAPTERS",
+    "LORA_TARGETS",
+    "BASE_QUANTS",
+    "FP8_RECIPES",
     "even_split",
 ]
 
@@ -73,6 +77,21 @@ RECOMPUTE: tuple[str, ...] = ("none", "selective", "full")
 SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved")
 #: PyTorch DDP buckets: views of the gradients, or a second copy of them.
 GRAD_BUCKETS: tuple[str, ...] = ("view", "copy")
+#: Fine-tuning: every weight trained (``"none"``), or frozen weights with PEFT's LoRA adapters
+#: (Hu et al. 2022), on a 16-bit base (``"lora"``) or on a bitsandbytes 4-bit base
+#: (``"qlora"``, Dettmers et al. 2023). :mod:`parmem.lora`, :mod:`parmem.quant`.
+ADAPTERS: tuple[str, ...] = ("none", "lora", "qlora")
+#: Which linear layers get adapters: PEFT's ``target_modules="all-linear"`` (every linear layer
+#: but the output head), the attention projections, or PEFT's classic q and v projections.
+LORA_TARGETS: tuple[str, ...] = ("all-linear", "attention", "qv")
+#: QLoRA's base-weight format: bitsandbytes' 4-bit NormalFloat or 4-bit float.
+BASE_QUANTS: tuple[str, ...] = ("nf4", "fp4")
+#: FP8 training: none, torchao's float8 linear layers (dynamic scaling), or Transformer Engine.
+FP8_RECIPES: tuple[str, ...] = ("none", "torchao", "te")
+#: the engines whose fine-tuning setups parmem models: the Transformers Trainer with PEFT
+ADAPTER_ENGINES: tuple[str, ...] = ("hf",)
+#: bitsandbytes' paged optimizers (states in CUDA unified memory), modelled for adapters only
+PAGED_OPTIMIZERS: tuple[str, ...] = ("paged-adamw", "paged-adam-8bit")
 
 
 def even_split(layers: int, p: int) -> tuple[int, ...]:
@@ -185,6 +204,14 @@ class TrainingSetup:
     (``"optimizer+params"``, ZeRO-Infinity) to the host; the estimate reports them as host memory.
     ``cuda_context`` is a fixed per-GPU cost you measured (the CUDA context and kernels take
     several hundred MiB; it depends on driver, libraries and lazy loading), 0 by default.
+
+    Fine-tuning (``engine="hf"``: the Trainer with PEFT 0.21): ``adapter="lora"`` freezes the
+    weights and trains LoRA adapters of rank ``lora_rank`` on ``lora_targets`` (with a dropout
+    mask when ``lora_dropout``); ``adapter="qlora"`` also stores the frozen linear weights in
+    bitsandbytes' 4-bit format ``base_quant``, with ``double_quant`` quantising the block
+    scales. The frozen weights keep neither gradients nor optimizer states; the adapters are
+    fp32 (PEFT's ``autocast_adapter_dtype=True``). ``offload_activations`` moves every saved
+    tensor to the host as it is saved (PyTorch's ``save_on_cpu``).
     """
 
     seq_len: int
@@ -203,6 +230,13 @@ class TrainingSetup:
     grad_dtype: str | None = None
     master_weights: bool | None = None
     offload: str = "none"
+    adapter: str = "none"
+    lora_rank: int = 16
+    lora_targets: str = "all-linear"
+    lora_dropout: bool = False
+    base_quant: str = "nf4"
+    double_quant: bool = True
+    offload_activations: bool = False
 
     def __post_init__(self) -> None:
         # stored as checked: ints and a float, not the NumPy numbers given (ParallelConfig)
@@ -221,8 +255,54 @@ class TrainingSetup:
         object.__setattr__(self, "capacity_factor", cf)
         choice("engine", self.engine, engines())
         choice("offload", self.offload, OFFLOADS)
+        self._check_finetune()
         self._check_optional()
         self._check_autocast()
+
+    def _check_finetune(self) -> None:
+        """The adapter fields: each checked by name; an adapter needs a profile that models it
+        (the Transformers Trainer with PEFT) and a 16-bit or autocast step."""
+        choice("adapter", self.adapter, ADAPTERS)
+        object.__setattr__(self, "lora_rank", integer("lora_rank", self.lora_rank, 1, 65536))
+        choice("lora_targets", self.lora_targets, LORA_TARGETS)
+        boolean("lora_dropout", self.lora_dropout)
+        choice("base_quant", self.base_quant, BASE_QUANTS)
+        boolean("double_quant", self.double_quant)
+        boolean("offload_activations", self.offload_activations)
+        if self.offload_activations:
+            if self.engine not in ADAPTER_ENGINES:
+                raise ValueError(
+                    "offload_activations=True (save_on_cpu around each decoder layer) is "
+                    f"modelled for engine='hf' (measured with Transformers 5.23), not "
+                    f"engine={self.engine!r}"
+                )
+            if self.recompute != "none":
+                raise ValueError(
+                    "offload_activations=True with recompute="
+                    f"{self.recompute!r} is not modelled (offload or recompute, not both)"
+                )
+        if self.adapter == "none":
+            if self.optimizer in PAGED_OPTIMIZERS:
+                raise ValueError(
+                    f"optimizer={self.optimizer!r} (bitsandbytes' paged optimizer) is modelled "
+                    "with adapter='lora' or 'qlora' only"
+                )
+            return
+        if self.engine not in ADAPTER_ENGINES:
+            raise ValueError(
+                f"adapter={self.adapter!r} is modelled for engine='hf' (Transformers 5.23 with "
+                f"PEFT 0.21), not engine={self.engine!r}"
+            )
+        if self.flash_attention is False:
+            raise ValueError(
+                f"adapter={self.adapter!r} is modelled with SDPA attention "
+                "(flash_attention=True or None, Transformers' default), not flash_attention=False"
+            )
+        if self.precision not in ("bf16", "fp32"):
+            raise ValueError(
+                f"adapter={self.adapter!r} needs precision 'bf16' or 'fp32' (the weights as "
+                f"loaded; autocast with adapters is not measured), not {self.precision!r}"
+            )
 
     def _check_autocast(self) -> None:
         """``precision="bf16-autocast"`` needs a profile that measured autocast (``hf``) and is

@@ -24,16 +24,29 @@ Sources, by term:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from ._check import cdiv, integer
-from .activations import saved_tensor_bytes
-from .config import PRECISIONS, ParallelConfig, TrainingSetup
-from .engines import itemsizes
+from .activations import Term, saved_tensor_bytes
+from .config import PAGED_OPTIMIZERS, PRECISIONS, ParallelConfig, TrainingSetup
+from .engines import SavedTensor, itemsizes
+from .finetune_acts import (
+    FROZEN_OUTER_DROPS,
+    lora_layer_terms,
+    offload_host_bytes,
+)
 from .layout import Layout, Stage, layout
+from .lora import lora_modules
 from .model import ModelSpec
 from .pipeline import in_flight_profile
+from .quant import (
+    bnb_optimizer_state_bytes,
+    bnb_paged_state_bytes,
+    dequant_transient_bytes,
+    layer_weight_bytes,
+    outer_weight_bytes,
+)
 from .sharding import factored_numel, largest_module_params, stage_params
 from .states import apply_rule, state_rule
 from .units import GIB
@@ -48,7 +61,8 @@ class MemoryBreakdown:
     the sum of the byte fields of :attr:`FIELDS` (forward and backward, activations held), and
     the optimizer step, when the activations and logits are freed and ``optimizer_step`` bytes
     exist (DeepSpeed's fp32 gradient partition at ZeRO-1/2). ``host``: the model states this
-    GPU's process keeps on the host (offload)."""
+    GPU's process keeps on the host (offload), and its activations under
+    ``offload_activations``."""
 
     stage: int
     layers: int
@@ -171,6 +185,8 @@ class Estimate:
             f"recompute={st.recompute}, {st.schedule}"
             + (f", engine={st.engine}" if st.engine != "paper" else "")
             + (f", offload={st.offload}" if st.offload != "none" else "")
+            + (_adapter_title(st) if st.adapter != "none" else "")
+            + (", activations on the host" if st.offload_activations else "")
         )
 
     def __str__(self) -> str:
@@ -187,7 +203,7 @@ class Estimate:
         if self.host_bytes_per_node:
             lines.append(
                 f"host: {self.host_bytes_per_node / GIB:.2f} GiB per node of "
-                f"{self.gpus_per_node} GPUs (offloaded model states)"
+                f"{self.gpus_per_node} GPUs (offloaded model states and activations)"
             )
         return "\n".join(lines)
 
@@ -281,14 +297,13 @@ def estimate(
             else f"{units} chunk-micro-batches in flight (v={par.vpp})"
         ]
         mb_units = cdiv(units, par.vpp)
-        if st.layers:
-            act += stage_b * mb_units
-        if st.first:
-            act += first_b * mb_units
-        logits = 0
-        if st.last:
-            act += last_b * mb_units
-            logits = lay.logits_bytes * mb_units
+        if setup.adapter != "none" or setup.offload_activations:
+            ft_act, ft_host, ft_notes = _finetune_parts(lay, st, kept, mb_units * bool(layer_units))
+            act, host = act + ft_act, host + ft_host
+            notes += ft_notes
+        # the tensors the stage's layers share, and the first and the last stage's own
+        act += (stage_b * bool(st.layers) + first_b * st.first + last_b * st.last) * mb_units
+        logits = lay.logits_bytes * mb_units if st.last else 0
         zero3, zero3_note = _zero3_buffers(lay, st)
         comm = buffers + bucket + zero3
         if zero3_note:
@@ -320,6 +335,14 @@ def estimate(
     return Estimate(spec=spec, parallel=par, setup=setup, stages=tuple(stages), gpus_per_node=gpn)
 
 
+def _adapter_title(st: TrainingSetup) -> str:
+    quant = f" {st.base_quant}" + ("" if st.double_quant else " (no double quant)")
+    return (
+        f", {st.adapter}{quant if st.adapter == 'qlora' else ''} r={st.lora_rank} "
+        f"on {st.lora_targets}" + (" with dropout" if st.lora_dropout else "")
+    )
+
+
 def activation_terms(lay: Layout) -> tuple[list[int], list[int], list[int], list[int], list[int]]:
     """The bytes of each saved tensor of one micro-batch on one rank, from the profile's tables
     (:func:`~parmem.activations.saved_tensor_bytes`): (every tensor of one layer, the tensors one
@@ -329,6 +352,8 @@ def activation_terms(lay: Layout) -> tuple[list[int], list[int], list[int], list
     2022 Table 2). :func:`estimate` sums them; :func:`parmem.bounds.step_events` allocates them
     one by one."""
     spec, par, setup = lay.spec, lay.parallel, lay.setup
+    if setup.offload_activations:
+        return _offloaded_terms(lay)
     layer, stage, first, last = saved_tensor_bytes(
         spec,
         setup.seq_len,
@@ -344,7 +369,14 @@ def activation_terms(lay: Layout) -> tuple[list[int], list[int], list[int], list
         engine=setup.engine,
         autocast=setup.precision == "bf16-autocast",
     )
-    full = [n for x, n in layer if not x.only_selective]
+    if setup.adapter != "none":  # frozen weights: their gradients' operands are not kept
+        first = [(x, n) for x, n in first if x.name not in FROZEN_OUTER_DROPS]
+        last = [(x, n) for x, n in last if x.name not in FROZEN_OUTER_DROPS]
+        full = [t.bytes for t in _lora_terms(lay, input_grad=True)]
+        if setup.adapter == "qlora":  # the backward's dequantised weight, one at a time
+            stage = [*stage, (_DEQUANT, _dequant_bytes(lay))]
+    else:
+        full = [n for x, n in layer if not x.only_selective]
     if setup.recompute == "none":
         kept = full
     elif setup.recompute == "selective":
@@ -353,6 +385,83 @@ def activation_terms(lay: Layout) -> tuple[list[int], list[int], list[int], list
         kept = [lay.boundary_bytes]
     shared, own_first, own_last = ([n for _, n in place] for place in (stage, first, last))
     return full, kept, shared, own_first, own_last
+
+
+#: the entry :func:`activation_terms` adds for QLoRA's dequantised weight
+_DEQUANT = SavedTensor(name="dequantised 4-bit weight (transient)", width="one")
+
+
+def _dequant_bytes(lay: Layout) -> int:
+    """The largest transient bitsandbytes makes to dequantise a 4-bit weight in the backward
+    (:func:`parmem.quant.dequant_transient_bytes`, compute dtype = the activations')."""
+    setup = lay.setup
+    return dequant_transient_bytes(
+        lay.spec,
+        setup.base_quant,
+        lay.act_bytes,
+        double_quant=setup.double_quant,
+        dtype_16=_sizes(lay)["param"],
+    )
+
+
+def first_layer_kept(lay: Layout) -> list[int] | None:
+    """What the model's first layer keeps per micro-batch when it differs from every other
+    layer's ``kept`` of :func:`activation_terms`, else ``None``: under LoRA without
+    recomputation, layer 0's input needs no gradient (the embedding is frozen), so its first norm
+    and its q/k/v dropout keep nothing (:func:`parmem.finetune_acts.lora_layer_terms`,
+    ``input_grad=False``)."""
+    setup = lay.setup
+    if setup.adapter == "none" or setup.recompute != "none" or setup.offload_activations:
+        return None
+    return [t.bytes for t in _lora_terms(lay, input_grad=False)]
+
+
+def _lora_terms(lay: Layout, input_grad: bool) -> list[Term]:
+    """One layer's saved tensors under the setup's LoRA or QLoRA (CUDA, fp32 adapters)."""
+    setup = lay.setup
+    return lora_layer_terms(
+        lay.spec,
+        setup.seq_len,
+        setup.micro_batch,
+        setup.lora_rank,
+        setup.lora_targets,
+        setup.lora_dropout,
+        lay.act_bytes,
+        flash=lay.flash,
+        base="4bit" if setup.adapter == "qlora" else "16bit",
+        input_grad=input_grad,
+    )
+
+
+def offloaded_layer_bytes(lay: Layout) -> int:
+    """The bytes ``save_on_cpu`` copies to the host for one layer and one micro-batch
+    (:func:`parmem.finetune_acts.offload_host_bytes`): the estimate's ``host`` holds them for
+    every layer, and the GPU holds at most one layer's copies again while its backward runs."""
+    setup = lay.setup
+    kw: dict[str, Any] = {}
+    if setup.adapter != "none":
+        kw = {
+            "mode": "lora",
+            "rank": setup.lora_rank,
+            "targets": setup.lora_targets,
+            "dropout": setup.lora_dropout,
+            "base": "4bit" if setup.adapter == "qlora" else "16bit",
+        }
+    return offload_host_bytes(lay.spec, setup.seq_len, setup.micro_batch, lay.act_bytes, **kw)
+
+
+def _offloaded_terms(
+    lay: Layout,
+) -> tuple[list[int], list[int], list[int], list[int], list[int]]:
+    """:func:`activation_terms` under ``offload_activations``: every decoder layer's saved
+    tensors go to the host as they are saved (``save_on_cpu`` around each layer), so a layer
+    keeps nothing on the GPU (``kept`` empty) and its backward brings its copies back (the
+    working set, ``full``: one layer's host bytes at most); the stage's shared tensors and the
+    first and the last stage's own stay, as without offload."""
+    base = replace(lay.setup, offload_activations=False)
+    plain = layout(lay.spec, lay.parallel, base, lay.layers_per_stage)
+    _, _, stage, first, last = activation_terms(plain)
+    return [offloaded_layer_bytes(lay)], [], stage, first, last
 
 
 def _activation_bytes(lay: Layout) -> tuple[int, int, int, int, int]:
@@ -408,6 +517,8 @@ def _stage_states(lay: Layout, st: Stage) -> tuple[int, int, int, int, int, int]
     expert parameters over its d·cp/e expert-data group, each category as the engine profile
     says."""
     par, setup = lay.parallel, lay.setup
+    if setup.adapter != "none":
+        return _adapter_states(lay, st)
     rule = state_rule(
         setup.engine,
         setup.precision,
@@ -431,3 +542,89 @@ def _stage_states(lay: Layout, st: Stage) -> tuple[int, int, int, int, int, int]
         dense.host + expert.host,
         dense.step + expert.step,
     )
+
+
+#: bitsandbytes' name of each optimizer preset an adapter setup may use
+_BNB_OPTIMIZERS = {
+    "adamw": "adamw",
+    "adam": "adamw",
+    "adam-8bit": "adamw8bit",
+    "paged-adamw": "paged_adamw",
+    "paged-adam-8bit": "paged_adamw8bit",
+}
+
+
+def _finetune_parts(lay: Layout, st: Stage, kept: int, units: int) -> tuple[int, int, list[str]]:
+    """What a fine-tuning setup changes on a stage holding ``units`` micro-batches of its layers:
+    (activation bytes to add, host bytes to add, notes). Layer 0 under LoRA keeps less than the
+    others (:func:`first_layer_kept`); offloaded activations go to the host, every layer's copies
+    (:func:`offloaded_layer_bytes`; layer 0's counted as the others')."""
+    act, host, notes = 0, 0, []
+    kept0 = first_layer_kept(lay) if st.first else None
+    if kept0 is not None:
+        act = (sum(kept0) - kept) * units  # layer 0: its input needs no gradient
+    if lay.setup.offload_activations:
+        host = offloaded_layer_bytes(lay) * st.layers * units
+        notes.append(
+            f"activations: {host / GIB:.2f} GiB on the host (save_on_cpu), one layer's copies "
+            "back on the GPU in its backward"
+        )
+    if lay.setup.adapter != "none":
+        notes.append(_adapter_note(lay, st))
+    return act, host, notes
+
+
+def _adapter_note(lay: Layout, st: Stage) -> str:
+    """What the stage trains, and the part of a paged optimizer's states in unified memory."""
+    setup = lay.setup
+    numels = adapter_tensors(lay, st)
+    note = f"{setup.adapter}: {sum(numels):,} trainable parameters (fp32), the rest frozen"
+    if setup.optimizer in PAGED_OPTIMIZERS:
+        paged = bnb_paged_state_bytes(numels, optim=_BNB_OPTIMIZERS[setup.optimizer])
+        note += f"; {paged / GIB:.2f} GiB of optimizer states in CUDA unified memory (pageable)"
+    return note
+
+
+def adapter_tensors(lay: Layout, st: Stage) -> list[int]:
+    """The element counts of the LoRA tensors (each ``lora_A`` and ``lora_B``) of the stage's
+    layers, in layer order (:func:`parmem.lora.lora_modules`)."""
+    spec, setup = lay.spec, lay.setup
+    r = setup.lora_rank
+    mods = lora_modules(spec, setup.lora_targets)
+    out = []
+    for i in range(st.start, st.start + st.layers):
+        for m in mods:
+            if m.in_layer(spec, i):
+                (a0, a1), (b0, b1) = m.a_shape(r), m.b_shape(r)
+                out += [a0 * a1, b0 * b1]
+    return out
+
+
+def _adapter_states(lay: Layout, st: Stage) -> tuple[int, int, int, int, int, int]:
+    """:func:`_stage_states` of a fine-tuning setup (``adapter`` ``"lora"`` or ``"qlora"``,
+    the Transformers Trainer with PEFT 0.21.2 and bitsandbytes 0.50.2): the frozen weights as
+    loaded (16-bit, or 4-bit linear layers with their quantisation state,
+    :func:`parmem.quant.layer_weight_bytes`), neither gradients nor optimizer states for them;
+    the adapters in fp32 (PEFT's ``autocast_adapter_dtype=True`` upcasts them) with fp32
+    gradients and the optimizer's states tensor by tensor, as bitsandbytes allocates them for
+    its 8-bit and paged optimizers (:func:`parmem.quant.bnb_optimizer_state_bytes`) and as
+    ``torch.optim.AdamW`` does (two fp32 moments)."""
+    spec, setup = lay.spec, lay.setup
+    if setup.optimizer not in _BNB_OPTIMIZERS:
+        raise ValueError(
+            f"optimizer={setup.optimizer!r} with adapter={setup.adapter!r} is not modelled: "
+            f"use one of {', '.join(_BNB_OPTIMIZERS)}"
+        )
+    param = _sizes(lay)["param"]
+    if setup.adapter == "qlora":
+        q, dq = setup.base_quant, setup.double_quant
+        layers = range(st.start, st.start + st.layers)
+        base = sum(layer_weight_bytes(spec, i, q, dq, param).total for i in layers)
+        base += outer_weight_bytes(spec, "first", q, dq, param).total if st.first else 0
+        base += outer_weight_bytes(spec, "last", q, dq, param).total if st.last else 0
+    else:
+        base = param * st.params
+    numels = adapter_tensors(lay, st)
+    n = sum(numels)
+    opt = bnb_optimizer_state_bytes(numels, optim=_BNB_OPTIMIZERS[setup.optimizer]) if n else 0
+    return st.params + n, base + 4 * n, 4 * n, opt, 0, 0

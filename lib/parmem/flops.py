@@ -13,10 +13,11 @@ from fractions import Fraction
 
 from ._check import boolean, choice, instance, integer
 from .config import RECOMPUTE
+from .lora import lora_modules, lora_params
 from .model import ModelSpec
 from .sharding import layer_matmul_params
 
-__all__ = ["narayanan_flops", "flops_per_sequence", "step_flops"]
+__all__ = ["narayanan_flops", "flops_per_sequence", "step_flops", "lora_flops_per_sequence"]
 
 
 def narayanan_flops(
@@ -56,15 +57,49 @@ def flops_per_sequence(spec: ModelSpec, seq_len: int) -> tuple[int, int, int]:
     return 2 * s * layer_matmul_params(spec) + core, core, 2 * s * spec.hidden * spec.vocab_size
 
 
-def step_flops(spec: ModelSpec, global_batch: int, seq_len: int, recompute: str = "none") -> int:
+def lora_flops_per_sequence(spec: ModelSpec, seq_len: int, rank: int, targets: str) -> int:
+    """Forward FLOPs of every LoRA adapter of the model for one sequence of ``seq_len`` tokens:
+    a multiply-add per adapter value per token, ``2·s`` times :func:`parmem.lora.lora_params`
+    (x·A, then ·B; Hu et al. 2022 §4.1). Adapters on fused experts (PEFT's ``ParamWrapper``),
+    whose work depends on the routing, are refused."""
+    s = integer("seq_len", seq_len)
+    for m in lora_modules(spec, targets):
+        if m.wrapper != "Linear":
+            raise ValueError(
+                f"targets={targets!r}: the adapter FLOPs of {m.name} (PEFT's ParamWrapper on "
+                "fused experts) are not modelled"
+            )
+    return 2 * s * lora_params(spec, rank, targets)
+
+
+def step_flops(
+    spec: ModelSpec,
+    global_batch: int,
+    seq_len: int,
+    recompute: str = "none",
+    adapter: int | None = None,
+) -> int:
     """FLOPs of one training step (all GPUs together), any :class:`~parmem.model.ModelSpec`.
 
     Forward + backward = 3 forward passes; ``"full"`` recomputation adds a forward through the
     layers, ``"selective"`` the attention core. For a GPT-shaped model this equals
     :func:`narayanan_flops` (72 form for ``"none"``, 96 form for ``"full"``).
+
+    ``adapter``: frozen weights with adapters whose forward costs ``adapter`` FLOPs per sequence
+    (:func:`lora_flops_per_sequence`): the backward of a frozen weight's matmul computes only
+    its input's gradient (one forward's work instead of two), the attention core and the
+    adapters still cost two forwards each (Hu et al. 2022 §4.1: the frozen weights need no
+    gradients); full recomputation repeats the layers' and adapters' forward.
     """
     choice("recompute", recompute, RECOMPUTE)
     global_batch = integer("global_batch", global_batch)
     layer, core, head = flops_per_sequence(spec, seq_len)
-    extra = {"none": 0, "selective": core, "full": layer}[recompute]
-    return global_batch * (spec.layers * (3 * layer + extra) + 3 * head)
+    L = spec.layers
+    if adapter is None:
+        extra = {"none": 0, "selective": core, "full": layer}[recompute]
+        return global_batch * (L * (3 * layer + extra) + 3 * head)
+    a = integer("adapter", adapter, 0)
+    extra = {"none": 0, "selective": L * core, "full": L * layer + a}[recompute]
+    fwd = L * layer + head + a
+    bwd = L * (layer - core) + head + 2 * L * core + 2 * a
+    return global_batch * (fwd + bwd + extra)

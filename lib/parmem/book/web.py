@@ -30,6 +30,11 @@ with its default:
 * ``precision``: ``bf16-mixed``, ``fp16-mixed``, ``bf16`` or ``fp32``, ``bf16-mixed``;
 * ``flash``: fused attention (no s x s scores kept): ``auto`` (the engine's kernel), 1 or 0,
   ``auto``;
+* ``adapter``: fine-tuning with ``engine=hf``: ``none`` (every weight trained), ``lora`` or
+  ``qlora`` (the ``adapter`` of :class:`parmem.config.TrainingSetup`), ``none``; ``r``: the
+  LoRA rank, 16; ``targets``: ``all-linear``, ``attention`` or ``qv``, ``all-linear``;
+  ``quant``: QLoRA's ``nf4`` or ``fp4``, ``nf4``; ``offload_act``: every saved activation to
+  the host, 0 or 1, 0;
 * ``solve``: ``seq`` (the longest sequence) or ``b`` (the largest micro-batch) that fits this
   layout, judged on the high bound (:func:`parmem.fit.max_seq_len`,
   :func:`parmem.fit.max_micro_batch`), ``none``.
@@ -53,7 +58,9 @@ URL parameters of the planner (``planner.html?model=gpt3-175b&gpu=a100-80gb&node
 * ``emit``: launch recipe, ``auto`` (the engine's: ``megatron`` for ``megatron-core``,
   ``deepspeed``, ``torchtitan`` for ``fsdp2``; none for ``paper`` and ``hf``) or the name of the
   engine's own recipe;
-* ``pick``: the layout (its rank, from 1) whose recipe is shown, 1.
+* ``pick``: the layout (its rank, from 1) whose recipe is shown, 1;
+* ``adapter``: ``none``, or ``lora`` / ``qlora`` fine-tuning (``engine=hf``, bf16 weights,
+  r = 16 on every linear layer, NF4), ``none``.
 
 A chapter's Explore section links to the calculator with its own settings with a raw HTML link
 (MyST's Markdown links to a page drop the query): ``<a
@@ -73,7 +80,15 @@ from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
 from ..bounds import bounds
-from ..config import PRECISIONS, RECOMPUTE, ParallelConfig, TrainingSetup
+from ..config import (
+    ADAPTERS,
+    BASE_QUANTS,
+    LORA_TARGETS,
+    PRECISIONS,
+    RECOMPUTE,
+    ParallelConfig,
+    TrainingSetup,
+)
 from ..engines import engines
 from ..estimate import Estimate, MemoryBreakdown, estimate
 from ..fit import fits, max_micro_batch, max_seq_len
@@ -116,6 +131,11 @@ CALC_FIELDS: dict[str, tuple[str, str]] = {
     "m": ("1", "micro-batches per step"),
     "precision": ("bf16-mixed", "number formats"),
     "flash": ("auto", "fused attention (no s x s scores kept): auto (the engine's kernel), 1 or 0"),
+    "adapter": ("none", "fine-tuning: none (every weight trained), lora or qlora (engine hf)"),
+    "r": ("16", "LoRA rank"),
+    "targets": ("all-linear", "layers with adapters: all-linear, attention or qv"),
+    "quant": ("nf4", "QLoRA's 4-bit base format: nf4 or fp4"),
+    "offload_act": ("0", "saved activations to the host (save_on_cpu), 0 or 1"),
     "solve": ("none", "find the largest that fits on the high bound: none, seq or b"),
 }
 
@@ -130,6 +150,7 @@ PLAN_FIELDS: dict[str, tuple[str, str]] = {
     "top": ("10", "how many layouts to list"),
     "engine": ("megatron-core", "engine to plan for: its layouts, memory, time and recipe"),
     "emit": ("auto", "launch recipe: auto (the engine's), megatron, deepspeed or torchtitan"),
+    "adapter": ("none", "fine-tuning (engine hf, bf16): none, lora or qlora (r=16, all-linear)"),
     "pick": ("1", "the layout (rank, from 1) whose recipe is shown"),
 }
 
@@ -148,6 +169,10 @@ _LIBRARY_NAMES = {
     "gpus_per_node": "gpn",
     "global_batch": "batch",
     "candidate": "pick",
+    "lora_rank": "r",
+    "lora_targets": "targets",
+    "base_quant": "quant",
+    "offload_activations": "offload_act",
     "name": "model",
 }
 _NAMED = re.compile(r"(?<![A-Za-z0-9_])(?:--)?([a-z][a-z0-9_]*)\s*=")
@@ -263,6 +288,11 @@ def _calc_inputs(v: Mapping[str, str]) -> tuple[ModelSpec, ParallelConfig, Train
         schedule="interleaved" if vpp > 1 else "1f1b",
         flash_attention=_auto_flag(v, "flash"),
         engine=_one_of(v, "engine", tuple(engines())),
+        adapter=_one_of(v, "adapter", ADAPTERS),
+        lora_rank=_int(v, "r"),
+        lora_targets=_one_of(v, "targets", LORA_TARGETS),
+        base_quant=_one_of(v, "quant", BASE_QUANTS),
+        offload_activations=_flag(v, "offload_act"),
     )
     return spec, par, setup
 
@@ -390,10 +420,20 @@ def _recipe(result: Plan, pick: int) -> str:
 
 @lru_cache(maxsize=8)
 def _plan(
-    spec: ModelSpec, gpu: str, gpn: int, nodes: int, batch: int, seq: int, top: int, engine: str
+    spec: ModelSpec,
+    gpu: str,
+    gpn: int,
+    nodes: int,
+    batch: int,
+    seq: int,
+    top: int,
+    engine: str,
+    adapter: str = "none",
 ) -> Plan:
-    """:func:`~parmem.planner.plan`, remembered: picking another row does not search again."""
-    return plan(spec, Cluster(gpu, gpn, nodes), batch, seq, top=top, engine=engine)
+    """:func:`~parmem.planner.plan`, remembered: picking another row does not search again.
+    An adapter is planned on bf16 weights (the Trainer's 16-bit checkpoint)."""
+    kw: dict[str, Any] = {} if adapter == "none" else {"adapter": adapter, "precision": "bf16"}
+    return plan(spec, Cluster(gpu, gpn, nodes), batch, seq, top=top, engine=engine, **kw)
 
 
 def plan_layouts(settings: Mapping[str, Any]) -> dict[str, Any]:
@@ -418,6 +458,7 @@ def plan_layouts(settings: Mapping[str, Any]) -> dict[str, Any]:
         result = _plan(
             spec, values["gpu"], _int(values, "gpn"), _int(values, "nodes"),
             _int(values, "batch"), _int(values, "seq"), top, engine,
+            _one_of(values, "adapter", ADAPTERS),
         )  # fmt: skip
         rows = [_candidate_row(i, c) for i, c in enumerate(result.candidates, 1)]
         if rows and not 1 <= pick <= len(rows):
@@ -447,6 +488,9 @@ def options() -> dict[str, Any]:
         "engines": dict(engines()),
         "precisions": list(PRECISIONS),
         "recompute": list(RECOMPUTE),
+        "adapters": list(ADAPTERS),
+        "lora_targets": list(LORA_TARGETS),
+        "base_quants": list(BASE_QUANTS),
         "emit": ["auto", *ENGINES],
         "calc_fields": {k: {"default": d, "doc": doc} for k, (d, doc) in CALC_FIELDS.items()},
         "plan_fields": {k: {"default": d, "doc": doc} for k, (d, doc) in PLAN_FIELDS.items()},

@@ -12,6 +12,11 @@ on one GPU::
   output, MLP; the routed ``top_k`` experts for MoE) does a multiply-add per token, and attention
   scores and the weighted sum of values each cost ``2·s²`` per query width. The last stage adds
   the LM head, ``2·s·h·V``. Work is divided by ``t·cp``.
+* **fine-tuning** (``adapter``): a frozen weight's matmul computes only its input's gradient in
+  the backward (one forward's work, not two); the attention core and the LoRA adapters
+  (``2·s`` FLOPs per adapter value, :func:`parmem.flops.lora_flops_per_sequence`) still cost
+  two forwards; DDP reduces the adapters' fp32 gradients only. QLoRA's dequantisation of each
+  4-bit weight (memory-bound kernels) is not timed.
 * **recompute**: full recomputation runs each layer's forward again; selective recomputation
   (Korthikanti et al. 2022 §5) only the attention core (``4·s²·a·d_head``).
 * For a GPT layer these sums are exactly Narayanan et al. 2021, eq. (3):
@@ -57,7 +62,7 @@ from dataclasses import dataclass, replace
 from ..comm import CommOp, StageShape, category_times, collectives, placement, stage_shape
 from ..config import PRECISIONS, ParallelConfig, TrainingSetup
 from ..estimate import Estimate, estimate
-from ..flops import flops_per_sequence
+from ..flops import flops_per_sequence, lora_flops_per_sequence
 from ..hardware import Hardware
 from ..layout import Layout, Stage, layout
 from ..model import ModelSpec
@@ -175,6 +180,13 @@ class CostModel:
         self.peak = hw.peak_flops_bf16
         self.usable = a.usable_bytes(hw)
         self.f_layer, self.f_core, self.f_head = flops_per_sequence(spec, seq_len)
+        # frozen weights with adapters (fine-tuning): the adapters' forward FLOPs per sequence
+        self.frozen = setup_kw.get("adapter", "none") != "none"
+        self.f_adapter = (
+            lora_flops_per_sequence(spec, seq_len, setup_kw["lora_rank"], setup_kw["lora_targets"])
+            if self.frozen
+            else 0
+        )
         prec = PRECISIONS[setup_kw["precision"]]
         self.act_bytes, self.param_bytes = prec["act"], prec["param"]
         self._est: dict[_EstKey, Estimate] = {}
@@ -365,6 +377,7 @@ class _StageGroup:
     first: int  # index of the first of them (the critical stage reported)
     count: int  # how many stages
     fwd: float  # forward seconds of one micro-batch
+    bwd: float  # backward seconds of one micro-batch (two forwards; frozen weights: less)
     rec: float  # recompute seconds of one micro-batch
     attn: float  # attention-core seconds, forward and backward, of one micro-batch
     comm: StageComm
@@ -391,17 +404,24 @@ class StepTimer:
         self.p, self.v = par.pp, par.vpp
         self.zero = par.zero
         split_rate = par.tp * par.cp * model.peak * busy_fraction(a, model.spec.hidden, par.tp)
-        rc_flops = {"none": 0, "selective": model.f_core, "full": model.f_layer}[recompute]
+        ad = model.f_adapter / model.spec.layers  # the adapters' forward per layer
+        rc_flops = {"none": 0, "selective": model.f_core, "full": model.f_layer + ad}[recompute]
         self.groups = []
         for st, count in lay.distinct_stages():
             n = st.layers
-            fwd = (n * model.f_layer + (model.f_head if st.last else 0)) / split_rate
+            head = model.f_head if st.last else 0
+            fwd = (n * (model.f_layer + ad) + head) / split_rate
+            bwd = 2 * fwd
+            if model.frozen:  # input gradients only, but the attention core and adapters twice
+                core = model.f_core
+                bwd = (n * (model.f_layer - core + 2 * core + 2 * ad) + head) / split_rate
             frac = min(1.0, a.dp_bucket_params / max(st.params, 1))
             self.groups.append(
                 _StageGroup(
                     st.index,
                     count,
                     fwd,
+                    bwd,
                     n * rc_flops / split_rate,
                     3 * n * model.f_core / split_rate,
                     comm(lay, st),
@@ -411,7 +431,7 @@ class StepTimer:
 
     def _stage(self, g: _StageGroup, b: int, m: int) -> tuple[float, _Parts, float]:
         a, sc = self.a, g.comm
-        fwd, rec = b * g.fwd, b * g.rec
+        fwd, bwd, rec = b * g.fwd, b * g.bwd, b * g.rec
         tp = sc.act("tp", b) * (1 - a.tp_overlap)
         cpx = max(0.0, sc.act("cp", b) - a.cp_overlap * b * g.attn)
         ep = sc.act("ep", b) * (1 - a.ep_overlap)
@@ -420,10 +440,10 @@ class StepTimer:
         # window: ZeRO-0 the last backward; ZeRO-1 + the next first forward; ZeRO-2 every
         # backward + one forward; ZeRO-3 every backward and forward
         n_bwd, n_fwd = {0: (1, 0), 1: (1, 1), 2: (m, 1), 3: (m, m)}[self.zero]
-        window = a.dp_overlap * (n_bwd * (2 * fwd + rec) + n_fwd * fwd)
+        window = a.dp_overlap * (n_bwd * (bwd + rec) + n_fwd * fwd)
         dp_total = sc.dp(m)
         dp = max(dp_total - window, min(dp_total, g.frac * sc.grad_once))
-        return (3 * fwd + rec + tp + cpx + ep + pp, (3 * fwd, rec, tp, cpx, ep, pp), dp)
+        return (fwd + bwd + rec + tp + cpx + ep + pp, (fwd + bwd, rec, tp, cpx, ep, pp), dp)
 
     def total(self, b: int, m: int) -> float:
         """Seconds per step (see :meth:`breakdown`)."""

@@ -191,6 +191,10 @@ class SetupOptions(TypedDict):
     capacity_factor: float
     cuda_context: int
     engine: str
+    adapter: str
+    lora_rank: int
+    lora_targets: str
+    base_quant: str
 
 
 # ---------------------------------------------------------------------------- results

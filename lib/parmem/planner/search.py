@@ -177,8 +177,9 @@ def _candidate(
     st, crit = model.exact_time(par, setup, lps)
     total = st.total
     n = par.world_size
-    useful = step_flops(model.spec, model.G, model.s, "none")
-    executed = step_flops(model.spec, model.G, model.s, setup.recompute)
+    adapter = model.f_adapter if model.frozen else None
+    useful = step_flops(model.spec, model.G, model.s, "none", adapter)
+    executed = step_flops(model.spec, model.G, model.s, setup.recompute, adapter)
     return Candidate(
         parallel=par,
         setup=setup,
@@ -331,6 +332,10 @@ def plan(
     capacity_factor: float = 1.0,
     cuda_context: int = 0,
     engine: str = "paper",
+    adapter: str = "none",
+    lora_rank: int = 16,
+    lora_targets: str = "all-linear",
+    base_quant: str = "nf4",
     **assumptions: Unpack[AssumptionOptions],
 ) -> Plan:
     """Search the layouts of ``cluster`` for ``spec`` at ``global_batch`` sequences of
@@ -346,7 +351,10 @@ def plan(
     (dividing ``global_batch / d``), ``vpp`` (virtual stages; v ≥ 2 needs ``m % p == 0`` and v
     dividing each stage's layers). ``precision``, ``optimizer``, ``flash_attention``, ``dropout``,
     ``capacity_factor`` and ``cuda_context`` go to every :class:`~parmem.config.TrainingSetup`
-    (``dropout=None``: the model's own).
+    (``dropout=None``: the model's own), and so do the fine-tuning fields ``adapter``,
+    ``lora_rank``, ``lora_targets`` and ``base_quant`` (``engine="hf"``): the memory is then the
+    frozen weights' and the adapters', and the step's FLOPs those of frozen matmuls
+    (:func:`parmem.flops.step_flops` with ``adapter``).
 
     ``**assumptions``: the cost model's parameters, see :class:`Assumptions` (``mfu``,
     ``headroom``, ``tp_overlap``, ``dp_overlap``, ``dp_bucket_params``, ``pp_overlap``,
@@ -370,6 +378,10 @@ def plan(
         capacity_factor=capacity_factor,
         cuda_context=cuda_context,
         engine=engine,
+        adapter=adapter,
+        lora_rank=lora_rank,
+        lora_targets=lora_targets,
+        base_quant=base_quant,
     )
     TrainingSetup(seq_len=seq_len, **setup_kw)  # validates every setup field, each by name
     check_setup(precision, optimizer)
@@ -457,6 +469,10 @@ def evaluate(
         capacity_factor=setup.capacity_factor,
         cuda_context=setup.cuda_context,
         engine=setup.engine,
+        adapter=setup.adapter,
+        lora_rank=setup.lora_rank,
+        lora_targets=setup.lora_targets,
+        base_quant=setup.base_quant,
     )
     model = CostModel(spec, cluster, G, setup.seq_len, a, setup_kw)
     est = estimate(spec, parallel, setup, layers_per_stage=list(lps))

@@ -33,8 +33,11 @@ const CHOICES = {
   zero: () => ["0", "1", "2", "3"],
   flash: () => ["auto", "1", "0"],
   solve: () => ["none", "seq", "b"],
+  adapter: (o) => o.adapters,
+  targets: (o) => o.lora_targets,
+  quant: (o) => o.base_quants,
 };
-const FLAGS = new Set(["sp"]);
+const FLAGS = new Set(["sp", "offload_act"]);
 
 function el(tag, attrs = {}, text = "") {
   const node = document.createElement(tag);
