@@ -45,7 +45,6 @@ __all__ = [
     "ADAPTERS",
     "LORA_TARGETS",
     "BASE_QUANTS",
-    "FP8_RECIPES",
     "even_split",
 ]
 
@@ -86,8 +85,6 @@ ADAPTERS: tuple[str, ...] = ("none", "lora", "qlora")
 LORA_TARGETS: tuple[str, ...] = ("all-linear", "attention", "qv")
 #: QLoRA's base-weight format: bitsandbytes' 4-bit NormalFloat or 4-bit float.
 BASE_QUANTS: tuple[str, ...] = ("nf4", "fp4")
-#: FP8 training: none, torchao's float8 linear layers (dynamic scaling), or Transformer Engine.
-FP8_RECIPES: tuple[str, ...] = ("none", "torchao", "te")
 #: the engines whose fine-tuning setups parmem models: the Transformers Trainer with PEFT
 ADAPTER_ENGINES: tuple[str, ...] = ("hf",)
 #: bitsandbytes' paged optimizers (states in CUDA unified memory), modelled for adapters only

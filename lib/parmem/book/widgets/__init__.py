@@ -15,6 +15,7 @@ from .base import explorer
 from .comm import explore_collectives
 from .data_parallel import explore_data_parallel, explore_zero, explore_zero3_tp
 from .engines import explore_engines
+from .finetune import explore_finetune
 from .layouts import explore_3d, explore_axes, explore_experts
 from .memory import explore_estimate, explore_remedies
 from .pipeline import (
@@ -40,4 +41,5 @@ __all__ = [
     "explore_pp_memory", "explore_schedules", "explore_stage_balance", "explore_bubble",
     "explore_microbatch", "explore_experts", "explore_3d", "explore_axes", "explore_plan",
     "explore_allocator", "explore_serving", "explore_kv_cache", "explore_engines",
+    "explore_finetune",
 ]  # fmt: skip
