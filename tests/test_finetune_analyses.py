@@ -33,7 +33,6 @@ from parmem.finetune_analyses import (
     finetune_setup,
     fp8_rows,
     full_rank_state_rows,
-    galore_state_total,
     linear_input_bytes,
     longest_seq,
     method_rows,
@@ -43,6 +42,7 @@ from parmem.finetune_analyses import (
     resident_peak,
     trainable_params,
 )
+from parmem.quant import galore_state_total
 
 L7, H7, F7, V7 = 32, 4096, 11008, 32000
 L70, H70, F70, KV70 = 80, 8192, 28672, 1024

@@ -164,3 +164,49 @@ def test_the_cli_and_the_calculator_take_the_fields():
     bad = calculate({"model": "llama-2-7b", "adapter": "lora"})
     assert not bad["ok"] and "adapter" in bad["errors"]
     assert set(ADAPTERS) == {"none", "lora", "qlora"}
+
+
+def test_fp8_leaves_the_model_states_and_torchao_keeps_what_bf16_keeps():
+    """torchao's Float8Linear saves the 16-bit input and the weight, as nn.Linear does (measured
+    on CPU in tests/test_finetune_acts.py); Transformer Engine's te.Linear keeps a 1-byte fp8
+    copy of each projection's input instead of the shared 16-bit one, and, without a weight
+    cache, a fresh fp8 weight and its transpose (2 bytes per weight) per micro-batch (TE's
+    source). FP8 changes no weight, gradient or optimizer byte (Micikevicius et al. 2022 §4)."""
+    spec = ModelSpec.preset("llama-3-8b")
+    base, ao, te = (estimate(spec, ParallelConfig(), hf(8192, fp8=r)).stages[0]
+                    for r in ("none", "torchao", "te"))
+    assert base.total == ao.total and base.activations == ao.activations
+    assert (te.params, te.grads, te.optimizer) == (base.params, base.grads, base.optimizer)
+    h, kv, f, s = 4096, 1024, 14336, 8192
+    weights = h * h + 2 * h * kv + h * h + 3 * h * f  # q, k, v, o, gate, up, down
+    # per layer TE drops the bf16 qkv and fc1 inputs (2sh each) and a quarter of the f-wide
+    # MLP tensors (the down projection's 16-bit input, 2sf), and adds fp8 inputs: q, k, v each
+    # their own (3sh), o (s·q), gate and up (2sh), down (sf), each with a 4-byte scale, and the
+    # fp8 weights with their transposes (2 per weight) and 4-byte scales
+    added = 3 * s * h + s * h + 2 * s * h + s * f + 7 * 4 + 2 * weights + 7 * 4
+    dropped = 2 * s * h + 2 * s * h + 2 * s * f
+    assert te.activations - base.activations == 32 * (added - dropped)
+    with pytest.raises(ValueError, match="fp8"):
+        TrainingSetup(seq_len=512, engine="hf", precision="bf16", fp8="te", adapter="lora")
+    with pytest.raises(ValueError, match="fp8"):
+        TrainingSetup(seq_len=512, fp8="torchao")
+
+
+def test_galore_keeps_projected_moments_and_projections():
+    """galore_torch 1.0 GaLoreAdamW, rank r, Llama-2-7B in bf16 (moments in the gradients'
+    dtype): each attention projection (4096 x 4096) keeps a projection of r x 4096 and moments
+    of 4096 x r; gate and up (11008 x 4096, m >= n) the same shapes; down (4096 x 11008, m < n)
+    a projection of 4096 x r and moments of r x 11008; the norms (two of 4096 per layer), the
+    embedding, the LM head and the final norm two full moments (galore_projector.py)."""
+    r = 1024
+    st = estimate(LLAMA, ParallelConfig(),
+                  hf(optimizer="galore-adamw", galore_rank=r)).stages[0]  # fmt: skip
+    proj = 4 * (r * H + 2 * H * r) + 2 * (r * H + 2 * F * r) + (H * r + 2 * r * F)
+    other = 2 * 2 * H
+    ends = 2 * (2 * V * H + H)
+    assert st.optimizer == 2 * (L * (proj + other) + ends)
+    assert (st.params, st.grads) == (2 * PSI, 2 * PSI)
+    with pytest.raises(ValueError, match="galore-adamw"):
+        TrainingSetup(seq_len=512, optimizer="galore-adamw")
+    with pytest.raises(ValueError, match="galore_rank"):
+        TrainingSetup(seq_len=512, engine="hf", optimizer="galore-adamw", galore_rank=0)

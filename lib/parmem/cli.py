@@ -47,6 +47,7 @@ from .bounds import bounds
 from .config import (
     ADAPTERS,
     BASE_QUANTS,
+    FP8_RECIPES,
     GRAD_DTYPES,
     LORA_TARGETS,
     OFFLOADS,
@@ -188,6 +189,8 @@ def _setup(args, seq: int) -> TrainingSetup:
         base_quant=args.base_quant,
         double_quant=args.double_quant,
         offload_activations=args.offload_activations,
+        fp8=args.fp8,
+        galore_rank=args.galore_rank,
     )
 
 
@@ -430,6 +433,12 @@ def _adapter_flags(p: argparse.ArgumentParser, step: bool = True) -> None:
         dest="double_quant",
         action="store_false",
         help="QLoRA without quantised block scales",
+    )
+    p.add_argument(
+        "--fp8", default="none", choices=FP8_RECIPES, help="FP8 linear layers (--engine hf)"
+    )
+    p.add_argument(
+        "--galore-rank", type=_int(1, 65536), default=128, help="--optimizer galore-adamw's rank"
     )
     p.add_argument(
         "--offload-activations",

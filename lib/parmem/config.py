@@ -45,6 +45,7 @@ __all__ = [
     "ADAPTERS",
     "LORA_TARGETS",
     "BASE_QUANTS",
+    "FP8_RECIPES",
     "even_split",
 ]
 
@@ -85,8 +86,14 @@ ADAPTERS: tuple[str, ...] = ("none", "lora", "qlora")
 LORA_TARGETS: tuple[str, ...] = ("all-linear", "attention", "qv")
 #: QLoRA's base-weight format: bitsandbytes' 4-bit NormalFloat or 4-bit float.
 BASE_QUANTS: tuple[str, ...] = ("nf4", "fp4")
+#: FP8 training of the linear layers: none; torchao's ``Float8Linear`` (measured: it keeps what
+#: ``nn.Linear`` keeps); Transformer Engine's ``te.Linear`` (from its source, not measured).
+#: :func:`parmem.finetune_acts.fp8_layer_terms`.
+FP8_RECIPES: tuple[str, ...] = ("none", "torchao", "te")
 #: the engines whose fine-tuning setups parmem models: the Transformers Trainer with PEFT
 ADAPTER_ENGINES: tuple[str, ...] = ("hf",)
+#: GaLore's AdamW (galore_torch 1.0), modelled for full fine-tuning under the hf profile
+GALORE = "galore-adamw"
 #: bitsandbytes' paged optimizers (states in CUDA unified memory), modelled for adapters only
 PAGED_OPTIMIZERS: tuple[str, ...] = ("paged-adamw", "paged-adam-8bit")
 
@@ -208,7 +215,12 @@ class TrainingSetup:
     bitsandbytes' 4-bit format ``base_quant``, with ``double_quant`` quantising the block
     scales. The frozen weights keep neither gradients nor optimizer states; the adapters are
     fp32 (PEFT's ``autocast_adapter_dtype=True``). ``offload_activations`` moves every saved
-    tensor to the host as it is saved (PyTorch's ``save_on_cpu``).
+    tensor to the host as it is saved (PyTorch's ``save_on_cpu``). ``fp8`` trains the linear
+    layers in FP8 (``engine="hf"``, bf16 weights, no adapter): ``"torchao"`` keeps exactly what
+    bf16 keeps, ``"te"`` keeps Transformer Engine's fp8 inputs and per-micro-batch fp8 weights
+    instead of the 16-bit inputs; the weights, gradients and optimizer states do not change.
+    ``optimizer="galore-adamw"`` (full fine-tuning, ``engine="hf"``) keeps GaLore's states at
+    rank ``galore_rank`` (:func:`parmem.quant.galore_state_total`).
     """
 
     seq_len: int
@@ -234,6 +246,8 @@ class TrainingSetup:
     base_quant: str = "nf4"
     double_quant: bool = True
     offload_activations: bool = False
+    fp8: str = "none"
+    galore_rank: int = 128
 
     def __post_init__(self) -> None:
         # stored as checked: ints and a float, not the NumPy numbers given (ParallelConfig)
@@ -266,6 +280,7 @@ class TrainingSetup:
         choice("base_quant", self.base_quant, BASE_QUANTS)
         boolean("double_quant", self.double_quant)
         boolean("offload_activations", self.offload_activations)
+        self._check_fp8_galore()
         if self.offload_activations:
             if self.engine not in ADAPTER_ENGINES:
                 raise ValueError(
@@ -299,6 +314,29 @@ class TrainingSetup:
             raise ValueError(
                 f"adapter={self.adapter!r} needs precision 'bf16' or 'fp32' (the weights as "
                 f"loaded; autocast with adapters is not measured), not {self.precision!r}"
+            )
+
+    def _check_fp8_galore(self) -> None:
+        """``fp8`` and GaLore (``optimizer="galore-adamw"``, ``galore_rank``): the Trainer's
+        profile, full fine-tuning; FP8 on bf16 weights."""
+        choice("fp8", self.fp8, FP8_RECIPES)
+        object.__setattr__(self, "galore_rank", integer("galore_rank", self.galore_rank, 1, 65536))
+        hf = self.engine in ADAPTER_ENGINES
+        if self.optimizer == GALORE and (not hf or self.adapter != "none"):
+            raise ValueError(
+                f"optimizer={GALORE!r} is modelled for full fine-tuning with engine='hf' "
+                f"(galore_torch 1.0), not engine={self.engine!r}, adapter={self.adapter!r}"
+            )
+        if self.fp8 == "none":
+            return
+        if not hf or self.precision != "bf16":
+            raise ValueError(
+                f"fp8={self.fp8!r} is modelled for engine='hf' with precision='bf16' (HF "
+                f"layers), not engine={self.engine!r}, precision={self.precision!r}"
+            )
+        if self.adapter != "none" or self.offload_activations:
+            raise ValueError(
+                f"fp8={self.fp8!r} with an adapter or offloaded activations is not modelled"
             )
 
     def _check_autocast(self) -> None:

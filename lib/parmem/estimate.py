@@ -29,10 +29,11 @@ from typing import Any
 
 from ._check import cdiv, integer
 from .activations import Term, saved_tensor_bytes
-from .config import PAGED_OPTIMIZERS, PRECISIONS, ParallelConfig, TrainingSetup
+from .config import GALORE, PAGED_OPTIMIZERS, PRECISIONS, ParallelConfig, TrainingSetup
 from .engines import SavedTensor, itemsizes
 from .finetune_acts import (
     FROZEN_OUTER_DROPS,
+    fp8_layer_terms,
     lora_layer_terms,
     offload_host_bytes,
 )
@@ -44,6 +45,7 @@ from .quant import (
     bnb_optimizer_state_bytes,
     bnb_paged_state_bytes,
     dequant_transient_bytes,
+    galore_state_total,
     layer_weight_bytes,
     outer_weight_bytes,
 )
@@ -187,6 +189,7 @@ class Estimate:
             + (f", offload={st.offload}" if st.offload != "none" else "")
             + (_adapter_title(st) if st.adapter != "none" else "")
             + (", activations on the host" if st.offload_activations else "")
+            + (f", fp8 ({st.fp8})" if st.fp8 != "none" else "")
         )
 
     def __str__(self) -> str:
@@ -375,7 +378,13 @@ def activation_terms(lay: Layout) -> tuple[list[int], list[int], list[int], list
         full = [t.bytes for t in _lora_terms(lay, input_grad=True)]
         if setup.adapter == "qlora":  # the backward's dequantised weight, one at a time
             stage = [*stage, (_DEQUANT, _dequant_bytes(lay))]
-    else:
+    elif setup.fp8 == "te":  # fp8 inputs and this micro-batch's fp8 weights (TE's source)
+        if lay.dropout:
+            raise ValueError("fp8='te' with dropout is not modelled (dropout=False)")
+        terms = fp8_layer_terms(spec, setup.seq_len, setup.micro_batch, "te", lay.act_bytes,
+                                flash=lay.flash)  # fmt: skip
+        full = [t.bytes for t in terms]
+    else:  # no FP8, or torchao's Float8Linear, which keeps what nn.Linear keeps (measured)
         full = [n for x, n in layer if not x.only_selective]
     if setup.recompute == "none":
         kept = full
@@ -519,6 +528,8 @@ def _stage_states(lay: Layout, st: Stage) -> tuple[int, int, int, int, int, int]
     par, setup = lay.parallel, lay.setup
     if setup.adapter != "none":
         return _adapter_states(lay, st)
+    if setup.optimizer == GALORE:
+        return _galore_states(lay, st)
     rule = state_rule(
         setup.engine,
         setup.precision,
@@ -628,3 +639,17 @@ def _adapter_states(lay: Layout, st: Stage) -> tuple[int, int, int, int, int, in
     n = sum(numels)
     opt = bnb_optimizer_state_bytes(numels, optim=_BNB_OPTIMIZERS[setup.optimizer]) if n else 0
     return st.params + n, base + 4 * n, 4 * n, opt, 0, 0
+
+
+def _galore_states(lay: Layout, st: Stage) -> tuple[int, int, int, int, int, int]:
+    """:func:`_stage_states` of full fine-tuning with GaLore's AdamW (``engine="hf"``, one
+    stage, no ZeRO): every weight and gradient as the profile keeps them, and the optimizer's
+    states as galore_torch 1.0 allocates them, in the gradients' dtype
+    (:func:`parmem.quant.galore_state_total`: the projected matrices' moments and projections,
+    the other tensors' two moments). GaLore's per-layer updates, which free each gradient as
+    soon as it is applied, are not modelled: the full gradients are kept."""
+    rule = state_rule(lay.setup.engine, lay.setup.precision, "adamw", 0)
+    plain = apply_rule(rule, st.params, lay.dp_group)
+    size = _sizes(lay)["grad"]
+    opt = galore_state_total(lay.spec, lay.setup.galore_rank, itemsize=size)
+    return st.params, plain.params, plain.grads, opt, 0, 0

@@ -8,7 +8,7 @@ each byte follows; what is added here is said in each docstring.
 * :func:`finetune_setup`, :func:`method_rows`: one job as full fine-tuning, LoRA and QLoRA;
 * :func:`paged_state_bytes`, :func:`resident_peak`, :func:`longest_seq`: what a paged optimizer
   can leave on the host, and the longest sequence that fits a card;
-* :func:`adapter_optimizer_rows`, :func:`galore_state_total`, :func:`full_rank_state_rows`: the
+* :func:`adapter_optimizer_rows`, :func:`full_rank_state_rows`: the
   optimizers of adapters, and of full-rank training (AdamW, 8-bit AdamW, GaLore);
 * :func:`fp8_rows`, :func:`linear_input_bytes`: what FP8 training changes in a step;
 * :func:`offload_row`: activation offload against recomputation, bytes and seconds;
@@ -37,15 +37,14 @@ from .model import ModelSpec
 from .quant import (
     bnb_optimizer_state_bytes,
     bnb_paged_state_bytes,
-    galore_state_bytes,
+    galore_groups,
+    galore_state_total,
     model_weight_bytes,
 )
-from .table import layer_tensors, model_tensors
 
 __all__ = [
     "METHODS",
     "ADAPTER_OPTIMIZERS",
-    "GALORE_FAMILIES",
     "finetune_setup",
     "trainable_params",
     "method_rows",
@@ -53,7 +52,6 @@ __all__ = [
     "resident_peak",
     "longest_seq",
     "adapter_optimizer_rows",
-    "galore_state_total",
     "full_rank_state_rows",
     "fp8_rows",
     "linear_input_bytes",
@@ -69,9 +67,6 @@ METHODS = ("full", "lora", "qlora")
 ADAPTER_OPTIMIZERS = ("adamw", "adam-8bit", "paged-adamw", "paged-adam-8bit")
 #: the paged presets as bitsandbytes names them (:data:`parmem.quant.BNB_OPTIMIZERS`)
 _BNB_PAGED = {"paged-adamw": "paged_adamw", "paged-adam-8bit": "paged_adamw8bit"}
-#: families whose 2-D weights GaLore's selection is modelled for: every projection a separate
-#: ``nn.Linear`` inside ``self_attn`` or ``mlp`` (``""``: a preset written as one of them)
-GALORE_FAMILIES = ("", "llama", "mistral", "qwen2", "qwen3", "granite")
 
 
 # ---------------------------------------------------------------------------- the methods
@@ -260,44 +255,6 @@ def adapter_optimizer_rows(
     return rows
 
 
-def _galore_groups(spec: ModelSpec) -> tuple[list[tuple[int, int]], list[int], list[int]]:
-    """(one layer's GaLore shapes, one layer's other tensors, the tensors outside the layers)."""
-    instance("spec", spec, ModelSpec, "ModelSpec.preset(name)")
-    if spec.is_moe or spec.family not in GALORE_FAMILIES:
-        what = "a mixture of experts (fused 3-D experts)" if spec.is_moe else repr(spec.family)
-        raise ValueError(
-            f"spec: GaLore's parameter groups are not modelled for {what}; modelled families: "
-            f"{', '.join(f or 'presets' for f in GALORE_FAMILIES)}"
-        )
-    shapes: list[tuple[int, int]] = []
-    other: list[int] = []
-    for t in layer_tensors(spec, False):
-        if t.kind == "linear" and t.cols > 1:
-            shapes += [(t.rows, t.cols)] * t.count
-        else:
-            other += [t.rows * t.cols] * t.count
-    outer = [t.rows * t.cols for t in model_tensors(spec) for _ in range(t.count)]
-    return shapes, other, outer
-
-
-def galore_state_total(
-    spec: ModelSpec, rank: int, *, itemsize: int = 2, proj_type: str = "std"
-) -> int:
-    """Optimizer-state bytes of galore_torch 1.0's ``GaLoreAdamW`` for the whole model
-    (:func:`parmem.quant.galore_state_bytes`), with the parameter groups of GaLore's own
-    training script (``torchrun_main.py``: every ``nn.Linear`` whose module name contains
-    ``attn`` or ``mlp`` is projected at ``rank``; the embedding, the norms and the LM head keep
-    two full moments). ``itemsize``: the gradients' bytes (2 for a bf16 model). Refused: a
-    mixture of experts and the families outside :data:`GALORE_FAMILIES` (fused or ``Conv1D``
-    projections)."""
-    shapes, other, outer = _galore_groups(spec)
-    layer = galore_state_bytes(
-        shapes, rank, other_numels=other, itemsize=itemsize, proj_type=proj_type
-    )
-    ends = galore_state_bytes([], rank, other_numels=outer, itemsize=itemsize, proj_type=proj_type)
-    return spec.layers * layer + ends
-
-
 def full_rank_state_rows(
     spec: ModelSpec, galore_ranks: tuple[int, ...] = (256, 1024), itemsize: int = 2
 ) -> list[dict[str, Any]]:
@@ -305,10 +262,10 @@ def full_rank_state_rows(
     have ``itemsize`` bytes: torch AdamW (two moments in the parameters' dtype,
     ``torch/optim/adamw.py`` ``_init_group``: ``zeros_like(p)``), bitsandbytes' AdamW8bit over
     every tensor (:func:`parmem.quant.bnb_optimizer_state_bytes`) and GaLore at each rank of
-    ``galore_ranks`` (:func:`galore_state_total`). Rows: ``optimizer``, ``states``,
+    ``galore_ranks`` (:func:`parmem.quant.galore_state_total`). Rows: ``optimizer``, ``states``,
     ``of AdamW`` (the fraction)."""
     size = choice("itemsize", integer("itemsize", itemsize), (2, 4))
-    shapes, other, outer = _galore_groups(spec)
+    shapes, other, outer = galore_groups(spec)
     numels = [r * c for r, c in shapes] * spec.layers + other * spec.layers + outer
     adamw = 2 * size * sum(numels)
     rows = [("AdamW", adamw), ("AdamW 8-bit", bnb_optimizer_state_bytes(numels, "adamw8bit"))]

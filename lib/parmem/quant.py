@@ -81,6 +81,9 @@ __all__ = [
     "bnb_optimizer_state_bytes",
     "bnb_paged_state_bytes",
     "galore_state_bytes",
+    "GALORE_FAMILIES",
+    "galore_groups",
+    "galore_state_total",
 ]
 
 #: weight formats: bitsandbytes 4-bit NF4 / FP4, LLM.int8(), no quantization
@@ -506,3 +509,46 @@ def galore_state_bytes(
     for n in _numels(other_numels, "other_numels"):
         total += 2 * n * size
     return total
+
+
+#: families whose 2-D weights GaLore's selection is modelled for: every projection a separate
+#: ``nn.Linear`` inside ``self_attn`` or ``mlp`` (``""``: a preset written as one of them)
+GALORE_FAMILIES = ("", "llama", "mistral", "qwen2", "qwen3", "granite")
+
+
+def galore_groups(spec: ModelSpec) -> tuple[list[tuple[int, int]], list[int], list[int]]:
+    """(one layer's GaLore shapes, one layer's other tensors, the tensors outside the layers)."""
+    instance("spec", spec, ModelSpec, "ModelSpec.preset(name)")
+    if spec.is_moe or spec.family not in GALORE_FAMILIES:
+        what = "a mixture of experts (fused 3-D experts)" if spec.is_moe else repr(spec.family)
+        raise ValueError(
+            f"spec: GaLore's parameter groups are not modelled for {what}; modelled families: "
+            f"{', '.join(f or 'presets' for f in GALORE_FAMILIES)}"
+        )
+    shapes: list[tuple[int, int]] = []
+    other: list[int] = []
+    for t in layer_tensors(spec, False):
+        if t.kind == "linear" and t.cols > 1:
+            shapes += [(t.rows, t.cols)] * t.count
+        else:
+            other += [t.rows * t.cols] * t.count
+    outer = [t.rows * t.cols for t in model_tensors(spec) for _ in range(t.count)]
+    return shapes, other, outer
+
+
+def galore_state_total(
+    spec: ModelSpec, rank: int, *, itemsize: int = 2, proj_type: str = "std"
+) -> int:
+    """Optimizer-state bytes of galore_torch 1.0's ``GaLoreAdamW`` for the whole model
+    (:func:`parmem.quant.galore_state_bytes`), with the parameter groups of GaLore's own
+    training script (``torchrun_main.py``: every ``nn.Linear`` whose module name contains
+    ``attn`` or ``mlp`` is projected at ``rank``; the embedding, the norms and the LM head keep
+    two full moments). ``itemsize``: the gradients' bytes (2 for a bf16 model). Refused: a
+    mixture of experts and the families outside :data:`GALORE_FAMILIES` (fused or ``Conv1D``
+    projections)."""
+    shapes, other, outer = galore_groups(spec)
+    layer = galore_state_bytes(
+        shapes, rank, other_numels=other, itemsize=itemsize, proj_type=proj_type
+    )
+    ends = galore_state_bytes([], rank, other_numels=outer, itemsize=itemsize, proj_type=proj_type)
+    return spec.layers * layer + ends

@@ -28,13 +28,15 @@ with its default:
 * ``recompute``: ``none``, ``selective`` or ``full``, ``none``;
 * ``seq``: sequence length s, 4096; ``b``: micro-batch size, 1; ``m``: micro-batches per step, 1;
 * ``precision``: ``bf16-mixed``, ``fp16-mixed``, ``bf16`` or ``fp32``, ``bf16-mixed``;
+  ``optimizer``: an optimizer preset (``parmem.config.OPTIMIZERS``), ``adamw``;
 * ``flash``: fused attention (no s x s scores kept): ``auto`` (the engine's kernel), 1 or 0,
   ``auto``;
 * ``adapter``: fine-tuning with ``engine=hf``: ``none`` (every weight trained), ``lora`` or
   ``qlora`` (the ``adapter`` of :class:`parmem.config.TrainingSetup`), ``none``; ``r``: the
   LoRA rank, 16; ``targets``: ``all-linear``, ``attention`` or ``qv``, ``all-linear``;
   ``quant``: QLoRA's ``nf4`` or ``fp4``, ``nf4``; ``offload_act``: every saved activation to
-  the host, 0 or 1, 0;
+  the host, 0 or 1, 0; ``fp8``: FP8 linear layers, ``none``, ``torchao`` or ``te``, ``none``;
+  ``galore_r``: GaLore's rank with ``optimizer=galore-adamw``, 128;
 * ``solve``: ``seq`` (the longest sequence) or ``b`` (the largest micro-batch) that fits this
   layout, judged on the high bound (:func:`parmem.fit.max_seq_len`,
   :func:`parmem.fit.max_micro_batch`), ``none``.
@@ -83,7 +85,9 @@ from ..bounds import bounds
 from ..config import (
     ADAPTERS,
     BASE_QUANTS,
+    FP8_RECIPES,
     LORA_TARGETS,
+    OPTIMIZERS,
     PRECISIONS,
     RECOMPUTE,
     ParallelConfig,
@@ -130,12 +134,15 @@ CALC_FIELDS: dict[str, tuple[str, str]] = {
     "b": ("1", "micro-batch size"),
     "m": ("1", "micro-batches per step"),
     "precision": ("bf16-mixed", "number formats"),
+    "optimizer": ("adamw", "optimizer (its states per parameter; galore-adamw: engine hf)"),
     "flash": ("auto", "fused attention (no s x s scores kept): auto (the engine's kernel), 1 or 0"),
     "adapter": ("none", "fine-tuning: none (every weight trained), lora or qlora (engine hf)"),
     "r": ("16", "LoRA rank"),
     "targets": ("all-linear", "layers with adapters: all-linear, attention or qv"),
     "quant": ("nf4", "QLoRA's 4-bit base format: nf4 or fp4"),
     "offload_act": ("0", "saved activations to the host (save_on_cpu), 0 or 1"),
+    "fp8": ("none", "FP8 linear layers (engine hf, bf16): none, torchao or te"),
+    "galore_r": ("128", "GaLore's rank (optimizer galore-adamw)"),
     "solve": ("none", "find the largest that fits on the high bound: none, seq or b"),
 }
 
@@ -173,6 +180,7 @@ _LIBRARY_NAMES = {
     "lora_targets": "targets",
     "base_quant": "quant",
     "offload_activations": "offload_act",
+    "galore_rank": "galore_r",
     "name": "model",
 }
 _NAMED = re.compile(r"(?<![A-Za-z0-9_])(?:--)?([a-z][a-z0-9_]*)\s*=")
@@ -284,6 +292,7 @@ def _calc_inputs(v: Mapping[str, str]) -> tuple[ModelSpec, ParallelConfig, Train
         micro_batch=_int(v, "b"),
         num_microbatches=_int(v, "m"),
         precision=_one_of(v, "precision", tuple(PRECISIONS)),
+        optimizer=_one_of(v, "optimizer", tuple(OPTIMIZERS)),
         recompute=_one_of(v, "recompute", RECOMPUTE),
         schedule="interleaved" if vpp > 1 else "1f1b",
         flash_attention=_auto_flag(v, "flash"),
@@ -293,6 +302,8 @@ def _calc_inputs(v: Mapping[str, str]) -> tuple[ModelSpec, ParallelConfig, Train
         lora_targets=_one_of(v, "targets", LORA_TARGETS),
         base_quant=_one_of(v, "quant", BASE_QUANTS),
         offload_activations=_flag(v, "offload_act"),
+        fp8=_one_of(v, "fp8", FP8_RECIPES),
+        galore_rank=_int(v, "galore_r"),
     )
     return spec, par, setup
 
@@ -491,6 +502,8 @@ def options() -> dict[str, Any]:
         "adapters": list(ADAPTERS),
         "lora_targets": list(LORA_TARGETS),
         "base_quants": list(BASE_QUANTS),
+        "fp8": list(FP8_RECIPES),
+        "optimizers": list(OPTIMIZERS),
         "emit": ["auto", *ENGINES],
         "calc_fields": {k: {"default": d, "doc": doc} for k, (d, doc) in CALC_FIELDS.items()},
         "plan_fields": {k: {"default": d, "doc": doc} for k, (d, doc) in PLAN_FIELDS.items()},

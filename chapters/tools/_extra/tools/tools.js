@@ -36,6 +36,8 @@ const CHOICES = {
   adapter: (o) => o.adapters,
   targets: (o) => o.lora_targets,
   quant: (o) => o.base_quants,
+  fp8: (o) => o.fp8,
+  optimizer: (o) => o.optimizers,
 };
 const FLAGS = new Set(["sp", "offload_act"]);
 
