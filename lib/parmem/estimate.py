@@ -516,7 +516,8 @@ def _zero3_buffers(lay: Layout, stage: Stage) -> tuple[int, str]:
     if b.zero3_params == "layers":  # the current layer and the prefetched next one
         zero3 += 2 * sizes["param"] * layer
     elif b.zero3_params == "largest-module":
-        zero3 += 2 * sizes["param"] * largest_module_params(spec, par.tp, prof.vocab_multiple)
+        largest = largest_module_params(spec, par.tp, prof.vocab_multiple, par.ep)
+        zero3 += 2 * sizes["param"] * largest
     return zero3, ""
 
 

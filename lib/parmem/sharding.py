@@ -245,18 +245,32 @@ def factored_numel(
     return out[0], out[1]
 
 
-def largest_module_params(spec: Any, tp: int = 1, vocab_multiple: int = 1) -> int:
-    """Parameters of the largest module on one rank: a weight with its bias (``name.weight`` and
-    ``name.bias``), one expert's matrix, the embedding or the LM head; what DeepSpeed's
-    ``model_to_params`` calls ``largest_layer_params`` (the largest
-    ``sum(p.numel() for p in m.parameters(recurse=False))``; modules that fuse several of these
-    tensors, such as GPT-2's ``c_attn``, are larger than this table's largest entry)."""
+def largest_module_params(spec: Any, tp: int = 1, vocab_multiple: int = 1, ep: int = 1) -> int:
+    """Parameters of the largest module on one rank, as Transformers 5.23 builds the modules:
+    what DeepSpeed's ``model_to_params`` (``runtime/zero/stage3.py``, fed to
+    ``estimate_zero3_model_states_mem_needs``) calls ``largest_layer_params``, the largest
+    ``sum(p.numel() for p in m.parameters(recurse=False))`` over ``model.modules()``.
+
+    A module is a weight with its bias (``name.weight`` and ``name.bias``: an ``nn.Linear``, a
+    norm), the embedding or the LM head. The shared experts of a layer are one MLP of
+    shared_experts · expert_ffn_hidden (DeepseekV3MoE's ``shared_experts``,
+    Qwen2MoeSparseMoeBlock's ``shared_expert``): each of its projections is one module of all
+    their rows. The routed experts of a layer are ONE module whose fused 3-D parameters hold
+    every expert (MixtralExperts, PhimoeExperts, GraniteMoeExperts, Qwen2MoeExperts,
+    Qwen3MoeExperts, DeepseekV2Experts, DeepseekV3Experts: ``gate_up_proj`` (E, 2f, h) and
+    ``down_proj`` (E, h, f); Llama4TextExperts and GptOssExperts their transposes, GptOssExperts
+    also ``gate_up_proj_bias`` and ``down_proj_bias``): all of a layer's expert tensors, biases
+    included, summed. Under expert parallelism (``ep``) the module holds its rank's E/e local
+    experts (DeepSpeed's own MoE layer, which the deepspeed profile does not describe, keeps one
+    module per expert instead). Modules that fuse tensors this table keeps apart, such as GPT-2's
+    ``c_attn`` or Phi-3's ``qkv_proj`` and ``gate_up_proj``, are larger than this table's
+    largest entry."""
     sizes: dict[str, int] = {}
     tensors = (*layer_tensors(spec, False), *layer_tensors(spec), *model_tensors(spec))
     for x in dict.fromkeys(tensors):
-        rows, cols = local_shape(spec, x, tp, vocab_multiple)
-        module = x.name.rsplit(".", 1)[0]
-        sizes[module] = sizes.get(module, 0) + rows * cols
+        # "experts.gate.weight" -> "experts" (the fused block), "attn.q.weight" -> "attn.q"
+        module = x.name.rsplit(".", 2 if x.expert else 1)[0]
+        sizes[module] = sizes.get(module, 0) + local_numel(spec, x, tp, ep, vocab_multiple)
     return max(sizes.values())
 
 
