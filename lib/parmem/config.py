@@ -77,11 +77,11 @@ RECOMPUTE: tuple[str, ...] = ("none", "selective", "full")
 SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved")
 #: PyTorch DDP buckets: views of the gradients, or a second copy of them.
 GRAD_BUCKETS: tuple[str, ...] = ("view", "copy")
-#: Fine-tuning: every weight trained (``"none"``), or frozen weights with PEFT's LoRA adapters
-#: (Hu et al. 2022), on a 16-bit base (``"lora"``) or on a bitsandbytes 4-bit base
+#: The fine-tuning method: every weight trained (``"none"``), or frozen weights with PEFT's LoRA
+#: adapters (Hu et al. 2022) on a 16-bit base (``"lora"``) or on a bitsandbytes 4-bit base
 #: (``"qlora"``, Dettmers et al. 2023). :mod:`parmem.lora`, :mod:`parmem.quant`.
 ADAPTERS: tuple[str, ...] = ("none", "lora", "qlora")
-#: Which linear layers get adapters: PEFT's ``target_modules="all-linear"`` (every linear layer
+#: The linear layers with adapters, PEFT's ``target_modules="all-linear"`` (every linear layer
 #: but the output head), the attention projections, or PEFT's classic q and v projections.
 LORA_TARGETS: tuple[str, ...] = ("all-linear", "attention", "qv")
 #: QLoRA's base-weight format: bitsandbytes' 4-bit NormalFloat or 4-bit float.
