@@ -46,6 +46,7 @@ __all__ = [
     "LORA_TARGETS",
     "BASE_QUANTS",
     "FP8_RECIPES",
+    "ADAPTER_OPTIMIZERS",
     "even_split",
 ]
 
@@ -94,8 +95,19 @@ FP8_RECIPES: tuple[str, ...] = ("none", "torchao", "te")
 ADAPTER_ENGINES: tuple[str, ...] = ("hf",)
 #: GaLore's AdamW (galore_torch 1.0), modelled for full fine-tuning under the hf profile
 GALORE = "galore-adamw"
+#: The optimizer presets an adapter setup may use, with the bitsandbytes 0.50.2 optimizer whose
+#: states each one allocates (:func:`parmem.quant.bnb_optimizer_state_bytes`): torch's AdamW
+#: (the Trainer's default, two moments in the adapters' fp32), AdamW8bit, PagedAdamW (32-bit)
+#: and PagedAdamW8bit.
+ADAPTER_OPTIMIZERS: dict[str, str] = {
+    "adamw": "adamw",
+    "adam": "adamw",
+    "adam-8bit": "adamw8bit",
+    "paged-adamw": "paged_adamw",
+    "paged-adam-8bit": "paged_adamw8bit",
+}
 #: bitsandbytes' paged optimizers (states in CUDA unified memory), modelled for adapters only
-PAGED_OPTIMIZERS: tuple[str, ...] = ("paged-adamw", "paged-adam-8bit")
+PAGED_OPTIMIZERS: tuple[str, ...] = tuple(n for n in ADAPTER_OPTIMIZERS if n.startswith("paged"))
 
 
 def even_split(layers: int, p: int) -> tuple[int, ...]:
@@ -314,6 +326,11 @@ class TrainingSetup:
             raise ValueError(
                 f"adapter={self.adapter!r} needs precision 'bf16' or 'fp32' (the weights as "
                 f"loaded; autocast with adapters is not measured), not {self.precision!r}"
+            )
+        if self.optimizer not in ADAPTER_OPTIMIZERS:
+            raise ValueError(
+                f"optimizer={self.optimizer!r} with adapter={self.adapter!r} is not modelled: "
+                f"use one of {', '.join(ADAPTER_OPTIMIZERS)}"
             )
 
     def _check_fp8_galore(self) -> None:

@@ -29,7 +29,14 @@ from typing import Any
 
 from ._check import cdiv, integer
 from .activations import Term, saved_tensor_bytes
-from .config import GALORE, PAGED_OPTIMIZERS, PRECISIONS, ParallelConfig, TrainingSetup
+from .config import (
+    ADAPTER_OPTIMIZERS,
+    GALORE,
+    PAGED_OPTIMIZERS,
+    PRECISIONS,
+    ParallelConfig,
+    TrainingSetup,
+)
 from .engines import SavedTensor, itemsizes
 from .finetune_acts import (
     FROZEN_OUTER_DROPS,
@@ -556,16 +563,6 @@ def _stage_states(lay: Layout, st: Stage) -> tuple[int, int, int, int, int, int]
     )
 
 
-#: bitsandbytes' name of each optimizer preset an adapter setup may use
-_BNB_OPTIMIZERS = {
-    "adamw": "adamw",
-    "adam": "adamw",
-    "adam-8bit": "adamw8bit",
-    "paged-adamw": "paged_adamw",
-    "paged-adam-8bit": "paged_adamw8bit",
-}
-
-
 def _finetune_parts(lay: Layout, st: Stage, kept: int, units: int) -> tuple[int, int, list[str]]:
     """What a fine-tuning setup changes on a stage holding ``units`` micro-batches of its layers:
     (activation bytes to add, host bytes to add, notes). Layer 0 under LoRA keeps less than the
@@ -592,7 +589,7 @@ def _adapter_note(lay: Layout, st: Stage) -> str:
     numels = adapter_tensors(lay, st)
     note = f"{setup.adapter}: {sum(numels):,} trainable parameters (fp32), the rest frozen"
     if setup.optimizer in PAGED_OPTIMIZERS:
-        paged = bnb_paged_state_bytes(numels, optim=_BNB_OPTIMIZERS[setup.optimizer])
+        paged = bnb_paged_state_bytes(numels, optim=ADAPTER_OPTIMIZERS[setup.optimizer])
         note += f"; {paged / GIB:.2f} GiB of optimizer states in CUDA unified memory (pageable)"
     return note
 
@@ -622,11 +619,6 @@ def _adapter_states(lay: Layout, st: Stage) -> tuple[int, int, int, int, int, in
     its 8-bit and paged optimizers (:func:`parmem.quant.bnb_optimizer_state_bytes`) and as
     ``torch.optim.AdamW`` does (two fp32 moments)."""
     spec, setup = lay.spec, lay.setup
-    if setup.optimizer not in _BNB_OPTIMIZERS:
-        raise ValueError(
-            f"optimizer={setup.optimizer!r} with adapter={setup.adapter!r} is not modelled: "
-            f"use one of {', '.join(_BNB_OPTIMIZERS)}"
-        )
     param = _sizes(lay)["param"]
     if setup.adapter == "qlora":
         q, dq = setup.base_quant, setup.double_quant
@@ -638,7 +630,7 @@ def _adapter_states(lay: Layout, st: Stage) -> tuple[int, int, int, int, int, in
         base = param * st.params
     numels = adapter_tensors(lay, st)
     n = sum(numels)
-    opt = bnb_optimizer_state_bytes(numels, optim=_BNB_OPTIMIZERS[setup.optimizer]) if n else 0
+    opt = bnb_optimizer_state_bytes(numels, optim=ADAPTER_OPTIMIZERS[setup.optimizer]) if n else 0
     return st.params + n, base + 4 * n, 4 * n, opt, 0, 0
 
 

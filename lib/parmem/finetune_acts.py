@@ -31,6 +31,7 @@ dropout masks instead of the adapter dtype), not measured on a GPU.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from ._check import boolean, choice, integer, number
 from .activations import Term, layer_terms
@@ -279,38 +280,11 @@ def lora_layer_terms(
     return kept + _adapter_terms(spec, tokens, rank, mods, dropout, sizes, flash, input_grad)
 
 
-def lora_layer_bytes(
-    spec: ModelSpec,
-    seq_len: int,
-    micro_batch: int,
-    rank: int,
-    targets: str | Iterable[str],
-    dropout: bool,
-    act_itemsize: int,
-    device: str = "cuda",
-    flash: bool = True,
-    base: str = "16bit",
-    *,
-    adapter_itemsize: int = 4,
-    input_grad: bool = True,
-) -> int:
-    """Bytes of :func:`lora_layer_terms`: one decoder layer under LoRA/QLoRA, one micro-batch
-    (the ``layer`` table; the rotary cos/sin of the ``stage`` table come once per stage)."""
-    terms = lora_layer_terms(
-        spec,
-        seq_len,
-        micro_batch,
-        rank,
-        targets,
-        dropout,
-        act_itemsize,
-        device,
-        flash,
-        base,
-        adapter_itemsize=adapter_itemsize,
-        input_grad=input_grad,
-    )
-    return sum(t.bytes for t in terms)
+def lora_layer_bytes(*args: Any, **kwargs: Any) -> int:
+    """Bytes of :func:`lora_layer_terms`, with the same arguments: one decoder layer under
+    LoRA/QLoRA, one micro-batch (the ``layer`` table; the rotary cos/sin of the ``stage`` table
+    come once per stage)."""
+    return sum(t.bytes for t in lora_layer_terms(*args, **kwargs))
 
 
 # ---------------------------------------------------------------------------- FP8 training
@@ -401,21 +375,10 @@ def fp8_layer_terms(
     return kept + _te_terms(spec, seq_len * micro_batch, flash, weight_cache)
 
 
-def fp8_layer_bytes(
-    spec: ModelSpec,
-    seq_len: int,
-    micro_batch: int,
-    recipe: str = "torchao",
-    act_itemsize: int = 2,
-    device: str = "cuda",
-    flash: bool = True,
-    weight_cache: bool = False,
-) -> int:
-    """Bytes of :func:`fp8_layer_terms` (one layer, one micro-batch; ``stage`` table apart)."""
-    terms = fp8_layer_terms(
-        spec, seq_len, micro_batch, recipe, act_itemsize, device, flash, weight_cache
-    )
-    return sum(t.bytes for t in terms)
+def fp8_layer_bytes(*args: Any, **kwargs: Any) -> int:
+    """Bytes of :func:`fp8_layer_terms`, with the same arguments (one layer, one micro-batch;
+    the ``stage`` table apart)."""
+    return sum(t.bytes for t in fp8_layer_terms(*args, **kwargs))
 
 
 def fp8_weight_cache_bytes(spec: ModelSpec, recipe: str = "torchao") -> int:

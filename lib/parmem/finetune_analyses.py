@@ -26,6 +26,7 @@ from typing import Any
 
 from ._check import MAX_SEQ_LEN, cdiv, choice, instance, integer, number
 from .activations import layer_terms
+from .config import ADAPTER_OPTIMIZERS as BNB_NAMES
 from .config import PAGED_OPTIMIZERS, ParallelConfig, TrainingSetup
 from .estimate import adapter_tensors, estimate
 from .finetune_acts import fp8_layer_bytes, fp8_weight_cache_bytes, offload_pcie_seconds
@@ -62,11 +63,10 @@ __all__ = [
 
 #: full fine-tuning (every weight trained), LoRA on 16-bit weights, LoRA on 4-bit weights
 METHODS = ("full", "lora", "qlora")
-#: the optimizers an adapter setup may use (``TrainingSetup.optimizer``): torch AdamW,
-#: bitsandbytes' AdamW8bit, PagedAdamW (32-bit) and PagedAdamW8bit
-ADAPTER_OPTIMIZERS = ("adamw", "adam-8bit", "paged-adamw", "paged-adam-8bit")
-#: the paged presets as bitsandbytes names them (:data:`parmem.quant.BNB_OPTIMIZERS`)
-_BNB_PAGED = {"paged-adamw": "paged_adamw", "paged-adam-8bit": "paged_adamw8bit"}
+#: the optimizers the chapter compares for adapters (:data:`parmem.config.ADAPTER_OPTIMIZERS`
+#: without its ``adam`` alias): torch AdamW, bitsandbytes' AdamW8bit, PagedAdamW (32-bit) and
+#: PagedAdamW8bit
+ADAPTER_OPTIMIZERS = tuple(n for n in BNB_NAMES if n != "adam")
 
 
 # ---------------------------------------------------------------------------- the methods
@@ -177,7 +177,7 @@ def _paged(spec: ModelSpec, setup: TrainingSetup, dp: int) -> tuple[int, int]:
     numels = _adapter_numels(spec, setup, integer("dp", dp))
     if not numels:
         return 0, 0
-    optim = _BNB_PAGED[setup.optimizer]
+    optim = BNB_NAMES[setup.optimizer]
     return bnb_paged_state_bytes(numels, optim), bnb_paged_state_bytes([max(numels)], optim)
 
 

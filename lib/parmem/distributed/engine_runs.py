@@ -60,6 +60,7 @@ __all__ = [
     "hf_layer",
     "hf_model",
     "hf_spec",
+    "during_forward",
     "triton_stub",
     "datasets_stub",
     "torchtitan_modules",
@@ -223,20 +224,9 @@ def hf_layer(
     body = model.transformer if family == "gpt2" else model.model
     layer = body.h[0] if family == "gpt2" else body.layers[0]
     meter = SavedTensorsMeter(exclude=model.parameters())
-
-    def enter(*_: Any) -> None:  # a pre-hook's return value would replace the layer's input
-        meter.__enter__()
-
-    hooks = [
-        layer.register_forward_pre_hook(enter),
-        layer.register_forward_hook(lambda *a: meter.__exit__(None, None, None)),
-    ]
-    try:
+    with during_forward(layer, meter):
         ids = torch.randint(0, _VOCAB, (micro_batch, seq_len))
         _forward(model, ids, False, autocast).backward()
-    finally:
-        for h in hooks:
-            h.remove()
     spec = hf_spec(family, attn)
     act = 2 if dtype == "bf16" or autocast else 4
     kw = {"autocast": True} if autocast else {}
@@ -339,6 +329,26 @@ def _placeholders(names: tuple[str, ...], stub: bool) -> Iterator[None]:
         if stub:
             for n in names:
                 sys.modules.pop(n, None)
+
+
+@contextlib.contextmanager
+def during_forward(module: Any, ctx: Any) -> Iterator[Any]:
+    """Enter the context ``ctx`` (a saved-tensors meter) for the span of each forward of
+    ``module`` only: a forward pre-hook enters it, a forward hook leaves it; the hooks are
+    removed on leaving the ``with`` block."""
+
+    def enter(*_: Any) -> None:  # a pre-hook's return value would replace the module's input
+        ctx.__enter__()
+
+    handles = [
+        module.register_forward_pre_hook(enter),
+        module.register_forward_hook(lambda *a: ctx.__exit__(None, None, None)),
+    ]
+    try:
+        yield ctx
+    finally:
+        for h in handles:
+            h.remove()
 
 
 @contextlib.contextmanager

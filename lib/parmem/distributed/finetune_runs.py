@@ -25,7 +25,7 @@ from typing import Any
 
 from parmem._check import choice, integer, number
 
-from .engine_runs import HF_CASES, HF_TINY
+from .engine_runs import HF_CASES, HF_TINY, during_forward
 
 __all__ = [
     "peft_layer",
@@ -149,22 +149,9 @@ def _run(model, layer: int, seq_len: int, micro_batch: int, hooks: Callable[[], 
     decoder layer ``layer`` only, then backward; returns the context."""
     import torch
 
-    ctx = hooks()
-    mod = _layer(model, layer)
-
-    def enter(*_: Any) -> None:  # a pre-hook's return value would replace the layer's input
-        ctx.__enter__()
-
-    handles = [
-        mod.register_forward_pre_hook(enter),
-        mod.register_forward_hook(lambda *a: ctx.__exit__(None, None, None)),
-    ]
-    try:
+    with during_forward(_layer(model, layer), hooks()) as ctx:
         ids = torch.randint(0, VOCAB, (micro_batch, seq_len))
         model(input_ids=ids, use_cache=False).logits.float().sum().backward()
-    finally:
-        for h in handles:
-            h.remove()
     return ctx
 
 
