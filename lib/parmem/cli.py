@@ -294,7 +294,7 @@ def _cmd_kv(args) -> int:
 
 def _cmd_serve(args) -> int:
     spec = _model(args.model)
-    w = _weight_bytes(spec, args.weights) // args.tp
+    w = _weight_bytes(spec, args.weights, tp=args.tp)
     kv = kv_cache_bytes(spec, args.seq, args.batch, args.kv_dtype, args.tp)
     out = {
         "model": spec.name,
@@ -308,9 +308,66 @@ def _cmd_serve(args) -> int:
         write_out(
             f"{spec.name} at tp={args.tp}: weights ({args.weights}) {w / GIB:.2f} GiB + KV cache "
             f"({args.kv_dtype}, {args.batch} x {args.seq}) {kv / GIB:.2f} GiB = "
-            f"{(w + kv) / GIB:.2f} GiB per GPU (GiB = 2**30 bytes; weights split evenly by t)"
+            f"{(w + kv) / GIB:.2f} GiB per GPU (GiB = 2**30 bytes; weights as the sharding table "
+            "splits them, norms replicated)"
         )
     return 0
+
+
+def _cmd_startup(args) -> int:
+    from .serving import check_command, emit_command, startup
+
+    spec = _model(args.model)
+    gpu = args.gpu
+    r = startup(
+        spec,
+        gpu,
+        engine=args.engine,
+        tp=args.tp,
+        pp=args.pp,
+        quantization=args.quantization,
+        dtype=args.dtype,
+        kv_cache_dtype=args.kv_cache_dtype,
+        utilization=args.utilization,
+        max_model_len=args.max_model_len,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_num_seqs=args.max_num_seqs,
+    )
+    if args.emit:
+        cmd = emit_command(
+            args.engine,
+            args.model,
+            tp=args.tp,
+            pp=args.pp,
+            max_model_len=r.max_model_len,
+            utilization=args.utilization,
+            quantization=args.quantization,
+            kv_cache_dtype=args.kv_cache_dtype,
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+        )
+        check_command(args.engine, cmd)
+        write_out(cmd if r.starts else f"{cmd}\n# {r.verdict}")
+        return 0 if r.starts else 1
+    if args.json:
+        from dataclasses import asdict
+
+        write_out(strict_json({"model": spec.name, **asdict(r)}))
+        return 0
+    rows = [
+        ("weights", r.weights),
+        ("activation peak (profiled)", r.activation),
+        ("non-torch memory", r.non_torch),
+        ("KV cache", r.kv),
+    ]
+    lines = [
+        f"{spec.name} on {args.engine} {args.gpu} tp={args.tp} pp={args.pp} "
+        f"(per GPU, GiB = 2**30 bytes; budget {r.budget / GIB:.2f} of {r.total / GIB:.2f})"
+    ]
+    lines += [f"  {k:<28}{v / GIB:>9.2f}" for k, v in rows]
+    lines += [f"  KV tokens {r.tokens:,}; longest request {r.longest:,} tokens", f"  {r.verdict}"]
+    write_out("\n".join(lines))
+    return 0 if r.starts else 1
 
 
 def _int(lo: int = 1, hi: int = MAX_GPUS) -> Callable[[str], int]:
@@ -580,6 +637,36 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-dtype", default="fp16", choices=tuple(KV_DTYPES))
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_cmd_serve)
+
+    from .serving import DTYPES, ENGINES, QUANTIZATIONS, SERVE_KV_DTYPES
+
+    p = sub.add_parser(
+        "serve", help="startup memory and KV cache of a serving engine (vLLM, SGLang, TRT-LLM)"
+    )
+    p.add_argument("--model", required=True, help="preset name or path to a config.json")
+    p.add_argument("--engine", choices=tuple(ENGINES), default="vllm")
+    p.add_argument("--gpu", default="h100-sxm", help="hardware preset (see data/hardware.toml)")
+    p.add_argument("--tp", type=_int(), default=1)
+    p.add_argument("--pp", type=_int(), default=1)
+    p.add_argument("--quantization", choices=tuple(QUANTIZATIONS), default="none")
+    p.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
+    p.add_argument("--kv-cache-dtype", choices=tuple(SERVE_KV_DTYPES), default="auto")
+    p.add_argument(
+        "--utilization",
+        type=_real(0, 1),
+        default=None,
+        help="vLLM gpu_memory_utilization / SGLang mem_fraction_static / TRT-LLM free fraction",
+    )
+    p.add_argument("--max-model-len", type=_int(1, MAX_SEQ_LEN), default=None)
+    p.add_argument("--max-num-seqs", type=_int(1, MAX_BATCH), default=None)
+    p.add_argument("--max-num-batched-tokens", type=_int(1, MAX_SEQ_LEN), default=None)
+    p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--emit",
+        action="store_true",
+        help="print the engine's launch command (exit 1 if it would not start)",
+    )
+    p.set_defaults(func=_cmd_startup)
 
     p = sub.add_parser("plan", help="search parallel layouts for a model on a cluster")
     p.add_argument("--model", required=True, help="preset name or path to a config.json")
