@@ -18,14 +18,24 @@ from parmem.serving import (
 
 GIB = 2**30
 # one layer, h = 256, 4 heads of 64 (2 kv heads), f = 512, V = 1000, untied, RMSNorm, SwiGLU
-TINY = ModelSpec(name="tiny", vocab_size=1000, hidden=256, layers=1, heads=4, kv_heads=2,
-                 ffn_hidden=512, ffn_kind="swiglu", norm="rmsnorm", max_positions=64)
+TINY = ModelSpec(
+    name="tiny",
+    vocab_size=1000,
+    hidden=256,
+    layers=1,
+    heads=4,
+    kv_heads=2,
+    ffn_hidden=512,
+    ffn_kind="swiglu",
+    norm="rmsnorm",
+    max_positions=64,
+)
 # its matrices (out, in): q 256x256, k 128x256, v 128x256, o 256x256, gate 512x256, up 512x256,
 # down 256x512: 2 * 65,536 + 2 * 32,768 + 3 * 131,072 = 589,824 values in 7 matrices
 LINEAR = 589_824
 ROWS = 256 + 128 + 128 + 256 + 512 + 512 + 256  # output rows of the 7 matrices
-OTHER = 2 * 1000 * 256 + 3 * 256                 # embedding, LM head, 3 RMSNorm weights
-ROPE = 64 * 64 * 2                               # max_positions x head_dim, bf16
+OTHER = 2 * 1000 * 256 + 3 * 256  # embedding, LM head, 3 RMSNorm weights
+ROPE = 64 * 64 * 2  # max_positions x head_dim, bf16
 
 
 def test_rope_cache():
@@ -42,24 +52,49 @@ def test_fp8_per_shard_and_per_channel():
     # one fp32 scale per matrix (per fused shard): 7 scales
     assert loaded_weight_bytes(TINY, "fp8", rope_cache=False) == LINEAR + 7 * 4 + 2 * OTHER
     assert loaded_weight_bytes(TINY, "fp8-channel", rope_cache=False) == (
-        LINEAR + 4 * ROWS + 2 * OTHER)
+        LINEAR + 4 * ROWS + 2 * OTHER
+    )
 
 
 def test_int4_group_layouts():
-    groups = sum(r * -(-c // 128) for r, c in ((256, 256), (128, 256), (128, 256), (256, 256),
-                                               (512, 256), (512, 256), (256, 512)))
+    groups = sum(
+        r * -(-c // 128)
+        for r, c in (
+            (256, 256),
+            (128, 256),
+            (128, 256),
+            (256, 256),
+            (512, 256),
+            (512, 256),
+            (256, 512),
+        )
+    )
     # GPTQ/AWQ: 4-bit values, an fp16 scale and a packed 4-bit zero point per group
     assert loaded_weight_bytes(TINY, "gptq", rope_cache=False) == (
-        LINEAR // 2 + 2 * groups + groups // 2 + 2 * OTHER)
+        LINEAR // 2 + 2 * groups + groups // 2 + 2 * OTHER
+    )
     # compressed-tensors W4A16 (symmetric): no zero points
     assert loaded_weight_bytes(TINY, "w4a16", rope_cache=False) == (
-        LINEAR // 2 + 2 * groups + 2 * OTHER)
+        LINEAR // 2 + 2 * groups + 2 * OTHER
+    )
 
 
 def test_mxfp4_touches_experts_only_and_pads():
-    moe = ModelSpec(name="tiny-moe", vocab_size=1000, hidden=256, layers=1, heads=4, kv_heads=2,
-                    ffn_hidden=512, ffn_kind="swiglu", norm="rmsnorm", num_experts=4, top_k=2,
-                    expert_ffn_hidden=200, max_positions=64)
+    moe = ModelSpec(
+        name="tiny-moe",
+        vocab_size=1000,
+        hidden=256,
+        layers=1,
+        heads=4,
+        kv_heads=2,
+        ffn_hidden=512,
+        ffn_kind="swiglu",
+        norm="rmsnorm",
+        num_experts=4,
+        top_k=2,
+        expert_ffn_hidden=200,
+        max_positions=64,
+    )
     with pytest.raises(ValueError, match="mxfp4"):
         loaded_weight_bytes(TINY, "mxfp4")
     bf16 = loaded_weight_bytes(moe, rope_cache=False)
@@ -68,10 +103,12 @@ def test_mxfp4_touches_experts_only_and_pads():
     # 4 experts x 3 matrices x 256 x 256 values, 4.25 bits each
     padded = 4 * 3 * 256 * 256
     assert loaded_weight_bytes(moe, "mxfp4", rope_cache=False) == (
-        bf16 - 2 * experts + padded // 2 + padded // 32)
+        bf16 - 2 * experts + padded // 2 + padded // 32
+    )
     # Triton pads it to 256 too (a multiple of 64 from 200)
     assert loaded_weight_bytes(moe, "mxfp4", rope_cache=False, mxfp4_backend="triton") == (
-        bf16 - 2 * experts + padded // 2 + padded // 32)
+        bf16 - 2 * experts + padded // 2 + padded // 32
+    )
 
 
 def test_tensor_and_pipeline_parallel_weights():
@@ -130,9 +167,17 @@ def test_sglang_and_trtllm_budgets():
 @pytest.mark.parametrize("engine", ["vllm", "sglang", "trtllm"])
 def test_emitted_commands_pass_the_recorded_parsers(engine):
     kw = {} if engine == "trtllm" else {"quantization": "awq", "kv_cache_dtype": "fp8"}
-    cmd = emit_command(engine, "meta-llama/Llama-3.1-8B-Instruct", tp=4, pp=2,
-                       max_model_len=32768, utilization=0.9, max_num_seqs=256,
-                       max_num_batched_tokens=8192, **kw)
+    cmd = emit_command(
+        engine,
+        "meta-llama/Llama-3.1-8B-Instruct",
+        tp=4,
+        pp=2,
+        max_model_len=32768,
+        utilization=0.9,
+        max_num_seqs=256,
+        max_num_batched_tokens=8192,
+        **kw,
+    )
     check_command(engine, cmd)
     assert "4" in cmd.split() and "32768" in cmd.split()
 
@@ -148,9 +193,13 @@ def test_check_command_catches_bad_flags():
 
 def test_bad_input_names_the_field():
     l8 = ModelSpec.preset("llama-3-8b")
-    for kw, field in (({"quantization": "int3"}, "quantization"), ({"tp": 0}, "tp"),
-                      ({"utilization": 1.5}, "utilization"), ({"engine": "tgi"}, "engine"),
-                      ({"kv_cache_dtype": "fp4"}, "kv_cache_dtype")):
+    for kw, field in (
+        ({"quantization": "int3"}, "quantization"),
+        ({"tp": 0}, "tp"),
+        ({"utilization": 1.5}, "utilization"),
+        ({"engine": "tgi"}, "engine"),
+        ({"kv_cache_dtype": "fp4"}, "kv_cache_dtype"),
+    ):
         with pytest.raises(ValueError, match=field):
             startup(l8, **kw)
     assert set(QUANTIZATIONS) >= {"fp8", "awq", "gptq", "mxfp4", "nvfp4"}

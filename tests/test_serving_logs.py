@@ -47,13 +47,8 @@ MISSES = {
     # an older vLLM (Oct 2025, PyTorch 2.8) whose profiling run was larger than 0.19's
     "vllm-gpt-oss-120b-h100-u095-dns": "vLLM before 0.19 (larger profiling peak)",
 }
-#: logs whose numbers cannot be compared: what is missing
-UNSCORED = {
-    "vllm-qwen3-235b-a22b-fp8-4xh100": "LMCache connector configured; version unknown",
-    "vllm-llama31-8b-l40s-v1": "gpu_memory_utilization not stated",
-    "sglang-llama31-8b-fa3": "GPU not stated",
-    "sglang-qwen3-235b-a22b-fp8-4xh100": "free memory before loading not printed",
-}
+#: logs whose numbers cannot be compared, with what is missing (the data says)
+UNSCORED = {e["id"]: e["unscored"] for e in LOGS if e.get("unscored")}
 
 
 def _held_out() -> list[str]:
@@ -67,7 +62,7 @@ def test_the_scored_set_is_wide_enough():
     assert len(held) >= 8 and len(models) >= 5 and {"fp8", "mxfp4", "gptq_marlin"} <= quants
 
 
-@pytest.mark.parametrize("log_id", [i for i in SCORED if i not in MULTIMODAL])
+@pytest.mark.parametrize("log_id", [i for i in SCORED if i not in MULTIMODAL | set(UNSCORED)])
 def test_weights_kv_and_tokens_match_the_log(log_id):
     e = BY_ID[log_id]
     got = predict_log(e)
@@ -86,10 +81,18 @@ def test_weights_kv_and_tokens_match_the_log(log_id):
     assert got.starts == e["starts"] or log_id in MISSES
 
 
-@pytest.mark.parametrize("log_id", [e["id"] for e in LOGS if e["engine"] == "vllm"
-                                    and e.get("kv_tokens") and "kv_cache_gib" in e
-                                    and str(e.get("engine_version", "")).startswith("0.19")
-                                    and e["id"] not in MULTIMODAL])
+@pytest.mark.parametrize(
+    "log_id",
+    [
+        e["id"]
+        for e in LOGS
+        if e["engine"] == "vllm"
+        and e.get("kv_tokens")
+        and "kv_cache_gib" in e
+        and str(e.get("engine_version", "")).startswith("0.19")
+        and e["id"] not in MULTIMODAL
+    ],
+)
 def test_tokens_from_the_logged_kv_memory(log_id):
     """vLLM's block arithmetic alone: the log's own KV memory gives the log's token count, to
     the rounding of the printed GiB (two decimals)."""
@@ -117,6 +120,12 @@ def test_does_not_start_logs(log_id):
 @pytest.mark.parametrize("log_id", sorted(MULTIMODAL))
 def test_multimodal_checkpoints_are_refused_by_name(log_id):
     with pytest.raises(ValueError, match="vision encoder"):
+        predict_log(BY_ID[log_id])
+
+
+@pytest.mark.parametrize("log_id", sorted(UNSCORED))
+def test_unscored_logs_are_refused_with_the_reason(log_id):
+    with pytest.raises(ValueError, match="not predicted"):
         predict_log(BY_ID[log_id])
 
 

@@ -64,6 +64,7 @@ __all__ = [
     "startup",
     "emit_command",
     "check_command",
+    "log_rows",
 ]
 
 GIB = 2**30
@@ -774,7 +775,10 @@ def log_spec(entry: dict) -> ModelSpec:
 
 def predict_log(entry: dict) -> Startup:
     """:func:`startup` for a recorded log's engine, layout and settings (``data/serving_logs.toml``),
-    on the device memory the log prints."""
+    on the device memory the log prints; a log whose settings are incomplete (``unscored``) is
+    refused with the reason."""
+    if entry.get("unscored"):
+        raise ValueError(f"log {entry['id']!r}: not predicted: {entry['unscored']}")
     spec = log_spec(entry)
     quant = {
         "none": "none",
@@ -809,3 +813,40 @@ def predict_log(entry: dict) -> Startup:
         total_bytes=total,
         free_bytes=None if free is None else round(free * GIB),
     )
+
+
+def log_rows() -> list[dict]:
+    """Every recorded log of ``data/serving_logs.toml`` beside parmem's prediction: id, engine
+    and version, model, GPUs, quantisation, measured and predicted weights and KV cache (GiB,
+    one GPU) and tokens, whether it started and whether parmem says it starts; ``note`` names
+    why a row has no prediction (a multimodal checkpoint, a missing setting)."""
+    from ._data import load_toml
+
+    rows = []
+    for e in load_toml("serving_logs.toml")["log"]:
+        row = {
+            "log": e["id"],
+            "engine": f"{e['engine']} {e.get('engine_version', '?')}",
+            "model": e["model"].split("/")[-1].split(" ")[0],
+            "t×p": f"{e.get('tp', 1)}×{e.get('pp', 1)}",
+            "quantization": e.get("quantization", "none"),
+            "weights (log)": e.get("weights_gib"),
+            "KV (log)": e.get("kv_cache_gib"),
+            "tokens (log)": e.get("kv_tokens"),
+            "started": e["starts"],
+        }
+        try:
+            got = predict_log(e)
+        except ValueError as err:
+            row["note"] = str(err).split(": ", 1)[-1]
+        else:
+            row.update(
+                {
+                    "weights": got.weights / GIB,
+                    "KV": got.kv / GIB,
+                    "tokens": got.tokens,
+                    "starts": got.starts,
+                }
+            )
+        rows.append(row)
+    return rows
