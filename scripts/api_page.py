@@ -47,6 +47,8 @@ ORDER = [
     "parmem.finetune_analyses",
     "parmem.inference",
     "parmem.kvcache",
+    "parmem.serving",
+    "parmem.serving_latency",
     "parmem.analyses",
     "parmem.engine_analyses",
     "parmem.allocator",

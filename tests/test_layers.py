@@ -18,6 +18,8 @@ same layer may not import each other either, so that a formula cannot drift into
     estimate, inference                   the estimator; serving memory (and its traffic)
     allocator, traces, analyses,          the allocator simulator and its traces; studies;
     engine_analyses,                      one job under each engine profile;
+    serving, serving_latency,             serving engines' startup memory; the roofline of
+                                          serving (TTFT, TPOT);
     measure, reference                    the torch side
     bounds                                allocated, reserved and the high bound
     fit                                   the inverse queries (what fits)
@@ -48,7 +50,7 @@ LAYERS: list[set[str]] = [
     {"comm", "flops"},
     {"estimate", "inference"},
     {"allocator", "traces", "analyses", "engine_analyses", "measure", "reference",
-     "finetune_analyses"},
+     "finetune_analyses", "serving", "serving_latency"},
     {"bounds"},
     {"fit"},
     {"planner"},

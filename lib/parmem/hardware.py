@@ -11,7 +11,9 @@ Conventions:
 * latency is the alpha of the alpha-beta (Hockney) model, in seconds; it is a
   modelling assumption, stated as such in the YAML;
 * memory is what ``nvidia-smi`` reports as total (MiB, converted to bytes), not
-  the marketing "80 GB".
+  the marketing "80 GB";
+* memory bandwidth is the HBM peak of the datasheet's "GPU Memory Bandwidth" row, in bytes/s
+  (H100 SXM "3.35TB/s" is 3.35e12 B/s).
 
 Example:
     >>> from parmem.hardware import hardware_preset
@@ -20,11 +22,14 @@ Example:
     81559
     >>> hw.intra_node.bandwidth
     450000000000.0
+    >>> hw.memory_bandwidth
+    3350000000000.0
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from typing import Any
 
 from parmem._check import integer, number
@@ -38,6 +43,7 @@ __all__ = [
     "link_preset",
     "link_presets",
     "usable_bytes",
+    "device_memory_bytes",
 ]
 
 _FILE = "hardware.toml"
@@ -106,6 +112,8 @@ class Hardware:
         pcie: host link.
         description: product name.
         source: datasheet citation.
+        memory_bandwidth: HBM bandwidth, bytes/s, > 0 (the datasheet's "GPU Memory Bandwidth";
+            keyword-only; leaving it out is a ``ValueError`` naming it, like any bad value).
     """
 
     name: str
@@ -116,6 +124,7 @@ class Hardware:
     pcie: Link
     description: str = ""
     source: str = ""
+    memory_bandwidth: float = dataclass_field(default=0.0, kw_only=True)
 
     def __post_init__(self) -> None:
         if (
@@ -134,6 +143,11 @@ class Hardware:
         for field in ("intra_node", "inter_node", "pcie"):
             if not isinstance(getattr(self, field), Link):
                 raise ValueError(f"Hardware {self.name!r}: {field} must be a Link")
+        if not _is_number(self.memory_bandwidth) or self.memory_bandwidth <= 0:
+            raise ValueError(
+                f"Hardware {self.name!r}: memory_bandwidth={self.memory_bandwidth!r:.40} must be a "
+                "number > 0 (HBM bytes/s)"
+            )
 
     @property
     def memory_gib(self) -> float:
@@ -192,7 +206,8 @@ def link_preset(name: str) -> Link:
 def hardware_preset(name: str) -> Hardware:
     """The :class:`Hardware` preset ``name`` (one of :func:`hardware_presets`).
 
-    ``memory_bytes`` is ``memory_mib * 2**20`` from the YAML. Sources are in
+    ``memory_bytes`` is ``memory_mib * 2**20`` from the YAML; ``memory_bandwidth`` is read as
+    bytes/s. Sources are in
     ``data/hardware.toml`` and in the returned ``source`` field.
 
     Raises:
@@ -215,6 +230,7 @@ def hardware_preset(name: str) -> Hardware:
         name=name,
         memory_bytes=mib * 2**20,
         peak_flops_bf16=_number(entry, "peak_flops_bf16", where),
+        memory_bandwidth=_number(entry, "memory_bandwidth", where),
         description=str(entry.get("description", "")),
         source=" ".join(str(entry.get("source", "")).split()),
         **links,
@@ -227,3 +243,21 @@ def usable_bytes(hardware: Hardware, margin: float) -> int:
     10, :data:`parmem.fit.MARGIN`)."""
     m = number("margin", margin, 0.0, 1.0, hi_open=True)
     return int(hardware.memory_bytes * (1 - m))
+
+
+def device_memory_bytes(gpu: object) -> int:
+    """The device memory of ``gpu``: bytes (an int), a :class:`Hardware` or a preset name; a
+    ValueError names ``gpu`` otherwise."""
+    if isinstance(gpu, str):
+        try:
+            return hardware_preset(gpu).memory_bytes
+        except ValueError as e:
+            raise ValueError(f"gpu={gpu!r:.60}: {e}") from None
+    if hasattr(gpu, "memory_bytes"):
+        return int(gpu.memory_bytes)
+    if isinstance(gpu, bool) or not isinstance(gpu, int) or not 0 < gpu <= MAX_MEMORY_BYTES:
+        raise ValueError(
+            f"gpu={gpu!r:.40} must be bytes (an integer in 1..{MAX_MEMORY_BYTES}), a Hardware "
+            "or a preset name"
+        )
+    return gpu

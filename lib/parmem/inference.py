@@ -30,7 +30,7 @@ from ._check import (
 )
 from .comm import collective_bytes, collective_time
 from .config import even_split
-from .hardware import MAX_MEMORY_BYTES
+from .hardware import MAX_MEMORY_BYTES, device_memory_bytes
 from .kvcache import KV_DTYPES, kv_cache_bytes, kv_cache_bytes_per_token, layer_kv_values
 from .model import ModelSpec
 from .sharding import (
@@ -134,24 +134,6 @@ def serving_weight_bytes(
     return weight_bytes(spec, dtype, group_size, zero_point, tp=tp)
 
 
-def _memory_bytes(gpu) -> int:
-    if isinstance(gpu, str):
-        from .hardware import hardware_preset
-
-        try:
-            return hardware_preset(gpu).memory_bytes
-        except ValueError as e:
-            raise ValueError(f"gpu={gpu!r:.60}: {e}") from None
-    if hasattr(gpu, "memory_bytes"):
-        return int(gpu.memory_bytes)
-    if isinstance(gpu, bool) or not isinstance(gpu, int) or not 0 < gpu <= MAX_MEMORY_BYTES:
-        raise ValueError(
-            f"gpu={gpu!r:.40} must be bytes (an integer in 1..{MAX_MEMORY_BYTES}), a Hardware "
-            "or a preset name"
-        )
-    return gpu
-
-
 def max_concurrency(
     spec: ModelSpec,
     seq_len: int,
@@ -180,7 +162,7 @@ def max_concurrency(
     utilization = number("utilization", utilization, 0, 1, lo_open=True)
     reserved = integer("reserved", reserved, 0, MAX_MEMORY_BYTES)
     budget = (
-        int(_memory_bytes(gpu) * utilization)
+        int(device_memory_bytes(gpu) * utilization)
         - reserved
         - serving_weight_bytes(spec, weight_dtype, tp, group_size)
     )
@@ -475,7 +457,7 @@ def serving_layout(
     bits = WEIGHT_DTYPES[weight_dtype]
     if bits < 16 and (pp > 1 or ep > 1):
         raise ValueError(f"weight_dtype={weight_dtype!r} is supported with pp = ep = 1 only")
-    budget = int(_memory_bytes(gpu) * utilization) - reserved
+    budget = int(device_memory_bytes(gpu) * utilization) - reserved
     pp = integer("pp", pp, 1, MAX_GPUS)
     if pp > spec.layers:
         raise ValueError(f"pp={pp} must be at most layers={spec.layers}")

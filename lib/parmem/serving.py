@@ -37,17 +37,10 @@ from dataclasses import dataclass, field
 
 from ._check import MAX_BATCH, MAX_SEQ_LEN, boolean, choice, instance, integer, number
 from .config import even_split
-from .hardware import MAX_MEMORY_BYTES
+from .hardware import MAX_MEMORY_BYTES, device_memory_bytes
 from .kvcache import layer_kv_values
 from .model import ModelSpec
-from .sharding import (
-    _own,
-    _stage_layers,
-    check_tp,
-    layer_groups,
-    local_numel,
-    model_tensors,
-)
+from .sharding import check_tp, local_numel, stage_tensors
 
 __all__ = [
     "ENGINES",
@@ -259,13 +252,13 @@ def loaded_weight_bytes(
     n, start = split[stage], sum(split[:stage])
     first, last = stage == 0, stage == pp - 1
     total = 0
-    for count, tensors in layer_groups(spec, _stage_layers(spec, n, first, last, start), n):
+    groups, whole = stage_tensors(spec, n, first, last, start=start, mtp=False)
+    for count, tensors in groups:
         for x in tensors:
             touched = bool(q["bits"]) and (q["touches"] == "linear" or x.expert)
             total += count * _matrix_bytes(spec, x, tp, ep, q, touched, wbytes, pad)
-    for x in model_tensors(spec, pipeline=pp > 1):
-        if _own(x, first, last, False):
-            total += local_numel(spec, x, tp, ep) * wbytes
+    for x in whole:
+        total += local_numel(spec, x, tp, ep) * wbytes
     return total + (rope_cache_bytes(spec, wbytes) if rope_cache else 0)
 
 
@@ -363,10 +356,8 @@ CUDA_TOTAL = {"h100-sxm": round(79.19 * GIB)}
 def _total(gpu, total_bytes: int | None) -> int:
     if total_bytes is not None:
         return integer("total_bytes", total_bytes, 1, MAX_MEMORY_BYTES)
-    from .inference import _memory_bytes
-
     name = gpu if isinstance(gpu, str) else getattr(gpu, "name", None)
-    return CUDA_TOTAL.get(str(name), 0) or _memory_bytes(gpu)
+    return CUDA_TOTAL.get(str(name), 0) or device_memory_bytes(gpu)
 
 
 def _defaults(engine: str, total: int, gpu) -> tuple[int, int]:

@@ -71,6 +71,7 @@ __all__ = [
     "param_counts",
     "layer_params",
     "stage_params",
+    "stage_tensors",
     "stage_tensor_numels",
     "tp_param_counts",
     "linear_shapes",
@@ -171,6 +172,25 @@ def _own(x: Tensor, first: bool, last: bool, mtp: bool) -> bool:
     if x.component in ("mtp", "mtp_experts") and not mtp:
         return False
     return (x.place == "first" and first) or (x.place == "last" and last)
+
+
+def stage_tensors(
+    spec: Any,
+    n_layers: int | None = None,
+    first: bool = True,
+    last: bool = True,
+    *,
+    start: int | None = None,
+    mtp: bool = True,
+) -> tuple[tuple[tuple[int, tuple[Tensor, ...]], ...], tuple[Tensor, ...]]:
+    """What a pipeline stage holds, as :func:`stage_params` counts it: (its layers as
+    :func:`~parmem.table.layer_groups` groups them, the model tensors it keeps: the embedding on
+    the ``first`` stage, the final norm and LM head on the ``last``, MTP there unless
+    ``mtp=False``)."""
+    n = spec.layers if n_layers is None else n_layers
+    groups = layer_groups(spec, _stage_layers(spec, n, first, last, start), n)
+    whole = model_tensors(spec, pipeline=not (first and last))
+    return groups, tuple(x for x in whole if _own(x, first, last, mtp))
 
 
 def stage_params(
