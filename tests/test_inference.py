@@ -267,3 +267,11 @@ def test_prefill_workspace_by_hand():
         + 4 * 32_000
     assert prefill_workspace_bytes(spec, 1024, tp=4, sequences=1) == 2 * (
         2 * 1024 * 4096 + 3 * 1024 * 11008 // 4) + 4 * 32_000
+
+
+def test_prefill_workspace_moe_by_hand():
+    """vLLM's fused MoE keeps three caches of every routed copy: T·k·2f/t (gate/up), T·k·f/t
+    (their product) and T·k·h (the down projection's output): Mixtral, T = 1,024, k = 2, t = 2."""
+    mix = ModelSpec.preset("mixtral-8x7b")
+    routed = 1024 * 2 * (3 * 14336 // 2 + 4096)
+    assert prefill_workspace_bytes(mix, 1024, tp=2, sequences=0) == 2 * (2 * 1024 * 4096 + routed)

@@ -531,21 +531,24 @@ def prefill_workspace_bytes(
     Inference frees each layer's intermediates when the next layer starts, so the peak is one
     layer's: the residual stream and its normalised copy (2·T·h), plus the larger of the
     attention block (Q, K, V and the attention output, T·(2·q_dim + 2·kv_dim)/t) and the MLP
-    (gate/up and their product, 3·T·f/t for a gated MLP, 2·T·f/t otherwise; f is top_k times the
-    expert width for a mixture of experts), at ``act_bytes`` each; plus the fp32 logits of the
-    last token of each of ``sequences`` sequences (4·V each). FlashAttention is assumed (no s×s
-    scores). vLLM measures this instead, with a profiling forward pass over
-    ``max_num_batched_tokens`` dummy tokens before sizing the cache
-    (``Worker.determine_available_memory``); this is an estimate of what that pass finds, kernel
-    workspaces not included.
+    (gate/up and their product, 3·T·f/t for a gated MLP, 2·T·f/t otherwise), at ``act_bytes``
+    each; a mixture of experts runs vLLM's fused MoE, whose three caches hold every routed copy,
+    T·k·(3·f_e/t + h) (``fused_moe/fused_moe.py: intermediate_cache1..3``); plus the fp32 logits
+    of the last token of each of ``sequences`` sequences (4·V each; 0 sequences: none).
+    FlashAttention is assumed (no s×s scores). vLLM measures this instead, with a profiling
+    forward pass over ``max_num_batched_tokens`` dummy tokens before sizing the cache
+    (``Worker.determine_available_memory``; :func:`parmem.serving.profile_peak_bytes` adds its
+    sampler warm-up); kernel workspaces are not included.
     """
     _spec(spec)
     tokens = integer("tokens", tokens, 1, MAX_SEQ_LEN)
-    sequences = integer("sequences", sequences, 1, MAX_BATCH)
+    sequences = integer("sequences", sequences, 0, MAX_BATCH)
     act_bytes = integer("act_bytes", act_bytes, 1, 8)
     tp = integer("tp", tp)
     check_tp(spec, tp)
     attn = tokens * (2 * spec.q_dim + 2 * spec.kv_dim) // tp
-    f = spec.top_k * spec.expert_ffn_hidden if spec.num_experts else spec.ffn_hidden
-    mlp = tokens * (3 if spec.ffn_kind == "swiglu" else 2) * f // tp
+    gated = 3 if spec.ffn_kind == "swiglu" else 2
+    mlp = tokens * gated * spec.ffn_hidden // tp
+    if spec.num_experts:
+        mlp = max(mlp, tokens * spec.top_k * (3 * spec.expert_ffn_hidden // tp + spec.hidden))
     return act_bytes * (2 * tokens * spec.hidden + max(attn, mlp)) + 4 * sequences * spec.vocab_size

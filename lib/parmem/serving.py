@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from ._check import MAX_BATCH, MAX_SEQ_LEN, boolean, choice, instance, integer, number
 from .config import even_split
 from .hardware import MAX_MEMORY_BYTES, device_memory_bytes
+from .inference import prefill_workspace_bytes
 from .kvcache import layer_kv_values
 from .model import ModelSpec
 from .sharding import check_tp, local_numel, stage_tensors
@@ -50,7 +51,6 @@ __all__ = [
     "loaded_weight_bytes",
     "rope_cache_bytes",
     "profile_peak_bytes",
-    "forward_peak_bytes",
     "kv_blocks",
     "log_spec",
     "predict_log",
@@ -267,23 +267,6 @@ def _kv_bytes(spec: ModelSpec, kv_cache_dtype: str, dtype: str) -> int:
     return b or DTYPES[dtype]
 
 
-def forward_peak_bytes(spec: ModelSpec, tokens: int, tp: int = 1, act_bytes: int = 2) -> int:
-    """Transient bytes of one forward pass over ``tokens`` tokens without autograd, one layer's
-    intermediates at a time as vLLM's layers free them: the residual stream and its normalised
-    copy (2·T·h), plus the larger of the attention block (Q, K, V and the output:
-    T·(2·q_dim + 2·kv_dim)/t) and the MLP (a gated MLP's fused gate/up output and its product,
-    3·T·f/t; 2·T·f/t ungated). A mixture of experts runs vLLM's fused MoE, whose caches hold
-    every routed copy: T·k·(3·f_e/t + h) (``fused_moe/fused_moe.py: intermediate_cache1..3``).
-    FlashAttention is assumed (no s×s scores)."""
-    attn = tokens * (2 * spec.q_dim + 2 * spec.kv_dim) // tp
-    gated = 3 if spec.ffn_kind == "swiglu" else 2
-    mlp = tokens * gated * spec.ffn_hidden // tp
-    if spec.num_experts:
-        routed = tokens * spec.top_k
-        mlp = max(mlp, routed * (3 * spec.expert_ffn_hidden // tp + spec.hidden))
-    return act_bytes * (2 * tokens * spec.hidden + max(attn, mlp))
-
-
 def profile_peak_bytes(
     spec: ModelSpec,
     tokens: int,
@@ -294,11 +277,11 @@ def profile_peak_bytes(
     act_bytes: int = 2,
 ) -> int:
     """The torch peak increase of vLLM's profiling run: the larger of the forward pass over
-    ``tokens`` tokens (:func:`forward_peak_bytes`) and, on the last pipeline stage, the sampler
+    ``tokens`` tokens (:func:`parmem.inference.prefill_workspace_bytes`) and, on the last pipeline stage, the sampler
     warm-up on ``min(seqs, tokens)`` rows of full-vocabulary logits (bf16 logits gathered over
     the t ranks, their fp32 copy and the top-k/top-p buffers of ``v1/sample``), at the
     calibrated bytes per logit of :data:`ENGINES`."""
-    fwd = forward_peak_bytes(spec, tokens, tp, act_bytes)
+    fwd = prefill_workspace_bytes(spec, tokens, tp, sequences=0, act_bytes=act_bytes)
     if not last_stage:
         return fwd
     rows = min(seqs, tokens)
