@@ -151,7 +151,9 @@ ENGINES: dict[str, dict] = {
         "block": 32,
         "big_gpu": (8192, 2048),
         "small_gpu": (8192, 2048),
-        "sampler_bytes_per_logit": 1.89 * GIB / (1024 * 128256),
+        # ASSUMED, not validated (no public TensorRT-LLM log is recorded): the sampler's peak
+        # is one fp32 copy of the logits, and the non-torch memory is vLLM's
+        "sampler_bytes_per_logit": 4,
         "non_torch": {"single": int(0.25 * GIB), "tp": int(2.07 * GIB), "pp": int(0.07 * GIB)},
     },
 }
