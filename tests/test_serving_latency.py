@@ -61,8 +61,9 @@ def test_memory_bandwidth_presets():
         assert hw.memory_bandwidth == pytest.approx(bw, rel=1e-12)
         assert "GPU Memory Bandwidth" in hw.source
     nv = link_preset("nvlink4")
-    with pytest.raises(ValueError, match=r"memory_bandwidth=0\.0 must be a number > 0"):
-        Hardware("x", 80, 1e15, nv, nv, nv)  # left out
+    unknown = Hardware("x", 80, 1e15, nv, nv, nv)  # left out: unknown, fine for memory sizing
+    with pytest.raises(ValueError, match="memory_bandwidth is unknown"):
+        decode_step(ModelSpec.preset("llama-3-8b"), unknown, batch=1, context=16)
     with pytest.raises(ValueError, match=r"memory_bandwidth=-1"):
         Hardware("x", 80, 1e15, nv, nv, nv, memory_bandwidth=-1)
 

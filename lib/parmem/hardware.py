@@ -112,8 +112,9 @@ class Hardware:
         pcie: host link.
         description: product name.
         source: datasheet citation.
-        memory_bandwidth: HBM bandwidth, bytes/s, > 0 (the datasheet's "GPU Memory Bandwidth";
-            keyword-only; leaving it out is a ``ValueError`` naming it, like any bad value).
+        memory_bandwidth: HBM bandwidth, bytes/s (the datasheet's "GPU Memory Bandwidth";
+            keyword-only; 0, the default, means unknown: memory sizing needs none, and the
+            serving roofline refuses such a GPU by name).
     """
 
     name: str
@@ -143,10 +144,10 @@ class Hardware:
         for field in ("intra_node", "inter_node", "pcie"):
             if not isinstance(getattr(self, field), Link):
                 raise ValueError(f"Hardware {self.name!r}: {field} must be a Link")
-        if not _is_number(self.memory_bandwidth) or self.memory_bandwidth <= 0:
+        if not _is_number(self.memory_bandwidth) or self.memory_bandwidth < 0:
             raise ValueError(
                 f"Hardware {self.name!r}: memory_bandwidth={self.memory_bandwidth!r:.40} must be a "
-                "number > 0 (HBM bytes/s)"
+                "number >= 0 (HBM bytes/s; 0: unknown)"
             )
 
     @property

@@ -143,7 +143,13 @@ def _gpu(gpu: object) -> Hardware:
             return hardware_preset(gpu)
         except ValueError as e:
             raise ValueError(f"gpu={gpu!r:.60}: {e}") from None
-    return instance("gpu", gpu, Hardware, 'a preset name such as "h100-sxm"')
+    hw = instance("gpu", gpu, Hardware, 'a preset name such as "h100-sxm"')
+    if not hw.memory_bandwidth:
+        raise ValueError(
+            f"gpu={hw.name!r:.60}: memory_bandwidth is unknown (0); the roofline needs the HBM "
+            "bandwidth in bytes/s"
+        )
+    return hw
 
 
 # ---------------------------------------------------------------------------- all-reduce
