@@ -222,3 +222,102 @@ def test_a_model_the_engine_cannot_build_gets_a_reason_not_a_recipe():
     assert got["ok"] and got["candidates"]
     assert got["recipe"].startswith("# no recipe: a Megatron-LM recipe cannot express")
     assert "shared_experts" in got["recipe"]
+
+
+# ------------------------------------------------------------------- the serving mode
+def test_serve_page_is_startup_and_emit_command():
+    from parmem.serving import emit_command, startup
+
+    got = web.serve_page({"mode": "serve", "model": "llama-3-70b", "tp": "2"})
+    assert got["ok"]
+    ref = startup(ModelSpec.preset("llama-3-70b"), "h100-sxm", engine="vllm", tp=2)
+    assert got["kv"] == ref.kv and got["kv_gib"] == f"{ref.kv / GIB:.2f}"
+    parts = {r["term"]: r["bytes"] for r in got["rows"]}
+    assert parts == {"weights": ref.weights, "activation": ref.activation,
+                     "non_torch": ref.non_torch, "kv": ref.kv}
+    assert [r["gib"] for r in got["rows"]] == [f"{v / GIB:.2f}" for v in parts.values()]
+    assert (got["tokens"], got["blocks"], got["longest"]) == (ref.tokens, ref.blocks, ref.longest)
+    assert (got["budget"], got["total"]) == (ref.budget, ref.total)
+    assert got["starts"] is ref.starts and got["verdict"] == ref.verdict
+    assert got["concurrency"] == f"{ref.concurrency:.2f}"
+    # the CLI's command: max_model_len always given, the rest only where set
+    assert got["command"] == emit_command("vllm", "llama-3-70b", tp=2,
+                                          max_model_len=ref.max_model_len)
+    assert got["command"].startswith("vllm serve llama-3-70b --tensor-parallel-size 2")
+    # the bar draws every part, with the GPU's memory (dashed) and the budget (dotted) marked
+    svg = got["svg"]
+    assert svg.startswith("<svg") and "startup memory of the busiest GPU" in svg
+    for term, value in parts.items():
+        assert f'data-term="{term}" data-bytes="{value}"' in svg
+    assert f'data-bytes="{ref.total}"' in svg
+    assert f'data-bytes="{ref.budget}" data-mark="engine budget"' in svg
+    assert got["query"] == "mode=serve&model=llama-3-70b&tp=2"
+    json.dumps(got)  # JSON-ready
+
+
+def test_serve_page_passes_every_setting():
+    from parmem.serving import emit_command, startup
+
+    settings = {"model": "llama-3-8b", "gpu": "h200", "engine": "sglang", "util": "0.85",
+                "quant": "fp8", "kv": "fp8", "len": "4096", "seqs": "64", "tokens": "2048"}
+    got = web.serve_page(settings)
+    kw = {"quantization": "fp8", "kv_cache_dtype": "fp8", "utilization": 0.85,
+          "max_model_len": 4096, "max_num_seqs": 64, "max_num_batched_tokens": 2048}
+    ref = startup(ModelSpec.preset("llama-3-8b"), "h200", engine="sglang", **kw)
+    assert got["ok"] and got["kv"] == ref.kv and got["tokens"] == ref.tokens
+    assert got["command"] == emit_command("sglang", "llama-3-8b", **kw)
+    # and back from the address it writes
+    again = web.serve_page(web.parse_query(got["query"]))
+    assert again["kv"] == ref.kv and again["query"] == got["query"]
+    # vLLM's defaults when left at auto; fp16 weights are priced at 2 bytes, fp32 at 4
+    fp32 = web.serve_page({"dtype": "fp32"})
+    assert fp32["kv"] == startup(ModelSpec.preset("llama-3-8b"), "h100-sxm", dtype="fp32").kv
+    assert web.serve_page({})["query"] == "mode=serve"
+
+
+def test_an_engine_that_does_not_start_says_so():
+    got = web.serve_page({"model": "llama-3-70b"})  # 131 GiB of bf16 weights on one H100
+    assert got["ok"] and got["starts"] is False and got["kv"] < 0
+    assert got["verdict"].startswith("does not start: no memory for the KV cache")
+    assert 'data-term="kv"' not in got["svg"]  # nothing drawn for a negative cache
+    # trtllm-serve takes no quantisation flag: the numbers, and the reason for no command
+    trt = web.serve_page({"engine": "trtllm", "quant": "fp8"})
+    assert trt["ok"] and trt["command"].startswith("# no command: engine='trtllm'")
+
+
+@pytest.mark.parametrize(("settings", "field", "message"), [
+    ({"tp": "3"}, "tp", "tp=3 must divide heads=32"),
+    ({"tp": "two"}, "tp", "tp='two' must be a whole number"),
+    ({"pp": "100"}, "pp", "pp=100 must be an integer in 1..32"),
+    ({"engine": "tgi"}, "engine", "engine='tgi' must be one of vllm, sglang, trtllm"),
+    ({"engine": "sglang"}, "util", "SGLang's mem_fraction_static must be given"),
+    ({"util": "1.5"}, "util", "utilization=1.5 must be <= 1"),
+    ({"util": "most"}, "util", "util='most' must be a number or auto"),
+    ({"quant": "int3"}, "quant", "quant='int3' must be one of"),
+    ({"quant": "mxfp4"}, "quant", "vLLM quantises only MoE experts in MXFP4"),
+    ({"kv": "int4"}, "kv", "kv='int4' must be one of"),
+    ({"dtype": "fp8"}, "dtype", "dtype='fp8' must be one of"),
+    ({"len": "0"}, "len", "max_model_len=0 must be an integer >= 1"),
+    ({"seqs": "0"}, "seqs", "max_num_seqs=0 must be an integer >= 1"),
+    ({"tokens": "many"}, "tokens", "tokens='many' must be a whole number"),
+    ({"model": "llama-9"}, "model", "model='llama-9' must be one of"),
+    ({"gpu": "b200"}, "gpu", "gpu='b200' must be one of"),
+    ({"mode": "train"}, "mode", "mode='train' must be one of serve"),
+    ({"t": "2"}, "_", "unknown setting(s) ['t']"),
+])  # fmt: skip
+def test_bad_serving_input_names_its_field(settings, field, message):
+    got = web.serve_page(settings)
+    assert got["ok"] is False
+    assert list(got["errors"]) == [field]
+    assert message in got["errors"][field]
+    assert "\n" not in got["errors"][field]  # one line
+
+
+def test_serve_through_run_json_and_options():
+    opts = json.loads(web.run_json("options", ""))
+    assert set(opts["serve_fields"]) == set(web.SERVE_FIELDS)
+    assert opts["serve"]["engines"] == ["vllm", "sglang", "trtllm"]
+    out = json.loads(web.run_json("serve", json.dumps({"mode": "serve", "tp": "2"})))
+    assert out["ok"] and out["mode"] == "serve" and out["query"] == "mode=serve&tp=2"
+    for name in web.SERVE_FIELDS:
+        assert f"``{name}``" in web.__doc__, name

@@ -203,3 +203,18 @@ def test_bad_input_names_the_field():
         with pytest.raises(ValueError, match=field):
             startup(l8, **kw)
     assert set(QUANTIZATIONS) >= {"fp8", "awq", "gptq", "mxfp4", "nvfp4"}
+
+
+def test_emit_keeps_every_setting_and_refuses_what_the_parser_would():
+    cmd = emit_command("vllm", "m", max_num_seqs=1, max_num_batched_tokens=1, dtype="fp16")
+    words = cmd.split()
+    assert words[words.index("--max-num-seqs") + 1] == "1"
+    assert words[words.index("--max-num-batched-tokens") + 1] == "1"
+    assert words[words.index("--dtype") + 1] == "float16"
+    check_command("vllm", cmd)
+    l8 = ModelSpec.preset("llama-3-8b")
+    for engine, kv in (("vllm", "fp32"), ("sglang", "fp16"), ("trtllm", "fp8")):
+        with pytest.raises(ValueError, match="kv_cache_dtype"):
+            emit_command(engine, "m", kv_cache_dtype=kv)
+        with pytest.raises(ValueError, match="kv_cache_dtype"):
+            startup(l8, engine=engine, utilization=0.9, kv_cache_dtype=kv)

@@ -345,6 +345,7 @@ def _cmd_startup(args) -> int:
             kv_cache_dtype=args.kv_cache_dtype,
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
+            dtype=args.dtype,
         )
         check_command(args.engine, cmd)
         write_out(cmd if r.starts else f"{cmd}\n# {r.verdict}")

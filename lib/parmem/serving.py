@@ -386,6 +386,7 @@ def startup(
     _spec(spec)
     choice("engine", engine, ENGINES)
     choice("kv_cache_dtype", kv_cache_dtype, SERVE_KV_DTYPES)
+    _engine_kv(engine, kv_cache_dtype)
     tp, pp = integer("tp", tp), integer("pp", pp, 1, spec.layers)
     total = _total(gpu, total_bytes)
     max_len = integer(
@@ -608,11 +609,24 @@ _QUANT_FLAG = {
     },
     "trtllm": {},
 }
+#: the KV-cache dtypes each engine's parser accepts, as it spells them ("auto": the weights'
+#: dtype, every engine's default; TensorRT-LLM sets the cache dtype outside the command line)
 _KV_FLAG = {
-    "vllm": {"fp8": "fp8", "bf16": "bfloat16", "fp16": "float16"},
-    "sglang": {"fp8": "fp8_e4m3", "bf16": "bf16"},
-    "trtllm": {},
+    "vllm": {"auto": "auto", "fp8": "fp8", "bf16": "bfloat16", "fp16": "float16"},
+    "sglang": {"auto": "auto", "fp8": "fp8_e4m3", "bf16": "bf16"},
+    "trtllm": {"auto": "auto"},
 }
+_DTYPE_FLAG = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+def _engine_kv(engine: str, kv_cache_dtype: str) -> str:
+    """The engine's spelling of ``kv_cache_dtype``; a dtype its parser refuses is refused here."""
+    if kv_cache_dtype not in _KV_FLAG[engine]:
+        raise ValueError(
+            f"kv_cache_dtype={kv_cache_dtype!r}: {engine} takes "
+            f"{', '.join(_KV_FLAG[engine])} (data/serving_args.toml)"
+        )
+    return _KV_FLAG[engine][kv_cache_dtype]
 
 
 def emit_command(
@@ -627,6 +641,7 @@ def emit_command(
     kv_cache_dtype: str = "auto",
     max_num_seqs: int | None = None,
     max_num_batched_tokens: int | None = None,
+    dtype: str = "bf16",
 ) -> str:
     """The launch command for ``engine`` with the settings :func:`startup` priced, spelled as
     the engine's parser takes them (``data/serving_args.toml`` records every engine's flags from
@@ -637,15 +652,16 @@ def emit_command(
     choice("engine", engine, ENGINES)
     choice("quantization", quantization, QUANTIZATIONS)
     choice("kv_cache_dtype", kv_cache_dtype, SERVE_KV_DTYPES)
+    choice("dtype", dtype, DTYPES)
     if not isinstance(model, str) or not model or any(c.isspace() for c in model):
         raise ValueError(f"model={model!r:.60} must be a repository id or path without spaces")
     tp, pp = integer("tp", tp), integer("pp", pp)
     q = _QUANT_FLAG[engine].get(quantization)
-    kv = _KV_FLAG[engine].get(kv_cache_dtype)
-    if engine == "trtllm" and (quantization != "none" or kv_cache_dtype != "auto"):
+    kv = _engine_kv(engine, kv_cache_dtype)
+    if engine == "trtllm" and (quantization != "none" or dtype != "bf16"):
         raise ValueError(
-            "engine='trtllm': trtllm-serve reads the quantisation and the KV-cache dtype from "
-            "the checkpoint and --extra_llm_api_options, not from flags"
+            "engine='trtllm': trtllm-serve reads the quantisation and the dtype from the "
+            "checkpoint and --extra_llm_api_options, not from flags"
         )
     names = {
         "vllm": (
@@ -679,12 +695,14 @@ def emit_command(
     head, *flags = names
     values = [tp, pp, max_model_len, utilization, max_num_seqs, max_num_batched_tokens]
     parts = [head, model]
-    for flag, value in zip(flags, values, strict=True):
-        if value is not None and (value != 1 or flag in (flags[2], flags[3])):
+    for k, (flag, value) in enumerate(zip(flags, values, strict=True)):
+        if value is not None and (value != 1 or k >= 2):  # t = p = 1 are the defaults
             parts += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
+    if engine != "trtllm":
+        parts += ["--dtype", _DTYPE_FLAG[dtype]]
     if q:
         parts += ["--quantization", q]
-    if kv and kv_cache_dtype != "auto":
+    if kv_cache_dtype != "auto":
         parts += ["--kv-cache-dtype", kv]
     return " ".join(parts)
 

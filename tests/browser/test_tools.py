@@ -219,3 +219,43 @@ def test_planner(browser, origin):  # noqa: F811 (fixtures)
         assert not visit.errors, visit.errors
     finally:
         visit.close()
+
+
+def test_calculator_serving_mode(browser, origin):  # noqa: F811 (fixtures)
+    """The Serving tab: parmem.serving.startup and emit_command in the page, its state in the
+    address (mode=serve), a bad value named next to its field with the last result dimmed."""
+    from parmem.serving import emit_command, startup
+
+    visit = PageVisit(browser, origin, "chapters/tools/calculator.html?model=llama-3-70b")
+    page = visit.page
+    try:
+        page.wait_for_function(SETTLED, arg=0, timeout=PYODIDE_START_MS)
+        count = results(page)
+        page.locator('[data-mode="serve"]').click()  # the model carries over
+        page.wait_for_function(SETTLED, arg=count, timeout=60_000)
+        assert page.locator('[name="engine"]').input_value() == "vllm"
+        submit(page, {"tp": "2"})
+        ref = startup(ModelSpec.preset("llama-3-70b"), "h100-sxm", tp=2)
+        verdict = page.locator(".parmem-verdict")
+        assert ref.verdict in verdict.inner_text()
+        assert verdict.inner_text().split(": ", 1)[1].startswith(("starts", "does not start"))
+        assert verdict.get_attribute("data-starts") == str(ref.starts).lower()
+        assert int(verdict.get_attribute("data-kv-bytes")) == ref.kv
+        command = page.locator(".parmem-command").inner_text().strip()
+        assert command.startswith("vllm serve")
+        assert command == emit_command("vllm", "llama-3-70b", tp=2,
+                                       max_model_len=ref.max_model_len)
+        bars = page.eval_on_selector_all(
+            ".parmem-serve-chart svg rect[data-term]", "rs => rs.map(r => Number(r.dataset.bytes))")
+        assert sum(bars) == ref.weights + ref.activation + ref.non_torch + ref.kv
+        assert parse_qs(urlsplit(page.url).query) == {
+            "mode": ["serve"], "model": ["llama-3-70b"], "tp": ["2"]}
+        submit(page, {"tp": "3"})  # 64 heads: the library's message, under tp
+        assert page.locator('[data-error-for="tp"]').inner_text() == "tp=3 must divide heads=64"
+        assert page.locator(".parmem-serve-output").get_attribute("data-stale") == "1"
+        visit.screenshot("calculator-serving")
+        assert not visit.external(), visit.external()
+        assert not visit.bad_responses, visit.bad_responses
+        assert not visit.errors, visit.errors
+    finally:
+        visit.close()

@@ -38,18 +38,33 @@ def stacked_bars(
     memory_bytes: int,
     unit: int,
     width: int = 640,
+    *,
+    colors: Mapping[str, str] = COLORS,
+    labels: Mapping[str, str] = LABELS,
+    row_label: str = "stage {stage}",
+    title: str = "memory per GPU by pipeline stage",
+    marks: Sequence[tuple[int, str]] = (),
 ) -> str:
     """An SVG of one bar per stage (``stages``: dicts with ``stage`` and a byte count per name
     of ``components``), stacked in that order, with a dashed line at ``memory_bytes``; the axis
-    is in ``unit`` bytes (GiB)."""
-    top = max([memory_bytes, *(sum(s[c] for c in components) for s in stages)]) / unit
+    is in ``unit`` bytes (GiB).
+
+    ``colors`` and ``labels`` give each component's colour and legend text (the book's memory
+    terms by default), ``row_label`` each bar's name (``{stage}`` is its ``stage``), ``title``
+    the chart's accessible name, and ``marks`` further dotted lines as (bytes, name): the
+    serving calculator's engine budget."""
+    top = max([memory_bytes, *(sum(max(s[c], 0) for c in components) for s in stages)]) / unit
+
+    def name_of(stage: Mapping[str, Any]) -> str:
+        return row_label.format(stage=stage["stage"])
+
     ticks = _ticks(top)
     scale = (width - _LEFT - _RIGHT) / ticks[-1]
     height = _TOP + len(stages) * (_BAR + _GAP) + 66
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" class="parmem-bars" width="{width}" '
         f'height="{height}" viewBox="0 0 {width} {height}" role="img" '
-        'aria-label="memory per GPU by pipeline stage" font-family="sans-serif" font-size="11">'
+        f'aria-label="{escape(title)}" font-family="sans-serif" font-size="11">'
     ]
     axis_y = _TOP + len(stages) * (_BAR + _GAP)
     for tick in ticks:
@@ -65,17 +80,17 @@ def stacked_bars(
     for i, stage in enumerate(stages):
         y = _TOP + i * (_BAR + _GAP)
         out.append(
-            f'<text x="{_LEFT - 6}" y="{y + 15}" text-anchor="end">stage {stage["stage"]}</text>'
+            f'<text x="{_LEFT - 6}" y="{y + 15}" text-anchor="end">{escape(name_of(stage))}</text>'
         )
         x = float(_LEFT)
         for name in components:
             w = stage[name] / unit * scale
             if w <= 0:
                 continue
-            label = f"stage {stage['stage']}: {LABELS.get(name, name)} {stage[name] / unit:.2f} GiB"
+            label = f"{name_of(stage)}: {labels.get(name, name)} {stage[name] / unit:.2f} GiB"
             out.append(
                 f'<rect x="{x:.2f}" y="{y}" width="{w:.2f}" height="{_BAR}" '
-                f'fill="{COLORS.get(name, "#444")}" data-term="{escape(name)}" '
+                f'fill="{colors.get(name, "#444")}" data-term="{escape(name)}" '
                 f'data-bytes="{stage[name]}"><title>{escape(label)}</title></rect>'
             )
             x += w
@@ -85,15 +100,22 @@ def stacked_bars(
         f'stroke-dasharray="4 3" data-bytes="{memory_bytes}"><title>GPU memory '
         f"{memory_bytes / unit:.2f} GiB</title></line>"
     )
+    for mark, name in marks:
+        mx = _LEFT + mark / unit * scale
+        out.append(
+            f'<line x1="{mx:.1f}" y1="{_TOP - 4}" x2="{mx:.1f}" y2="{axis_y}" stroke="#000" '
+            f'stroke-dasharray="1 2" data-bytes="{mark}" data-mark="{escape(name)}"><title>'
+            f"{escape(name)} {mark / unit:.2f} GiB</title></line>"
+        )
     x, y = float(_LEFT), axis_y + 35
     for name in components:
-        label = LABELS.get(name, name)
+        label = labels.get(name, name)
         step = 13 + 6.5 * len(label) + 12
         if x + step > width:  # the legend wraps
             x, y = float(_LEFT), y + 16
         out.append(
             f'<rect x="{x:.0f}" y="{y}" width="10" height="10" '
-            f'fill="{COLORS.get(name, "#444")}"/><text x="{x + 13:.0f}" y="{y + 9}">'
+            f'fill="{colors.get(name, "#444")}"/><text x="{x + 13:.0f}" y="{y + 9}">'
             f"{escape(label)}</text>"
         )
         x += step

@@ -64,6 +64,23 @@ URL parameters of the planner (``planner.html?model=gpt3-175b&gpu=a100-80gb&node
 * ``adapter``: ``none``, or ``lora`` / ``qlora`` fine-tuning (``engine=hf``, bf16 weights,
   r = 16 on every linear layer, NF4), ``none``.
 
+The calculator's serving mode (``calculator.html?mode=serve&model=llama-3-70b&tp=2``) is
+:func:`serve_page`: the startup memory of a serving engine (:func:`parmem.serving.startup`) and
+its launch command (:func:`parmem.serving.emit_command`). Its URL parameters, with defaults
+(``auto``: the engine's or the model's own):
+
+* ``mode``: ``serve`` (the training calculator takes no ``mode``), ``serve``;
+* ``model``: model preset, ``llama-3-8b``; ``gpu``: GPU preset, ``h100-sxm``;
+* ``engine``: ``vllm``, ``sglang`` or ``trtllm`` (``parmem.serving.ENGINES``), ``vllm``;
+* ``tp``, ``pp``: tensor- and pipeline-parallel sizes, 1;
+* ``quant``: how the weights are stored (``parmem.serving.QUANTIZATIONS``), ``none``;
+  ``dtype``: the unquantised weights' dtype, ``bf16``; ``kv``: the KV cache's dtype
+  (``parmem.serving.SERVE_KV_DTYPES``), ``auto`` (the weights');
+* ``util``: vLLM's ``gpu_memory_utilization``, SGLang's ``mem_fraction_static`` (which has no
+  default: give it), TensorRT-LLM's ``free_gpu_memory_fraction``, ``auto``;
+* ``len``: ``max_model_len``, ``auto`` (the model's ``max_positions``); ``seqs``:
+  ``max_num_seqs``, ``auto``; ``tokens``: ``max_num_batched_tokens``, ``auto``.
+
 A chapter's Explore section links to the calculator with its own settings with a raw HTML link
 (MyST's Markdown links to a page drop the query): ``<a
 href="../tools/calculator.html?model=llama-2-7b&t=4&sp=1">`` from a chapter in
@@ -100,14 +117,19 @@ from ..hardware import hardware_preset, hardware_presets
 from ..model import ModelSpec, presets
 from ..planner import ENGINES, Assumptions, Cluster, Plan, plan
 from ..planner.emit import EMITTER_OF, PROFILES
+from ..serving import DTYPES as SERVE_DTYPES
+from ..serving import ENGINES as SERVE_ENGINES
+from ..serving import QUANTIZATIONS, SERVE_KV_DTYPES, check_command, emit_command, startup
 from ..units import GIB
 from .svg import LABELS, stacked_bars
 
 __all__ = [
     "CALC_FIELDS",
     "PLAN_FIELDS",
+    "SERVE_FIELDS",
     "calculate",
     "plan_layouts",
+    "serve_page",
     "options",
     "parse_query",
     "to_query",
@@ -161,6 +183,24 @@ PLAN_FIELDS: dict[str, tuple[str, str]] = {
     "pick": ("1", "the layout (rank, from 1) whose recipe is shown"),
 }
 
+#: The calculator's serving mode (:func:`serve_page`), as :data:`CALC_FIELDS`; ``auto``: the
+#: engine's default (the model's ``max_positions`` for ``len``).
+SERVE_FIELDS: dict[str, tuple[str, str]] = {
+    "mode": ("serve", "the calculator's mode: serve (the training calculator has none)"),
+    "model": ("llama-3-8b", "model preset"),
+    "gpu": ("h100-sxm", "GPU preset"),
+    "engine": ("vllm", "serving engine: vllm, sglang or trtllm"),
+    "tp": ("1", "tensor-parallel size"),
+    "pp": ("1", "pipeline-parallel size"),
+    "quant": ("none", "how the weights are stored (quantization)"),
+    "dtype": ("bf16", "dtype of the unquantised weights"),
+    "kv": ("auto", "KV-cache dtype (auto: the weights')"),
+    "util": ("auto", "share of the GPU the engine may use (SGLang: mem_fraction_static, needed)"),
+    "len": ("auto", "max_model_len: the longest request (auto: the model's max_positions)"),
+    "seqs": ("auto", "max_num_seqs: requests per step (auto: the engine's default)"),
+    "tokens": ("auto", "max_num_batched_tokens: tokens per step (auto: the engine's default)"),
+}
+
 # the library's argument names (as its ValueError messages spell them) -> the page's fields
 _LIBRARY_NAMES = {
     "dp": "d",
@@ -183,6 +223,17 @@ _LIBRARY_NAMES = {
     "galore_rank": "galore_r",
     "name": "model",
 }
+# the same for the serving mode (parmem.serving's arguments)
+_SERVE_NAMES = {
+    "quantization": "quant",
+    "kv_cache_dtype": "kv",
+    "utilization": "util",
+    "mem_fraction_static": "util",
+    "max_model_len": "len",
+    "max_num_seqs": "seqs",
+    "max_num_batched_tokens": "tokens",
+    "name": "model",
+}
 _NAMED = re.compile(r"(?<![A-Za-z0-9_])(?:--)?([a-z][a-z0-9_]*)\s*=")
 _TRUE, _FALSE = ("1", "true", "on", "yes"), ("0", "false", "off", "no", "")
 
@@ -195,11 +246,16 @@ class FieldError(ValueError):
         self.field = field
 
 
-def field_of(message: str, fields: Mapping[str, Any], default: str = "_") -> str:
+def field_of(
+    message: str,
+    fields: Mapping[str, Any],
+    default: str = "_",
+    names: Mapping[str, str] = _LIBRARY_NAMES,
+) -> str:
     """The field a library message is about: the first ``name=`` in it that is a field (or the
-    library's name of one), else ``default``."""
+    library's name of one, by ``names``), else ``default``."""
     for match in _NAMED.finditer(message):
-        name = _LIBRARY_NAMES.get(match.group(1), match.group(1))
+        name = names.get(match.group(1), match.group(1))
         if name in fields:
             return name
     return default
@@ -262,14 +318,18 @@ def _model(values: Mapping[str, str]) -> ModelSpec:
     return ModelSpec.preset(values["model"])
 
 
-def _guarded(fields: Mapping[str, Any], work: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+def _guarded(
+    fields: Mapping[str, Any],
+    work: Callable[[], dict[str, Any]],
+    names: Mapping[str, str] = _LIBRARY_NAMES,
+) -> dict[str, Any]:
     """``work()`` with its ``ValueError`` turned into ``{"ok": False, "errors": ...}``."""
     try:
         return {"ok": True, **work()}
     except FieldError as e:
         return {"ok": False, "errors": {e.field: str(e)}}
     except ValueError as e:
-        return {"ok": False, "errors": {field_of(str(e), fields): str(e)}}
+        return {"ok": False, "errors": {field_of(str(e), fields, names=names): str(e)}}
 
 
 # ------------------------------------------------------------------------------- calculator
@@ -395,6 +455,134 @@ def calculate(settings: Mapping[str, Any]) -> dict[str, Any]:
     return _guarded(CALC_FIELDS, work)
 
 
+# ------------------------------------------------------------------------ calculator: serving
+#: the serving mode's bar: each part's name and colour (weights and activations keep the
+#: book's colours of parameters and activations)
+SERVE_PARTS = {
+    "weights": ("weights", "#4C72B0"),
+    "activation": ("activation peak", "#8172B2"),
+    "non_torch": ("non-torch memory", "#8C8C8C"),
+    "kv": ("KV cache", "#55A868"),
+}
+_NUMBER = re.compile(r"[+-]?(?:\d{1,9}(?:\.\d*)?|\.\d+)")
+
+
+def _auto_int(values: Mapping[str, str], key: str) -> int | None:
+    """``None`` for ``auto`` (the default), else :func:`_int`."""
+    return None if values[key].lower() == "auto" else _int(values, key)
+
+
+def _auto_number(values: Mapping[str, str], key: str) -> float | None:
+    text = values[key]
+    if text.lower() == "auto":
+        return None
+    if not _NUMBER.fullmatch(text):
+        raise FieldError(key, f"{key}={text!r:.40} must be a number or auto")
+    return float(text)
+
+
+def _command(model: str, engine: str, kw: Mapping[str, Any], max_len: int) -> str:
+    """The launch command (the CLI's ``parmem serve --emit``), or why the engine's command
+    line cannot say it."""
+    try:
+        cmd = emit_command(
+            engine,
+            model,
+            tp=kw["tp"],
+            pp=kw["pp"],
+            max_model_len=max_len,
+            utilization=kw["utilization"],
+            quantization=kw["quantization"],
+            kv_cache_dtype=kw["kv_cache_dtype"],
+            max_num_seqs=kw["max_num_seqs"],
+            max_num_batched_tokens=kw["max_num_batched_tokens"],
+            dtype=kw["dtype"],
+        )
+    except ValueError as e:
+        return f"# no command: {e}"
+    check_command(engine, cmd)
+    return cmd
+
+
+def serve_page(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The calculator's serving mode: :func:`parmem.serving.startup` for ``settings`` (the
+    module docstring's serving parameters) on the busiest GPU, its parts in GiB, the KV cache
+    in tokens, the verdict, the launch command (:func:`parmem.serving.emit_command`) and the
+    budget as a stacked bar."""
+
+    def work() -> dict[str, Any]:
+        values = _settings(settings, SERVE_FIELDS)
+        _one_of(values, "mode", ("serve",))
+        spec = _model(values)
+        gpu = _one_of(values, "gpu", hardware_presets())
+        engine = _one_of(values, "engine", tuple(SERVE_ENGINES))
+        kw: dict[str, Any] = {
+            "tp": _int(values, "tp"),
+            "pp": _int(values, "pp"),
+            "quantization": _one_of(values, "quant", tuple(QUANTIZATIONS)),
+            "dtype": _one_of(values, "dtype", tuple(SERVE_DTYPES)),
+            "kv_cache_dtype": _one_of(values, "kv", tuple(SERVE_KV_DTYPES)),
+            "utilization": _auto_number(values, "util"),
+            "max_model_len": _auto_int(values, "len"),
+            "max_num_batched_tokens": _auto_int(values, "tokens"),
+            "max_num_seqs": _auto_int(values, "seqs"),
+        }
+        try:
+            r = startup(spec, gpu, engine=engine, **kw)
+        except ValueError as e:  # "utilization: SGLang's mem_fraction_static must be given"
+            lead = re.match(r"([a-z_]+):", str(e))
+            if lead and field_of(str(e), SERVE_FIELDS, names=_SERVE_NAMES) == "_":
+                name = _SERVE_NAMES.get(lead.group(1), lead.group(1))
+                if name in SERVE_FIELDS:
+                    raise FieldError(name, str(e)) from None
+            raise
+        parts = {"weights": r.weights, "activation": r.activation,
+                 "non_torch": r.non_torch, "kv": r.kv}  # fmt: skip
+        rows = [
+            {"term": k, "label": SERVE_PARTS[k][0], "bytes": v, "gib": f"{v / GIB:.2f}"}
+            for k, v in parts.items()
+        ]
+        query = to_query(values, SERVE_FIELDS)
+        return {
+            "mode": "serve",
+            "model": spec.name,
+            "gpu": gpu,
+            "engine": engine,
+            "gpus": kw["tp"] * kw["pp"],
+            "total": r.total,
+            "total_gib": f"{r.total / GIB:.2f}",
+            "budget": r.budget,
+            "budget_gib": f"{r.budget / GIB:.2f}",
+            "rows": rows,
+            "kv": r.kv,
+            "kv_gib": f"{r.kv / GIB:.2f}",
+            "kv_token_bytes": r.kv_token_bytes,
+            "blocks": r.blocks,
+            "tokens": r.tokens,
+            "max_model_len": r.max_model_len,
+            "longest": r.longest,
+            "concurrency": f"{r.concurrency:.2f}",
+            "starts": r.starts,
+            "verdict": r.verdict,
+            "warnings": list(r.warnings),
+            "command": _command(values["model"], engine, kw, r.max_model_len),
+            "svg": stacked_bars(
+                [{"stage": "", **parts}],
+                list(parts),
+                r.total,
+                GIB,
+                colors={k: c for k, (_, c) in SERVE_PARTS.items()},
+                labels={k: label for k, (label, _) in SERVE_PARTS.items()},
+                row_label="per GPU",
+                title="startup memory of the busiest GPU",
+                marks=[(r.budget, "engine budget")],
+            ),
+            "query": "mode=serve" + (f"&{query}" if query else ""),
+        }
+
+    return _guarded(SERVE_FIELDS, work, _SERVE_NAMES)
+
+
 # ---------------------------------------------------------------------------------- planner
 def _candidate_row(rank: int, c: Any) -> dict[str, Any]:
     par, st = c.parallel, c.setup
@@ -507,6 +695,13 @@ def options() -> dict[str, Any]:
         "emit": ["auto", *ENGINES],
         "calc_fields": {k: {"default": d, "doc": doc} for k, (d, doc) in CALC_FIELDS.items()},
         "plan_fields": {k: {"default": d, "doc": doc} for k, (d, doc) in PLAN_FIELDS.items()},
+        "serve": {
+            "engines": list(SERVE_ENGINES),
+            "quantizations": list(QUANTIZATIONS),
+            "dtypes": list(SERVE_DTYPES),
+            "kv_dtypes": list(SERVE_KV_DTYPES),
+        },
+        "serve_fields": {k: {"default": d, "doc": doc} for k, (d, doc) in SERVE_FIELDS.items()},
     }
 
 
@@ -547,11 +742,12 @@ def calculator_query(settings: Mapping[str, Any]) -> str:
 _HANDLERS: dict[str, Callable[[Mapping[str, Any]], dict[str, Any]]] = {
     "calculate": calculate,
     "plan": plan_layouts,
+    "serve": serve_page,
 }
 
 
 def run_json(kind: str, settings_json: str) -> str:
-    """The Web Worker's one entry point: ``kind`` (``"calculate"``, ``"plan"`` or
+    """The Web Worker's one entry point: ``kind`` (``"calculate"``, ``"plan"``, ``"serve"`` or
     ``"options"``) on the settings as JSON text; the result as JSON text."""
     if kind == "options":
         return json.dumps(options())

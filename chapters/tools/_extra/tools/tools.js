@@ -2,7 +2,10 @@
 // builds the form from the field lists parmem returns, sends the settings, shows the answer.
 // Every number shown comes from parmem; nothing is computed here.
 const root = document.querySelector("[data-parmem-tool]");
-const kind = root.dataset.parmemTool; // "calculate" or "plan"
+// what is asked: "calculate" or "plan" (the page's), or "serve" (the calculator's serving mode,
+// chosen by its mode switch or by mode=serve in the address)
+let kind = root.dataset.parmemTool;
+let options = null;
 const worker = new Worker(new URL("worker.js", import.meta.url), { type: "module" });
 const pending = new Map();
 let nextId = 0;
@@ -39,7 +42,18 @@ const CHOICES = {
   fp8: (o) => o.fp8,
   optimizer: (o) => o.optimizers,
 };
+// the serving mode's drop-downs (parmem.serving's engines and formats)
+const SERVE_CHOICES = {
+  model: (o) => o.models,
+  gpu: (o) => Object.keys(o.gpus),
+  engine: (o) => o.serve.engines,
+  quant: (o) => o.serve.quantizations,
+  dtype: (o) => o.serve.dtypes,
+  kv: (o) => o.serve.kv_dtypes,
+};
 const FLAGS = new Set(["sp", "offload_act"]);
+// settings that are not form fields: the serving mode's "mode" is the mode switch
+const HIDDEN = new Set(["mode"]);
 
 function el(tag, attrs = {}, text = "") {
   const node = document.createElement(tag);
@@ -48,22 +62,26 @@ function el(tag, attrs = {}, text = "") {
   return node;
 }
 
-function buildForm(options, fields) {
+function buildForm(options, fields, choices) {
   const form = root.querySelector("form");
+  form.replaceChildren();
   for (const [name, field] of Object.entries(fields)) {
+    if (HIDDEN.has(name)) continue;
     const row = el("div", { class: "parmem-field", "data-field": name });
     const id = `parmem-${name}`;
     row.append(el("label", { for: id, title: field.doc }, name));
     let input;
-    if (CHOICES[name]) {
+    if (choices[name]) {
       input = el("select", { id, name });
-      for (const value of CHOICES[name](options)) input.append(el("option", { value }, value));
+      for (const value of choices[name](options)) input.append(el("option", { value }, value));
     } else if (FLAGS.has(name)) {
       input = el("input", { id, name, type: "checkbox" });
     } else if (name === "config") {
       input = el("textarea", { id, name, rows: "3", placeholder: "paste a Hugging Face config.json (optional)" });
     } else {
-      input = el("input", { id, name, type: "text", inputmode: "numeric", size: "7" });
+      // a field whose default is "auto" takes a word too
+      const mode = /^[0-9]/.test(field.default) ? { inputmode: "numeric" } : {};
+      input = el("input", { id, name, type: "text", ...mode, size: "7" });
     }
     row.append(input, el("span", { class: "parmem-doc" }, field.doc));
     row.append(el("span", { class: "parmem-error", "data-error-for": name, role: "alert" }));
@@ -71,13 +89,11 @@ function buildForm(options, fields) {
   }
   const general = el("div", { class: "parmem-error", "data-error-for": "_", role: "alert" });
   form.append(general);
-  form.addEventListener("input", () => update());
-  form.addEventListener("change", () => update());
-  form.addEventListener("submit", (e) => e.preventDefault());
 }
 
 function setValues(fields, params) {
   for (const [name, field] of Object.entries(fields)) {
+    if (HIDDEN.has(name)) continue;
     const input = root.querySelector(`[name="${name}"]`);
     const value = params.has(name) ? params.get(name) : field.default;
     if (input.type === "checkbox") {
@@ -100,6 +116,7 @@ let fieldNames = [];
 let extraSettings = {};
 function settings() {
   const out = { ...extraSettings };
+  if (kind === "serve") out.mode = "serve";
   for (const name of fieldNames) {
     const input = root.querySelector(`[name="${name}"]`);
     out[name] = input.type === "checkbox" ? (input.checked ? "1" : "0") : input.value;
@@ -194,25 +211,74 @@ function renderPlan(r) {
   renderBand(out, r.band);
 }
 
+// The serving mode: parmem.serving.startup on the busiest GPU, its verdict and launch command
+function renderServe(r) {
+  const out = root.querySelector(".parmem-serve-output");
+  const n = (x) => Number(x).toLocaleString("en-US");
+  const verdict = out.querySelector(".parmem-verdict");
+  verdict.textContent = `${r.model} on ${r.engine}, ${r.gpus} × ${r.gpu}: ${r.verdict}.`;
+  verdict.dataset.starts = String(r.starts);
+  verdict.dataset.kvBytes = String(r.kv);
+  const summary = out.querySelector(".parmem-serve-summary");
+  summary.textContent =
+    `The engine's budget is ${r.budget_gib} GiB of the GPU's ${r.total_gib} GiB. ` +
+    `KV cache ${r.kv_gib} GiB per GPU (${n(r.kv_token_bytes)} bytes a token): ${n(r.tokens)} tokens ` +
+    `in ${n(r.blocks)} blocks; the longest request it holds has ${n(r.longest)} tokens; ` +
+    `${r.concurrency} requests of max_model_len = ${n(r.max_model_len)} tokens fit at once.` +
+    r.warnings.map((w) => ` ${w}`).join("");
+  summary.dataset.tokens = String(r.tokens);
+  summary.dataset.longest = String(r.longest);
+  const table = el("table", { class: "parmem-table" });
+  const head = el("tr");
+  for (const h of ["per GPU", "GiB"]) head.append(el("th", {}, h));
+  table.appendChild(el("thead")).append(head);
+  const body = table.appendChild(el("tbody"));
+  for (const row of r.rows) {
+    const tr = el("tr", { "data-term": row.term });
+    cell(tr, row.label);
+    cell(tr, row.gib, { "data-term": row.term, "data-bytes": String(row.bytes) });
+    body.append(tr);
+  }
+  const budget = el("tr", { "data-term": "budget" });
+  cell(budget, "engine budget");
+  cell(budget, r.budget_gib, { "data-term": "budget", "data-bytes": String(r.budget) });
+  body.append(budget);
+  out.querySelector(".parmem-serve-table").replaceChildren(table);
+  out.querySelector(".parmem-serve-chart").innerHTML = r.svg; // SVG drawn by parmem.book.svg
+  out.querySelector(".parmem-command").textContent = r.command;
+}
+
+const RENDER = { calculate: (r) => renderCalculation(r), plan: (r) => renderPlan(r), serve: (r) => renderServe(r) };
+
+// the output of the mode shown; the other mode's is hidden (the calculator page has both)
+function activeOutput() {
+  return root.querySelector(kind === "serve" ? ".parmem-serve-output" : ".parmem-output");
+}
+
 async function update() {
   if (busy) { queued = true; return; }
   busy = true;
   root.dataset.parmemBusy = "1";
   const started = performance.now();
+  const asked = kind;
   const reply = await ask(kind, settings());
   busy = false;
-  if (reply.error) {
-    showErrors({ _: reply.error });
-  } else if (!reply.result.ok) {
-    showErrors(reply.result.errors);
+  const out = activeOutput();
+  if (asked !== kind) {
+    queued = true; // the mode changed meanwhile: this answer is for the other form
+  } else if (reply.error || !reply.result.ok) {
+    showErrors(reply.error ? { _: reply.error } : reply.result.errors);
+    out.classList.add("parmem-stale"); // the last result stays, dimmed: it is not these settings'
+    out.dataset.stale = "1";
   } else {
     showErrors({});
-    (kind === "calculate" ? renderCalculation : renderPlan)(reply.result);
+    out.classList.remove("parmem-stale");
+    out.dataset.stale = "0";
+    RENDER[kind](reply.result);
     const url = new URL(window.location.href);
     url.search = reply.result.query;
     window.history.replaceState(null, "", url);
-    const share = root.querySelector(".parmem-share");
-    if (share) share.href = url.href;
+    for (const share of root.querySelectorAll(".parmem-share")) share.href = url.href;
   }
   root.dataset.parmemResults = String(Number(root.dataset.parmemResults || 0) + 1);
   root.dataset.parmemMs = (performance.now() - started).toFixed(1);
@@ -222,14 +288,55 @@ async function update() {
   root.dataset.parmemBusy = "0";
 }
 
+// Each output as the page has it, before any answer: switching modes restores the other one
+const EMPTY = new Map([...root.querySelectorAll(".parmem-output, .parmem-serve-output")].map((n) => [n, n.innerHTML]));
+
+// Show mode k ("calculate", "serve" or "plan"): its form, with params (URLSearchParams) or the
+// defaults, and its output
+function showMode(k, params) {
+  kind = k;
+  const fields = { calculate: options.calc_fields, serve: options.serve_fields, plan: options.plan_fields }[k];
+  fieldNames = Object.keys(fields).filter((name) => !HIDDEN.has(name));
+  buildForm(options, fields, k === "serve" ? SERVE_CHOICES : CHOICES);
+  params.delete("mode");
+  extraSettings = setValues(fields, params);
+  for (const tab of root.querySelectorAll("[data-mode]")) {
+    tab.setAttribute("aria-selected", String(tab.dataset.mode === k));
+  }
+  for (const [node, html] of EMPTY) {
+    const shown = node === activeOutput();
+    if (node.hidden === shown) { node.innerHTML = html; node.classList.remove("parmem-stale"); }
+    node.hidden = !shown;
+  }
+  root.dataset.parmemMode = k;
+}
+
 (async () => {
   const status = root.querySelector(".parmem-status");
   const reply = await ask("options", {});
   if (reply.error) { status.textContent = `Python did not start: ${reply.error}`; return; }
-  const fields = kind === "calculate" ? reply.result.calc_fields : reply.result.plan_fields;
-  fieldNames = Object.keys(fields);
-  buildForm(reply.result, fields);
-  extraSettings = setValues(fields, new URLSearchParams(window.location.search));
+  options = reply.result;
+  const params = new URLSearchParams(window.location.search);
+  const tabs = root.querySelectorAll("[data-mode]");
+  const start = tabs.length && params.get("mode") === "serve" ? "serve" : kind;
+  showMode(start, params);
+  const form = root.querySelector("form");
+  form.addEventListener("input", () => update());
+  form.addEventListener("change", () => update());
+  form.addEventListener("submit", (e) => e.preventDefault());
+  for (const tab of tabs) {
+    tab.addEventListener("click", () => {
+      if (tab.dataset.mode === kind) return;
+      // the model and the GPU carry over to the other mode; the rest takes its defaults
+      const carried = new URLSearchParams();
+      for (const name of ["model", "gpu"]) {
+        const input = root.querySelector(`[name="${name}"]`);
+        if (input && input.value) carried.set(name, input.value);
+      }
+      showMode(tab.dataset.mode, carried);
+      update();
+    });
+  }
   status.textContent = "";
   root.dataset.parmemReady = "1";
   await update();
