@@ -218,3 +218,17 @@ def test_emit_keeps_every_setting_and_refuses_what_the_parser_would():
             emit_command(engine, "m", kv_cache_dtype=kv)
         with pytest.raises(ValueError, match="kv_cache_dtype"):
             startup(l8, engine=engine, utilization=0.9, kv_cache_dtype=kv)
+
+
+def test_mla_blocks_of_64_and_the_cli_table(capsys):
+    """vLLM's MLA backend on Hopper takes 64-token blocks: DeepSeek-V3's tokens are a multiple
+    of 64, and the latent (512 + 64 values, bf16) is one page per layer per token."""
+    from parmem.cli import main
+
+    ds = ModelSpec.preset("deepseek-v3")
+    r = startup(ds, "h200", tp=8, quantization="fp8-block", max_model_len=32768)
+    assert r.kv_token_bytes == 61 * (512 + 64) * 2 and r.tokens % 64 == 0 and r.starts
+    assert main(["serve", "--model", "deepseek-v3", "--gpu", "h200", "--tp", "8",
+                 "--quantization", "fp8-block", "--max-model-len", "32768"]) == 0
+    out = capsys.readouterr().out
+    assert f"{r.tokens:,}" in out and "TPOT" in out and out.count("\n") == 8

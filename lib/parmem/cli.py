@@ -367,8 +367,34 @@ def _cmd_startup(args) -> int:
     ]
     lines += [f"  {k:<28}{v / GIB:>9.2f}" for k, v in rows]
     lines += [f"  KV tokens {r.tokens:,}; longest request {r.longest:,} tokens", f"  {r.verdict}"]
+    if r.starts:
+        lines.append("  " + _latency_line(spec, args, r))
     write_out("\n".join(lines))
     return 0 if r.starts else 1
+
+
+def _latency_line(spec: ModelSpec, args, r) -> str:
+    """TTFT and TPOT of ``--batch`` requests (``parmem.serving_latency``, a roofline whose
+    kernel efficiencies are stated assumptions)."""
+    from .serving_latency import serving_latency
+
+    kv = "bf16" if args.kv_cache_dtype in ("auto", "bf16", "fp16") else args.kv_cache_dtype
+    lat = serving_latency(
+        spec,
+        args.gpu,
+        prompt=args.prompt,
+        output=args.output,
+        batch=args.batch,
+        tp=args.tp,
+        pp=args.pp,
+        weights=r.weights,
+        kv_dtype=kv,
+    )
+    return (
+        f"roofline, {args.batch} requests of {args.prompt}+{args.output} tokens: TTFT "
+        f"{1e3 * lat.ttft_s:.1f} ms, TPOT {1e3 * lat.tpot_s:.2f} ms, "
+        f"{lat.tokens_per_s_per_gpu:,.0f} tokens/s per GPU"
+    )
 
 
 def _int(lo: int = 1, hi: int = MAX_GPUS) -> Callable[[str], int]:
@@ -661,6 +687,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-model-len", type=_int(1, MAX_SEQ_LEN), default=None)
     p.add_argument("--max-num-seqs", type=_int(1, MAX_BATCH), default=None)
     p.add_argument("--max-num-batched-tokens", type=_int(1, MAX_SEQ_LEN), default=None)
+    p.add_argument("--batch", type=_int(1, MAX_BATCH), default=32, help="latency: requests")
+    p.add_argument("--prompt", type=_int(1, MAX_SEQ_LEN), default=1024, help="latency: input")
+    p.add_argument("--output", type=_int(1, MAX_SEQ_LEN), default=256, help="latency: output")
     p.add_argument("--json", action="store_true")
     p.add_argument(
         "--emit",

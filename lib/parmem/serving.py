@@ -417,6 +417,8 @@ def startup(
     if engine == "sglang":
         return _sglang(spec, total, stages, token_bytes, tp * pp, utilization, max_len, free_bytes)
     e = ENGINES[engine]
+    # vLLM's MLA backend on Hopper (FlashMLA) takes blocks of 64 tokens, others 16
+    block = 64 if engine == "vllm" and spec.attention == "mla" else e["block"]
     nt = e["non_torch"]["tp" if tp > 1 else "pp" if pp > 1 else "single"]
     # the busiest stage: the one whose budget leaves the least for the cache
     peaks = [profile_peak_bytes(spec, tokens, seqs, tp, i == pp - 1, engine, wb) for i in range(pp)]
@@ -451,7 +453,7 @@ def startup(
         nt,
         kvs[i],
         token_bytes,
-        e["block"],
+        block,
         layers,
         max_len,
         tokens,
