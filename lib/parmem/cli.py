@@ -332,6 +332,7 @@ def _cmd_startup(args) -> int:
         max_model_len=args.max_model_len,
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_num_seqs=args.max_num_seqs,
+        version=args.engine_version,
     )
     if args.emit:
         cmd = emit_command(
@@ -687,6 +688,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-model-len", type=_int(1, MAX_SEQ_LEN), default=None)
     p.add_argument("--max-num-seqs", type=_int(1, MAX_BATCH), default=None)
     p.add_argument("--max-num-batched-tokens", type=_int(1, MAX_SEQ_LEN), default=None)
+    p.add_argument(
+        "--engine-version",
+        default=None,
+        help="an earlier version's profiling peak (vLLM: 0.10; default the newest, 0.19)",
+    )
     p.add_argument("--batch", type=_int(1, MAX_BATCH), default=32, help="latency: requests")
     p.add_argument("--prompt", type=_int(1, MAX_SEQ_LEN), default=1024, help="latency: input")
     p.add_argument("--output", type=_int(1, MAX_SEQ_LEN), default=256, help="latency: output")

@@ -136,9 +136,12 @@ ENGINES: dict[str, dict] = {
         # calibrated: non-torch growth during profiling (Llama-3.1-8B: 0.25 GiB at t = 1,
         # 2.07 GiB at t = 2 with the custom all-reduce and NCCL buffers, 0.07 GiB at p = 2)
         "non_torch": {"single": int(0.25 * GIB), "tp": int(2.07 * GIB), "pp": int(0.07 * GIB)},
-        # calibrated: CUDA context and NCCL before the first snapshot (free at start: 78.68
-        # of 79.19 GiB at t = 1, 77.66 at t = 2)
-        "context": {"single": int(0.51 * GIB), "multi": int(1.53 * GIB)},
+        # earlier versions whose profiling peak differs: the sampler's bytes per logit.
+        # 0.10: calibrated on the one 0.10.1 log (gpt-oss-120b, H100, 0.9, 8,192 tokens):
+        # KV -2.14 GiB = 0.9 x 79.19 - 65.97 (weights) - 0.25 (non-torch) - peak, so the peak
+        # is 7.20 GiB for 1,024 x 201,088 logits (its sampler sorted the full vocabulary in
+        # PyTorch, fp32 values and int64 indices, before v1/sample moved to Triton)
+        "versions": {"0.19": 1.89 * GIB / (1024 * 128256), "0.10": 7.20 * GIB / (1024 * 201088)},
     },
     "sglang": {
         "version": "0.5",
@@ -277,17 +280,21 @@ def profile_peak_bytes(
     last_stage: bool = True,
     engine: str = "vllm",
     act_bytes: int = 2,
+    version: str | None = None,
 ) -> int:
     """The torch peak increase of vLLM's profiling run: the larger of the forward pass over
     ``tokens`` tokens (:func:`parmem.inference.prefill_workspace_bytes`) and, on the last pipeline stage, the sampler
     warm-up on ``min(seqs, tokens)`` rows of full-vocabulary logits (bf16 logits gathered over
     the t ranks, their fp32 copy and the top-k/top-p buffers of ``v1/sample``), at the
-    calibrated bytes per logit of :data:`ENGINES`."""
+    calibrated bytes per logit of :data:`ENGINES` (``version``: vLLM's, one of its
+    ``versions``; default the newest)."""
     fwd = prefill_workspace_bytes(spec, tokens, tp, sequences=0, act_bytes=act_bytes)
     if not last_stage:
         return fwd
     rows = min(seqs, tokens)
-    sampler = int(ENGINES[engine]["sampler_bytes_per_logit"] * rows * spec.vocab_size)
+    e = ENGINES[engine]
+    per_logit = e["versions"][version] if version else e["sampler_bytes_per_logit"]
+    sampler = int(per_logit * rows * spec.vocab_size)
     return max(fwd, sampler)
 
 
@@ -371,6 +378,7 @@ def startup(
     total_bytes: int | None = None,
     free_bytes: int | None = None,
     mxfp4_backend: str = "marlin",
+    version: str | None = None,
 ) -> Startup:
     """Startup memory of ``engine`` serving ``spec`` on ``tp × pp`` GPUs of ``gpu``, and the KV
     cache it is left with (the module docstring gives each engine's formula and source).
@@ -381,12 +389,17 @@ def startup(
     and ``max_num_seqs`` to the engine's defaults for the GPU. ``total_bytes`` overrides the
     device memory (default: the preset's, as ``nvidia-smi`` reports it; CUDA reports a little
     less, 79.19 GiB of an H100's 79.65, and a log's figure is the one to use); ``free_bytes``
-    is SGLang's free memory before loading (default: the total less the CUDA context).
+    is SGLang's free memory before loading (default: the total less the CUDA context);
+    ``version`` picks an earlier vLLM's profiling peak (``ENGINES["vllm"]["versions"]``).
     """
     _spec(spec)
     choice("engine", engine, ENGINES)
     choice("kv_cache_dtype", kv_cache_dtype, SERVE_KV_DTYPES)
     _engine_kv(engine, kv_cache_dtype)
+    versions = ENGINES[engine].get("versions", {})
+    if version is not None and version not in versions:
+        known = ", ".join(versions) or "none"
+        raise ValueError(f"version={version!r:.20}: {engine} versions modelled: {known}")
     tp, pp = integer("tp", tp), integer("pp", pp, 1, spec.layers)
     total = _total(gpu, total_bytes)
     max_len = integer(
@@ -421,7 +434,10 @@ def startup(
     block = 64 if engine == "vllm" and spec.attention == "mla" else e["block"]
     nt = e["non_torch"]["tp" if tp > 1 else "pp" if pp > 1 else "single"]
     # the busiest stage: the one whose budget leaves the least for the cache
-    peaks = [profile_peak_bytes(spec, tokens, seqs, tp, i == pp - 1, engine, wb) for i in range(pp)]
+    peaks = [
+        profile_peak_bytes(spec, tokens, seqs, tp, i == pp - 1, engine, wb, version)
+        for i in range(pp)
+    ]
     if engine == "vllm":
         util = number(
             "utilization",
@@ -808,6 +824,7 @@ def predict_log(entry: dict) -> Startup:
         max_num_seqs=entry.get("max_num_seqs"),
         total_bytes=total,
         free_bytes=None if free is None else round(free * GIB),
+        version=entry.get("parmem_engine_version"),
     )
 
 
