@@ -49,6 +49,7 @@ ORDER = [
     "parmem.kvcache",
     "parmem.serving",
     "parmem.serving_latency",
+    "parmem.serving_log",
     "parmem.analyses",
     "parmem.engine_analyses",
     "parmem.allocator",

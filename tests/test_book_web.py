@@ -290,7 +290,6 @@ def test_an_engine_that_does_not_start_says_so():
     ({"tp": "two"}, "tp", "tp='two' must be a whole number"),
     ({"pp": "100"}, "pp", "pp=100 must be an integer in 1..32"),
     ({"engine": "tgi"}, "engine", "engine='tgi' must be one of vllm, sglang, trtllm"),
-    ({"engine": "sglang"}, "util", "SGLang's mem_fraction_static must be given"),
     ({"util": "1.5"}, "util", "utilization=1.5 must be <= 1"),
     ({"util": "most"}, "util", "util='most' must be a number or auto"),
     ({"quant": "int3"}, "quant", "quant='int3' must be one of"),

@@ -21,7 +21,7 @@ same layer may not import each other either, so that a formula cannot drift into
     serving, serving_latency,             serving engines' startup memory; the roofline of
                                           serving (TTFT, TPOT);
     measure, reference                    the torch side
-    bounds                                allocated, reserved and the high bound
+    bounds, serving_log                   allocated, reserved and the high bound; serving logs
     fit                                   the inverse queries (what fits)
     planner                               search and cost model
     book, distributed                     glue, tables, plots, widgets; the demos
@@ -51,7 +51,7 @@ LAYERS: list[set[str]] = [
     {"estimate", "inference"},
     {"allocator", "traces", "analyses", "engine_analyses", "measure", "reference",
      "finetune_analyses", "serving", "serving_latency"},
-    {"bounds"},
+    {"bounds", "serving_log"},
     {"fit"},
     {"planner"},
     {"book", "distributed", "plots", "widgets", "tables"},

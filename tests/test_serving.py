@@ -13,6 +13,7 @@ from parmem.serving import (
     kv_blocks,
     loaded_weight_bytes,
     rope_cache_bytes,
+    sglang_mem_fraction_static,
     startup,
 )
 
@@ -154,8 +155,17 @@ def test_startup_budget_and_verdicts():
 
 def test_sglang_and_trtllm_budgets():
     l8 = ModelSpec.preset("llama-3-8b")
-    with pytest.raises(ValueError, match="mem_fraction_static"):
-        startup(l8, engine="sglang")
+    # SGLang 0.5's default on an H100 (81,559 MiB) at t = 1: reserved = 512 + 1.5 x 8,192 +
+    # 2 x 256 + 1/8 x 1,024 + 58 piecewise graphs x 8 = 13,904 MiB, so (81,559 - 13,904) / 81,559
+    assert sglang_mem_fraction_static(81559) == 0.83
+    # an L4 (23,034 MiB) at t = 4: 512 + 1.5 x 2,048 + 2 x 80 + 512 + 42 x 8 = 4,592 MiB
+    assert sglang_mem_fraction_static(23034, tp=4) == round((23034 - 4592) / 23034, 3)
+    # an H200 at t = 8: 512 + 12,288 + 2 x 512 + 1,024 + 464 = 15,312 MiB (above the 10 GiB floor)
+    assert sglang_mem_fraction_static(143771, tp=8) == round((143771 - 15312) / 143771, 3)
+    # MLA keeps 1.5 GiB for its piecewise graphs instead: 512 + 12,288 + 512 + 128 + 1,536
+    assert sglang_mem_fraction_static(81559, mla=True) == round((81559 - 14976) / 81559, 3)
+    default = startup(l8, engine="sglang", free_bytes=70 * GIB)
+    assert default.kv == startup(l8, engine="sglang", utilization=0.83, free_bytes=70 * GIB).kv
     free = 70 * GIB
     s = startup(l8, engine="sglang", utilization=0.85, free_bytes=free)
     assert s.kv == free - s.weights - int(free * 0.15)

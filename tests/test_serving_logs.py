@@ -14,7 +14,8 @@ import tomllib
 import pytest
 
 from parmem._data import data_path
-from parmem.serving import ENGINES, kv_blocks, log_spec, predict_log
+from parmem.serving import ENGINES, kv_blocks
+from parmem.serving_log import log_spec, predict_log, read_log
 
 GIB = 2**30
 LOGS = tomllib.loads(data_path("serving_logs.toml").read_text())["log"]
@@ -162,3 +163,29 @@ def test_calibration_constants_are_the_calibration_logs():
     old = BY_ID["vllm-gpt-oss-120b-h100pcie-dns"]
     peak = 0.9 * 79.19 - old["kv_cache_gib"] - old["weights_gib"] - tp1["non_torch_gib"]
     assert vllm["versions"]["0.10"] * 1024 * 201088 == pytest.approx(peak * GIB, abs=0.01 * GIB)
+
+
+@pytest.mark.parametrize("log_id", [e["id"] for e in LOGS if e["id"].startswith("planner-")
+                                    or e["engine"] == "sglang"])
+def test_read_log_gives_the_recorded_numbers(log_id):
+    """parmem.serving_log.read_log on each log's quoted lines gives the numbers recorded beside
+    them (read by hand from the same lines when the data file was written)."""
+    e = BY_ID[log_id]
+    try:
+        got = read_log("\n".join(e["lines"]))
+    except ValueError:
+        pytest.fail(f"{log_id}: no line read")
+    keys = ("weights_gib", "kv_cache_gib", "kv_tokens", "activation_peak_gib", "non_torch_gib",
+            "cuda_graph_gib", "total_gpu_gib")
+    for key in keys:
+        if key in e and key in got:
+            assert got[key] == pytest.approx(e[key], abs=0.011), key
+    assert {k for k in ("weights_gib", "kv_tokens") if k in e} <= set(got)
+    assert got["engine"] == e["engine"]
+    if "max_model_len" in got:
+        assert got["max_model_len"] == e["max_model_len"]
+
+
+def test_read_log_refuses_text_without_startup_lines():
+    with pytest.raises(ValueError, match="no vLLM or SGLang startup line"):
+        read_log("hello")

@@ -319,6 +319,8 @@ def _cmd_startup(args) -> int:
 
     spec = _model(args.model)
     gpu = args.gpu
+    if args.log:
+        return _serve_log(spec, args)
     r = startup(
         spec,
         gpu,
@@ -372,6 +374,41 @@ def _cmd_startup(args) -> int:
         lines.append("  " + _latency_line(spec, args, r))
     write_out("\n".join(lines))
     return 0 if r.starts else 1
+
+
+def _serve_log(spec: ModelSpec, args) -> int:
+    """``parmem serve --log FILE``: the reader's own startup log beside the prediction."""
+    from .serving_log import compare_log
+
+    try:
+        text = Path(args.log).read_text(encoding="utf-8", errors="replace")
+    except OSError as e:
+        raise ValueError(f"--log {args.log!r:.80}: {short(e)}") from None
+    r, rows = compare_log(
+        spec,
+        text,
+        args.gpu,
+        engine=args.engine,
+        quantization=args.quantization,
+        dtype=args.dtype,
+        kv_cache_dtype=args.kv_cache_dtype,
+        utilization=args.utilization,
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        version=args.engine_version,
+    )
+    lines = [
+        f"{spec.name} on {r.engine}: the log beside parmem (GiB = 2**30 bytes)",
+        f"  {'':<16}{'log':>12}{'parmem':>12}{'difference':>12}",
+    ]
+    for row in rows:
+        fmt = "{:>12,}" if row["what"] == "KV tokens" else "{:>12.2f}"
+        cells = "".join(fmt.format(row[k]) for k in ("log", "parmem", "difference"))
+        lines.append(f"  {row['what']:<16}{cells}")
+    lines.append(f"  parmem: {r.verdict}")
+    write_out("\n".join(lines))
+    return 0
 
 
 def _latency_line(spec: ModelSpec, args, r) -> str:
@@ -696,6 +733,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=_int(1, MAX_BATCH), default=32, help="latency: requests")
     p.add_argument("--prompt", type=_int(1, MAX_SEQ_LEN), default=1024, help="latency: input")
     p.add_argument("--output", type=_int(1, MAX_SEQ_LEN), default=256, help="latency: output")
+    p.add_argument(
+        "--log",
+        default=None,
+        help="a vLLM or SGLang startup log: its numbers beside the prediction",
+    )
     p.add_argument("--json", action="store_true")
     p.add_argument(
         "--emit",

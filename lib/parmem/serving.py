@@ -52,12 +52,10 @@ __all__ = [
     "rope_cache_bytes",
     "profile_peak_bytes",
     "kv_blocks",
-    "log_spec",
-    "predict_log",
     "startup",
     "emit_command",
+    "sglang_mem_fraction_static",
     "check_command",
-    "log_rows",
 ]
 
 GIB = 2**30
@@ -384,7 +382,7 @@ def startup(
     cache it is left with (the module docstring gives each engine's formula and source).
 
     ``utilization`` is vLLM's ``gpu_memory_utilization`` (default 0.9), SGLang's
-    ``mem_fraction_static`` (required) or TensorRT-LLM's ``free_gpu_memory_fraction`` (default
+    ``mem_fraction_static`` (default :func:`sglang_mem_fraction_static`) or TensorRT-LLM's ``free_gpu_memory_fraction`` (default
     0.9). ``max_model_len`` defaults to the model's ``max_positions``; ``max_num_batched_tokens``
     and ``max_num_seqs`` to the engine's defaults for the GPU. ``total_bytes`` overrides the
     device memory (default: the preset's, as ``nvidia-smi`` reports it; CUDA reports a little
@@ -428,7 +426,20 @@ def startup(
     layers = _layers_on(spec, pp)
     token_bytes = layers * per_layer
     if engine == "sglang":
-        return _sglang(spec, total, stages, token_bytes, tp * pp, utilization, max_len, free_bytes)
+        gpu_mib = device_memory_bytes(gpu) >> 20 if total_bytes is None else total >> 20
+        return _sglang(
+            spec,
+            total,
+            stages,
+            token_bytes,
+            tp * pp,
+            utilization,
+            max_len,
+            free_bytes,
+            gpu_mib,
+            tp,
+            pp,
+        )
     e = ENGINES[engine]
     # vLLM's MLA backend on Hopper (FlashMLA) takes blocks of 64 tokens, others 16
     block = 64 if engine == "vllm" and spec.attention == "mla" else e["block"]
@@ -559,12 +570,53 @@ def _verdict(
     )
 
 
-def _sglang(spec, total, stages, token_bytes, gpus, fraction, max_len, free) -> Startup:
+#: SGLang 0.5's defaults by the GPU's memory in MiB as nvidia-smi reports it (``server_args.py:
+#: ServerArgs._handle_gpu_memory_settings``): (below this many MiB, chunked_prefill_size,
+#: cuda_graph_max_bs at tp < 4, at tp >= 4)
+_SGLANG_SIZES = (
+    (20 * 1024, 2048, 8, 8),
+    (35 * 1024, 2048, 24, 80),
+    (60 * 1024, 4096, 32, 160),
+    (90 * 1024, 8192, 256, 512),
+    (160 * 1024, 8192, 256, 512),
+    (math.inf, 16384, 512, 512),
+)
+
+
+def _piecewise_sizes(max_tokens: int) -> int:
+    """How many piecewise CUDA graphs SGLang 0.5 captures up to ``max_tokens`` tokens
+    (``_generate_piecewise_cuda_graph_tokens``)."""
+    sizes = [
+        *range(4, 33, 4),
+        *range(48, 257, 16),
+        *range(288, 513, 32),
+        *range(576, 1025, 64),
+        *range(1280, 4097, 256),
+        *range(4608, max_tokens + 1, 512),
+    ]
+    return sum(x <= max_tokens for x in sizes)
+
+
+def sglang_mem_fraction_static(gpu_mib: int, tp: int = 1, pp: int = 1, mla: bool = False) -> float:
+    """SGLang 0.5's default ``mem_fraction_static`` (``server_args.py``, no DP attention, no
+    speculative decoding): (memory − reserved) / memory, rounded to 3 decimals, with reserved =
+    512 MiB + 1.5 × the chunked-prefill size + 2 × the largest CUDA-graph batch + t·p/8 GiB +
+    8 MiB per piecewise CUDA graph (1.5 GiB for MLA), at least 10 GiB on a GPU above 60 GiB.
+    Read from the source; no log recorded here checks it (the one SGLang log with its fraction
+    printed is 0.4.3's)."""
+    gpu_mib = integer("gpu_mib", gpu_mib, 1, MAX_MEMORY_BYTES >> 20)
+    _, chunk, bs_small, bs_big = next(r for r in _SGLANG_SIZES if gpu_mib < r[0])
+    graph_bs = bs_small if tp < 4 else bs_big
+    reserved = 512 + max(chunk, 2048) * 1.5 + graph_bs * 2 + tp * pp / 8 * 1024
+    reserved += 1.5 * 1024 if mla else _piecewise_sizes(2048 if mla else chunk) * 8
+    if gpu_mib > 60 * 1024:
+        reserved = max(reserved, 10 * 1024)
+    return round((gpu_mib - reserved) / gpu_mib, 3)
+
+
+def _sglang(spec, total, stages, token_bytes, gpus, fraction, max_len, free, gpu_mib, tp, pp):
     if fraction is None:
-        raise ValueError(
-            "utilization: SGLang's mem_fraction_static must be given (its default depends on "
-            "the GPU, the chunked-prefill size and the CUDA-graph batch sizes)"
-        )
+        fraction = sglang_mem_fraction_static(gpu_mib, tp, pp, spec.attention == "mla")
     frac = number("utilization", fraction, 0, 1, lo_open=True)
     ctx = ENGINES["sglang"]["context"]["multi" if gpus > 1 else "single"]
     free_before = total - ctx if free is None else integer("free_bytes", free, 1, total)
@@ -752,114 +804,3 @@ def check_command(engine: str, command: str) -> None:
                 raise ValueError(f"{engine}: {name} needs a value")
             if allowed and value not in allowed:
                 raise ValueError(f"{engine}: {name} {value} is not one of {allowed}")
-
-
-# ---------------------------------------------------------------------------- recorded logs
-#: Hugging Face configurations of the logged checkpoints that are not parmem presets, keyed by
-#: repository id (the fields of each config.json that parmem reads; sources in
-#: ``data/serving_logs.toml``'s ``[models]`` table).
-def log_models() -> dict[str, dict]:
-    """The ``[models]`` table of ``data/serving_logs.toml``: repository id → config fields."""
-    from ._data import load_toml
-
-    return load_toml("serving_logs.toml").get("models", {})
-
-
-def log_spec(entry: dict) -> ModelSpec:
-    """The :class:`ModelSpec` a recorded log's checkpoint has: its ``[models]`` config, or the
-    parmem preset the entry names; a multimodal checkpoint (vLLM loads its vision tower and
-    profiles its encoder) is refused by name."""
-    models = log_models()
-    repo = entry["model"]
-    if repo in models:
-        cfg = dict(models[repo])
-        if cfg.pop("multimodal", False):
-            raise ValueError(
-                f"model={repo!r}: vLLM loads this checkpoint's vision encoder and profiles it; "
-                "parmem models the text decoder only"
-            )
-        cfg.pop("source", None)
-        return ModelSpec.from_hf_config(cfg, name=repo)
-    if entry.get("parmem_preset"):
-        return ModelSpec.preset(entry["parmem_preset"])
-    raise ValueError(f"model={repo!r}: no configuration recorded for this checkpoint")
-
-
-def predict_log(entry: dict) -> Startup:
-    """:func:`startup` for a recorded log's engine, layout and settings (``data/serving_logs.toml``),
-    on the device memory the log prints; a log whose settings are incomplete (``unscored``) is
-    refused with the reason."""
-    if entry.get("unscored"):
-        raise ValueError(f"log {entry['id']!r}: not predicted: {entry['unscored']}")
-    spec = log_spec(entry)
-    quant = {
-        "none": "none",
-        "fp8": "fp8",
-        "mxfp4": "mxfp4",
-        "gptq_marlin": "w4a16",
-        "compressed-tensors": entry.get("parmem_quantization", "fp8"),
-    }
-    dtype = {"bfloat16": "bf16", "float16": "fp16"}.get(entry.get("dtype", "bfloat16"), "bf16")
-    kv = {"auto": "auto", "fp8": "fp8"}[entry.get("kv_cache_dtype", "auto")]
-    util = entry.get("gpu_memory_utilization", entry.get("mem_fraction_static"))
-    free = entry.get("avail_mem_before_load_gb")
-    if "total_gpu_gib" in entry:
-        total = round(entry["total_gpu_gib"] * GIB)
-    elif "device_mib" in entry:
-        total = entry["device_mib"] * _MIB
-    else:
-        total = None
-    return startup(
-        spec,
-        entry.get("parmem_gpu", "h100-sxm"),
-        engine=entry["engine"],
-        tp=entry.get("tp", 1),
-        pp=entry.get("pp", 1),
-        quantization=quant[entry.get("quantization", "none")],
-        dtype=dtype,
-        kv_cache_dtype=kv,
-        utilization=util,
-        max_model_len=entry.get("max_model_len"),
-        max_num_batched_tokens=entry.get("max_num_batched_tokens"),
-        max_num_seqs=entry.get("max_num_seqs"),
-        total_bytes=total,
-        free_bytes=None if free is None else round(free * GIB),
-        version=entry.get("parmem_engine_version"),
-    )
-
-
-def log_rows() -> list[dict]:
-    """Every recorded log of ``data/serving_logs.toml`` beside parmem's prediction: id, engine
-    and version, model, GPUs, quantisation, measured and predicted weights and KV cache (GiB,
-    one GPU) and tokens, whether it started and whether parmem says it starts; ``note`` names
-    why a row has no prediction (a multimodal checkpoint, a missing setting)."""
-    from ._data import load_toml
-
-    rows = []
-    for e in load_toml("serving_logs.toml")["log"]:
-        row = {
-            "log": e["id"],
-            "engine": f"{e['engine']} {e.get('engine_version', '?')}",
-            "model": e["model"].split("/")[-1].split(" ")[0],
-            "t×p": f"{e.get('tp', 1)}×{e.get('pp', 1)}",
-            "quantization": e.get("quantization", "none"),
-            "weights (log)": e.get("weights_gib"),
-            "KV (log)": e.get("kv_cache_gib"),
-            "tokens (log)": e.get("kv_tokens"),
-            "started": e["starts"],
-        }
-        try:
-            got = predict_log(e)
-        except ValueError as err:
-            row["note"] = str(err).split(": ", 1)[-1]
-        else:
-            row.update(
-                {
-                    "weights": got.weights / GIB,
-                    "KV": got.kv / GIB,
-                    "tokens": got.tokens,
-                    "starts": got.starts,
-                }
-            )
-        rows.append(row)
-    return rows

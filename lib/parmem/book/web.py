@@ -76,8 +76,8 @@ its launch command (:func:`parmem.serving.emit_command`). Its URL parameters, wi
 * ``quant``: how the weights are stored (``parmem.serving.QUANTIZATIONS``), ``none``;
   ``dtype``: the unquantised weights' dtype, ``bf16``; ``kv``: the KV cache's dtype
   (``parmem.serving.SERVE_KV_DTYPES``), ``auto`` (the weights');
-* ``util``: vLLM's ``gpu_memory_utilization``, SGLang's ``mem_fraction_static`` (which has no
-  default: give it), TensorRT-LLM's ``free_gpu_memory_fraction``, ``auto``;
+* ``util``: vLLM's ``gpu_memory_utilization``, SGLang's ``mem_fraction_static`` (its default
+  depends on the GPU and the layout), TensorRT-LLM's ``free_gpu_memory_fraction``, ``auto``;
 * ``len``: ``max_model_len``, ``auto`` (the model's ``max_positions``); ``seqs``:
   ``max_num_seqs``, ``auto``; ``tokens``: ``max_num_batched_tokens``, ``auto``.
 
@@ -195,7 +195,7 @@ SERVE_FIELDS: dict[str, tuple[str, str]] = {
     "quant": ("none", "how the weights are stored (quantization)"),
     "dtype": ("bf16", "dtype of the unquantised weights"),
     "kv": ("auto", "KV-cache dtype (auto: the weights')"),
-    "util": ("auto", "share of the GPU the engine may use (SGLang: mem_fraction_static, needed)"),
+    "util": ("auto", "share of the GPU the engine may use (SGLang: mem_fraction_static)"),
     "len": ("auto", "max_model_len: the longest request (auto: the model's max_positions)"),
     "seqs": ("auto", "max_num_seqs: requests per step (auto: the engine's default)"),
     "tokens": ("auto", "max_num_batched_tokens: tokens per step (auto: the engine's default)"),
@@ -529,7 +529,7 @@ def serve_page(settings: Mapping[str, Any]) -> dict[str, Any]:
         }
         try:
             r = startup(spec, gpu, engine=engine, **kw)
-        except ValueError as e:  # "utilization: SGLang's mem_fraction_static must be given"
+        except ValueError as e:  # "version: ...", "utilization: ..." (a library field's name)
             lead = re.match(r"([a-z_]+):", str(e))
             if lead and field_of(str(e), SERVE_FIELDS, names=_SERVE_NAMES) == "_":
                 name = _SERVE_NAMES.get(lead.group(1), lead.group(1))
