@@ -168,7 +168,7 @@ def log_rows() -> list[dict]:
         row = {
             "log": e["id"],
             "engine": f"{e['engine']} {e.get('engine_version', '?')}",
-            "model": e["model"].split("/")[-1].split(" ")[0],
+            "model": e["model"].split(" ")[0].split("/")[-1],
             "t×p": f"{e.get('tp', 1)}×{e.get('pp', 1)}",
             "quantization": e.get("quantization", "none"),
             "weights (log)": e.get("weights_gib"),
@@ -179,7 +179,7 @@ def log_rows() -> list[dict]:
         try:
             got = predict_log(e)
         except ValueError as err:
-            row["note"] = str(err).split(": ", 1)[-1]
+            row["note"] = str(err).rsplit("not predicted: ", 1)[-1].split(": ", 1)[-1]
         else:
             row.update(
                 {
