@@ -3,6 +3,8 @@ arithmetic, the verdicts, and the launch commands against the engines' recorded 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from parmem import ModelSpec
@@ -81,21 +83,7 @@ def test_int4_group_layouts():
 
 
 def test_mxfp4_touches_experts_only_and_pads():
-    moe = ModelSpec(
-        name="tiny-moe",
-        vocab_size=1000,
-        hidden=256,
-        layers=1,
-        heads=4,
-        kv_heads=2,
-        ffn_hidden=512,
-        ffn_kind="swiglu",
-        norm="rmsnorm",
-        num_experts=4,
-        top_k=2,
-        expert_ffn_hidden=200,
-        max_positions=64,
-    )
+    moe = replace(TINY, name="tiny-moe", num_experts=4, top_k=2, expert_ffn_hidden=200)
     with pytest.raises(ValueError, match="mxfp4"):
         loaded_weight_bytes(TINY, "mxfp4")
     bf16 = loaded_weight_bytes(moe, rope_cache=False)

@@ -321,21 +321,7 @@ def _cmd_startup(args) -> int:
     gpu = args.gpu
     if args.log:
         return _serve_log(spec, args)
-    r = startup(
-        spec,
-        gpu,
-        engine=args.engine,
-        tp=args.tp,
-        pp=args.pp,
-        quantization=args.quantization,
-        dtype=args.dtype,
-        kv_cache_dtype=args.kv_cache_dtype,
-        utilization=args.utilization,
-        max_model_len=args.max_model_len,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        max_num_seqs=args.max_num_seqs,
-        version=args.engine_version,
-    )
+    r = startup(spec, gpu, **_serve_settings(args))
     if args.emit:
         cmd = emit_command(
             args.engine,
@@ -376,6 +362,23 @@ def _cmd_startup(args) -> int:
     return 0 if r.starts else 1
 
 
+def _serve_settings(args) -> dict:
+    """The keywords of :func:`parmem.serving.startup` that ``parmem serve``'s flags give."""
+    return {
+        "engine": args.engine,
+        "tp": args.tp,
+        "pp": args.pp,
+        "quantization": args.quantization,
+        "dtype": args.dtype,
+        "kv_cache_dtype": args.kv_cache_dtype,
+        "utilization": args.utilization,
+        "max_model_len": args.max_model_len,
+        "max_num_batched_tokens": args.max_num_batched_tokens,
+        "max_num_seqs": args.max_num_seqs,
+        "version": args.engine_version,
+    }
+
+
 def _serve_log(spec: ModelSpec, args) -> int:
     """``parmem serve --log FILE``: the reader's own startup log beside the prediction."""
     from .serving_log import compare_log
@@ -384,20 +387,7 @@ def _serve_log(spec: ModelSpec, args) -> int:
         text = Path(args.log).read_text(encoding="utf-8", errors="replace")
     except OSError as e:
         raise ValueError(f"--log {args.log!r:.80}: {short(e)}") from None
-    r, rows = compare_log(
-        spec,
-        text,
-        args.gpu,
-        engine=args.engine,
-        quantization=args.quantization,
-        dtype=args.dtype,
-        kv_cache_dtype=args.kv_cache_dtype,
-        utilization=args.utilization,
-        max_model_len=args.max_model_len,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        version=args.engine_version,
-    )
+    r, rows = compare_log(spec, text, args.gpu, **_serve_settings(args))
     lines = [
         f"{spec.name} on {r.engine}: the log beside parmem (GiB = 2**30 bytes)",
         f"  {'':<16}{'log':>12}{'parmem':>12}{'difference':>12}",
