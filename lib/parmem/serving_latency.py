@@ -491,7 +491,7 @@ def decode_step(
     bytes of one weight (2 for 16-bit, 1 for FP8, about 0.5 for 4-bit formats before their
     scales); ``weights`` overrides it with the bytes one GPU holds (the largest stage's GPU, e.g.
     what an engine logs for the loaded model), spread evenly over that GPU's parameters.
-    ``kv_dtype``: one of :data:`parmem.kvcache.KV_DTYPES`. ``mem_efficiency`` and
+    ``kv_dtype``: one of ``parmem.kvcache.KV_DTYPES`` (fp32, fp16, bf16, fp8, int8). ``mem_efficiency`` and
     ``flop_efficiency``: stated assumptions (module docstring). ``allreduce``: ``"custom"``
     (vLLM's custom all-reduce, :func:`all_reduce_time`) or ``"nccl"`` (ring). What is counted,
     and the sources: the module docstring.
