@@ -1,0 +1,39 @@
+"""The planner's step time on the held-out measured runs of data/measured_runs.toml (issue 29):
+each row's measured and modelled step time, the mean and worst |error| per organisation, and
+how they move with dp_overlap (the fitted value, 0.05, comes from 2021 software). Not part of
+`make bench`:
+
+    PYTHONPATH=lib python benchmarks/heldout_runs.py [--rows]
+"""
+
+from __future__ import annotations
+
+import sys
+
+from parmem.planner.heldout import Scored, score, skipped, summary
+
+
+def main(rows: bool = False) -> None:
+    print(f"left out: {len(skipped())} rows")
+    for why in sorted({w for _, w in skipped()}):
+        print(f"  {sum(w == why for _, w in skipped())} x {why}")
+    scored = score()
+    if rows:
+        for s in scored:
+            if isinstance(s, Scored):
+                print(f"{s.error:+8.1%}  {s.run.step_time:9.3f} s measured  "
+                      f"{s.modelled:9.3f} s modelled  {s.run.key}")
+            else:
+                print(f"    n/a   {s[0].key}: {s[1]}")
+    for dpo in (None, 0.5, 0.9, 1.0):
+        kw = {} if dpo is None else {"dp_overlap": dpo}
+        res = summary(score(**kw) if kw else scored)
+        label = "defaults" if dpo is None else f"dp_overlap={dpo}"
+        print(f"{label:>16}: {res['scored']} scored, mean |error| {res['mean |error|']:.1%}, "
+              f"worst {res['worst |error|']:.1%}")
+        for org, (n, mean, worst) in sorted(res["by organisation"].items()):
+            print(f"{'':>18}{org:<20}{n:>4}  mean {mean:6.1%}  worst {worst:6.1%}")
+
+
+if __name__ == "__main__":
+    main("--rows" in sys.argv)

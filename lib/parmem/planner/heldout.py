@@ -1,0 +1,226 @@
+"""The planner's step time on measured runs it was not fitted to (issue 29).
+
+``data/measured_runs.toml`` holds published *measured* training throughputs from sources the
+fit (:mod:`parmem.planner.calibration`, ``data/published_runs.toml``) never reads: MosaicML's
+llm-foundry tables, torchtitan's and IBM's FSDP benchmarks, BigScience's BLOOM logs, BAAI's
+FlagPerf, NVIDIA's Megatron-Bridge and NeMo AutoModel summaries. Each row gives a layout and
+tokens per second per GPU (or seconds per step); the measured step time is the tokens of one
+global batch over the tokens per second of all GPUs. :func:`score` models the same layout with
+:func:`~parmem.planner.evaluate` (the planner's time model, with the given assumptions) and
+returns the modelled step time beside the measured one.
+
+What is scored and what is not is decided row by row, and said: FP8 rows (the time model has no
+FP8 GEMM rate), rows that give a utilisation only (their step time depends on the source's own
+FLOP count), rows whose layout the planner's engines cannot express (CPU offload, a sharding
+group smaller than the data-parallel group) are left out with the reason (:func:`skipped`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any, Unpack
+
+from .._data import load_toml
+from ..config import ParallelConfig, TrainingSetup, even_split
+from ..model import ModelSpec
+from .inputs import AssumptionOptions, Cluster
+from .search import evaluate
+
+__all__ = ["MeasuredRun", "Scored", "measured_runs", "skipped", "score", "summary", "ORGS"]
+
+#: the organisation behind each group: the unit a held-out split or a leave-one-source-out
+#: fold takes whole (two tables of one organisation share software and hardware)
+ORGS = {
+    "llmfoundry": "MosaicML",
+    "torchtitan": "Meta (torchtitan)",
+    "trainy": "Trainy",
+    "ibm": "IBM",
+    "fms": "IBM",
+    "bloom": "BigScience",
+    "flagperf": "BAAI",
+    "megatron_bridge": "NVIDIA",
+    "nemo": "NVIDIA",
+}
+
+
+@dataclass(frozen=True)
+class MeasuredRun:
+    """One measured row: its group and organisation, the model, the cluster, the layout, the
+    global batch (sequences) and sequence length, and the measured step time (seconds)."""
+
+    key: str
+    group: str
+    org: str
+    spec: ModelSpec
+    cluster: Cluster
+    parallel: ParallelConfig
+    setup: TrainingSetup
+    step_time: float
+
+
+@dataclass(frozen=True)
+class Scored:
+    """A measured run, the planner's step time for its layout, and the relative error."""
+
+    run: MeasuredRun
+    modelled: float
+
+    @property
+    def error(self) -> float:
+        """Modelled over measured step time, minus 1 (positive: the model is too slow)."""
+        return self.modelled / self.run.step_time - 1
+
+
+def _org(group: str) -> str:
+    return next(v for k, v in ORGS.items() if group.startswith(k))
+
+
+def _spec(group: dict[str, Any], row: dict[str, Any]) -> ModelSpec:
+    model = row.get("model", group.get("model"))
+    models = group.get("models", {})
+    if isinstance(model, str) and model in models:
+        fields = {k: v for k, v in models[model].items() if k != "source"}
+        return ModelSpec(**fields)
+    if isinstance(model, dict):
+        return ModelSpec(**{k: v for k, v in model.items() if k != "source"})
+    return ModelSpec.preset(str(model))
+
+
+def _why_not(group: dict[str, Any], row: dict[str, Any]) -> str | None:
+    """Why a row cannot be scored, or None."""
+    if row.get("precision", group.get("precision", "bf16")) != "bf16":
+        return "FP8 GEMMs (the time model has BF16 rates only)"
+    metric = group.get("metric")
+    if metric not in ("tokens_per_s", "step_time") or (
+        "tokens_per_s_per_gpu" not in row and "step_time_s" not in row
+    ):
+        return "a utilisation only (its FLOP count is the source's)"
+    if row.get("cpu_offload"):
+        return "CPU offload"
+    if row.get("fsdp") or row.get("sharding") in ("HYBRID_SHARD",):
+        return "a sharding group smaller than the data-parallel group (HSDP)"
+    if "seq_len" not in row:
+        return "no sequence length"
+    return None
+
+
+def _batch(row: dict[str, Any], d: int) -> int | None:
+    if "batch" in row:
+        return int(row["batch"])
+    if "batch_per_dp" in row:
+        return int(row["batch_per_dp"]) * d
+    if "tokens_per_batch" in row:
+        return int(row["tokens_per_batch"]) // int(row["seq_len"])
+    return None
+
+
+def _run(name: str, group: dict[str, Any], row: dict[str, Any]) -> MeasuredRun:
+    spec = _spec(group, row)
+    if spec.position == "learned" and name.startswith("llmfoundry"):
+        # llm-foundry's benchmark sets the model's max_seq_len to the run's sequence length
+        # (submit_benchmarks.py), so its learned position table has seq_len rows
+        spec = replace(spec, max_positions=max(spec.max_positions, int(row["seq_len"])))
+    gpus = int(row["gpus"])
+    per_node = min(int(group.get("gpus_per_node", 8)), gpus)
+    t, p, cp, e = (int(row.get(k, 1)) for k in ("t", "p", "cp", "e"))
+    d = gpus // (t * p * cp)
+    batch = _batch(row, d)
+    if batch is None:
+        raise ValueError(f"{name}: no global batch")
+    seq = int(row["seq_len"])
+    b = int(row.get("micro_batch", 1))
+    if batch % (d * b):
+        b = 1
+    v = int(row.get("v", 1))
+    zero = int(row.get("zero", 0))
+    recompute = {"none": "none", "selective": "selective", "full": "full"}.get(
+        row.get("recompute", "none"), "none"
+    )
+    par = ParallelConfig(dp=d, tp=t, pp=p, cp=cp, ep=e, sp=t > 1, zero=zero, vpp=v)
+    setup = TrainingSetup(
+        seq_len=seq,
+        micro_batch=b,
+        num_microbatches=max(batch // (d * b), 1),
+        recompute=recompute,
+        schedule="interleaved" if v > 1 else "1f1b",
+        flash_attention=True,
+        dropout=False,
+    )
+    if "step_time_s" in row:
+        step = float(row["step_time_s"])
+    else:
+        step = batch * seq / (float(row["tokens_per_s_per_gpu"]) * gpus)
+    key = f"{name} {spec.name} {gpus} GPUs t{t} p{p} cp{cp} e{e} d{d} z{zero} b{b} s{seq}"
+    return MeasuredRun(key, name, _org(name), spec,
+                       Cluster(row.get("gpu", group.get("gpu", "h100-sxm")), per_node,
+                               max(gpus // per_node, 1)),
+                       par, setup, step)  # fmt: skip
+
+
+def _rows() -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+    data = load_toml("measured_runs.toml")
+    return [(name, g, row) for name, g in data.items() for row in g.get("rows", [])]
+
+
+def measured_runs() -> list[MeasuredRun]:
+    """Every scorable row of ``data/measured_runs.toml`` (:func:`skipped` lists the rest)."""
+    out = []
+    for name, g, row in _rows():
+        if _why_not(g, row) is None:
+            try:
+                out.append(_run(name, g, row))
+            except ValueError:
+                continue
+    return out
+
+
+def skipped() -> list[tuple[str, str]]:
+    """(group, reason) of every row :func:`measured_runs` leaves out."""
+    out = []
+    for name, g, row in _rows():
+        why = _why_not(g, row)
+        if why is None:
+            try:
+                _run(name, g, row)
+            except ValueError as e:
+                why = str(e).split(": ", 1)[-1]
+        if why is not None:
+            out.append((name, why))
+    return out
+
+
+def score(
+    runs: list[MeasuredRun] | None = None, **assumptions: Unpack[AssumptionOptions]
+) -> list[Scored | tuple[MeasuredRun, str]]:
+    """The planner's step time for each run's layout (:func:`~parmem.planner.evaluate`, which
+    models a layout whether or not it fits parmem's memory estimate), or, for a layout the
+    planner cannot express, the run and the reason."""
+    out: list[Scored | tuple[MeasuredRun, str]] = []
+    for r in measured_runs() if runs is None else runs:
+        lps = even_split(r.spec.layers, r.parallel.pp)
+        try:
+            c = evaluate(r.spec, r.cluster, r.parallel, r.setup, layers_per_stage=lps,
+                         **assumptions)  # fmt: skip
+        except ValueError as e:
+            out.append((r, str(e)))
+            continue
+        out.append(Scored(r, c.step_time))
+    return out
+
+
+def summary(scored: list[Scored | tuple[MeasuredRun, str]]) -> dict[str, Any]:
+    """Mean and worst |error| over the scored runs, overall and per organisation, and how
+    many the planner could not model."""
+    ok = [s for s in scored if isinstance(s, Scored)]
+    by_org: dict[str, list[float]] = {}
+    for s in ok:
+        by_org.setdefault(s.run.org, []).append(abs(s.error))
+    errs = [abs(s.error) for s in ok]
+    return {
+        "scored": len(ok),
+        "not modelled": len(scored) - len(ok),
+        "mean |error|": sum(errs) / len(errs) if errs else math.nan,
+        "worst |error|": max(errs, default=math.nan),
+        "by organisation": {k: (len(v), sum(v) / len(v), max(v)) for k, v in by_org.items()},
+    }

@@ -1,0 +1,53 @@
+"""The held-out measured runs of issue 29 (data/measured_runs.toml): every row is scored or left
+out with a reason, the measured step time is the row's own arithmetic, and the fit never reads
+the file. No threshold on the errors is asserted here: the planner's time model does not yet
+meet the issue's target on these runs (benchmarks/heldout_runs.py prints the errors)."""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from parmem._data import data_path
+from parmem.planner.heldout import ORGS, Scored, measured_runs, score, skipped, summary
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = tomllib.loads(data_path("measured_runs.toml").read_text())
+
+
+def test_every_row_is_scored_or_left_out_with_a_reason():
+    rows = sum(len(g["rows"]) for g in DATA.values())
+    runs, left = measured_runs(), skipped()
+    assert len(runs) + len(left) == rows
+    assert all(why for _, why in left)
+    assert len(runs) >= 100 and len({r.org for r in runs}) >= 5
+
+
+def test_measured_step_time_is_the_rows_arithmetic():
+    """llm-foundry, MPT-7B on 512 H100s: 6 sequences of 2,048 tokens per GPU... the step time
+    is tokens per batch over (tokens/s per GPU x GPUs), as the README's own columns give it."""
+    group = DATA["llmfoundry_h100_large"]
+    row = next(r for r in group["rows"] if r["model"] == "mpt-7b-bench" and r["gpus"] == 512)
+    run = next(r for r in measured_runs() if r.group == "llmfoundry_h100_large"
+               and r.spec.name == "mpt-7b-bench" and r.cluster.world_size == 512)
+    want = row["tokens_per_batch"] / (row["tokens_per_s_per_gpu"] * 512)
+    assert run.step_time == pytest.approx(want)
+    assert run.parallel.dp == 512 and run.parallel.zero == 3
+
+
+def test_the_fit_never_reads_the_held_out_file():
+    for path in ("lib/parmem/planner/calibration.py", "lib/parmem/papers.py",
+                 "benchmarks/fit_published.py"):
+        assert "measured_runs" not in (ROOT / path).read_text(), path
+
+
+def test_scoring_runs_and_summarises():
+    sample = [r for r in measured_runs() if r.org in ("BAAI", "NVIDIA")]
+    scored = score(sample)
+    ok = [s for s in scored if isinstance(s, Scored)]
+    assert ok and all(s.modelled > 0 and math.isfinite(s.error) for s in ok)
+    s = summary(scored)
+    assert s["scored"] == len(ok) and set(s["by organisation"]) <= set(ORGS.values())
