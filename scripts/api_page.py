@@ -68,6 +68,7 @@ ORDER = [
     "parmem.planner.emit.deepspeed",
     "parmem.planner.emit.torchtitan",
     "parmem.planner.calibration",
+    "parmem.planner.heldout",
     "parmem.hardware",
     "parmem.units",
     "parmem.papers",
