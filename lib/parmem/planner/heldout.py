@@ -210,7 +210,7 @@ def score(
 
 
 def summary(scored: list[Scored | tuple[MeasuredRun, str]]) -> dict[str, Any]:
-    """Mean and worst |error| over the scored runs, overall and per organisation, and how
+    """Mean and worst absolute error over the scored runs, overall and per organisation, and how
     many the planner could not model."""
     ok = [s for s in scored if isinstance(s, Scored)]
     by_org: dict[str, list[float]] = {}
