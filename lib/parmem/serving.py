@@ -121,6 +121,13 @@ _MIB = 2**20
 #: 1,024 sequences for ``vllm serve`` on GPUs of ≥ 70 GiB other than the A100, else 2,048 and
 #: 256); SGLang 0.5 ``server_args.py``; TensorRT-LLM ``llmapi/llm_args.py`` (0.9 of free memory,
 #: 32-token blocks, 8,192 tokens, 2,048 sequences).
+# calibrated: torch peak of vLLM 0.19's sampler warm-up per logit (num_reqs x vocab): 1.89 GiB
+# for 1,024 x 128,256 (Llama-3.1-8B, t = 1, 2, 4: the forward pass is smaller there)
+_VLLM_SAMPLER = 1.89 * GIB / (1024 * 128256)
+# calibrated: vLLM 0.19's non-torch growth during profiling (Llama-3.1-8B: 0.25 GiB at t = 1,
+# 2.07 GiB at t = 2 with the custom all-reduce and NCCL buffers, 0.07 GiB at p = 2)
+_VLLM_NON_TORCH = {"single": int(0.25 * GIB), "tp": int(2.07 * GIB), "pp": int(0.07 * GIB)}
+
 ENGINES: dict[str, dict] = {
     "vllm": {
         "version": "0.19",
@@ -128,18 +135,14 @@ ENGINES: dict[str, dict] = {
         "block": 16,
         "big_gpu": (8192, 1024),
         "small_gpu": (2048, 256),
-        # calibrated: torch peak of the sampler warm-up per logit (num_reqs x vocab): 1.89 GiB
-        # for 1,024 x 128,256 (Llama-3.1-8B, t = 1, 2, 4: the forward pass is smaller there)
-        "sampler_bytes_per_logit": 1.89 * GIB / (1024 * 128256),
-        # calibrated: non-torch growth during profiling (Llama-3.1-8B: 0.25 GiB at t = 1,
-        # 2.07 GiB at t = 2 with the custom all-reduce and NCCL buffers, 0.07 GiB at p = 2)
-        "non_torch": {"single": int(0.25 * GIB), "tp": int(2.07 * GIB), "pp": int(0.07 * GIB)},
+        "sampler_bytes_per_logit": _VLLM_SAMPLER,
+        "non_torch": _VLLM_NON_TORCH,
         # earlier versions whose profiling peak differs: the sampler's bytes per logit.
         # 0.10: calibrated on the one 0.10.1 log (gpt-oss-120b, H100, 0.9, 8,192 tokens):
         # KV -2.14 GiB = 0.9 x 79.19 - 65.97 (weights) - 0.25 (non-torch) - peak, so the peak
         # is 7.20 GiB for 1,024 x 201,088 logits (its sampler sorted the full vocabulary in
         # PyTorch, fp32 values and int64 indices, before v1/sample moved to Triton)
-        "versions": {"0.19": 1.89 * GIB / (1024 * 128256), "0.10": 7.20 * GIB / (1024 * 201088)},
+        "versions": {"0.19": _VLLM_SAMPLER, "0.10": 7.20 * GIB / (1024 * 201088)},
     },
     "sglang": {
         "version": "0.5",
@@ -155,7 +158,7 @@ ENGINES: dict[str, dict] = {
         # ASSUMED, not validated (no public TensorRT-LLM log is recorded): the sampler's peak
         # is one fp32 copy of the logits, and the non-torch memory is vLLM's
         "sampler_bytes_per_logit": 4,
-        "non_torch": {"single": int(0.25 * GIB), "tp": int(2.07 * GIB), "pp": int(0.07 * GIB)},
+        "non_torch": _VLLM_NON_TORCH,
     },
 }
 
@@ -499,6 +502,11 @@ def _sliding_need(spec: ModelSpec, max_len: int, tokens: int, block: int) -> tup
     return full_blocks, -(-min(w - 1 + tokens, max_len) // block) + 1
 
 
+def _kv_groups(spec: ModelSpec) -> int:
+    """vLLM's KV-cache groups: one for layers of one kind, two for sliding-window plus full."""
+    return 2 if 0 < spec.num_local_layers < spec.layers else 1
+
+
 def kv_blocks(
     spec: ModelSpec, kv: int, token_bytes: int, layers: int, block: int = 16
 ) -> tuple[int, int]:
@@ -507,7 +515,7 @@ def kv_blocks(
     kind form one group, a model with sliding-window and full layers two groups of L/2 that
     share every block; blocks = ⌊⌊kv / page⌋ / layers per group⌋, page = one block of one
     layer; the log's token count is blocks // groups × block."""
-    groups = 2 if 0 < spec.num_local_layers < spec.layers else 1
+    groups = _kv_groups(spec)
     page = token_bytes // layers * block
     blocks = max(kv, 0) // page // (layers // groups)
     return blocks, blocks // groups * block
@@ -516,7 +524,7 @@ def kv_blocks(
 def _verdict(
     engine, spec, total, budget, weights, act, nt, kv, token_bytes, block, layers, max_len, tokens
 ) -> Startup:
-    groups = 2 if 0 < spec.num_local_layers < spec.layers else 1
+    groups = _kv_groups(spec)
     page_group = token_bytes // layers * block * (layers // groups)
     blocks, shown = kv_blocks(spec, kv, token_bytes, layers, block)
     full_b, local_b = _sliding_need(spec, max_len, tokens, block)
