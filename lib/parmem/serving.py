@@ -287,7 +287,7 @@ def profile_peak_bytes(
     ``tokens`` tokens (:func:`parmem.inference.prefill_workspace_bytes`) and, on the last pipeline stage, the sampler
     warm-up on ``min(seqs, tokens)`` rows of full-vocabulary logits (bf16 logits gathered over
     the t ranks, their fp32 copy and the top-k/top-p buffers of ``v1/sample``), at the
-    calibrated bytes per logit of :data:`ENGINES` (``version``: vLLM's, one of its
+    calibrated bytes per logit of ``ENGINES`` (``version``: vLLM's, one of its
     ``versions``; default the newest)."""
     fwd = prefill_workspace_bytes(spec, tokens, tp, sequences=0, act_bytes=act_bytes)
     if not last_stage:

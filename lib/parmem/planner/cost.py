@@ -372,7 +372,8 @@ _Parts = tuple[float, float, float, float, float, float]
 
 @dataclass(slots=True)
 class _StageGroup:
-    """The pipeline stages that share one :data:`StageKey` (they cost the same), for b = 1."""
+    """The pipeline stages that :meth:`parmem.layout.Layout.distinct_stages` groups as one (they
+    cost the same), for b = 1."""
 
     first: int  # index of the first of them (the critical stage reported)
     count: int  # how many stages
