@@ -79,7 +79,8 @@ def _resolve(target: str, here: str) -> tuple[str, str] | None:
             continue
         if hasattr(mod, name):
             for m in [mod_name] + [
-                v.__name__ for v in vars(mod).values()
+                v.__name__
+                for v in vars(mod).values()
                 if getattr(v, "__name__", "").startswith("parmem") and hasattr(v, "__file__")
             ]:
                 if name in _documented(m):
