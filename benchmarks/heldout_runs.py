@@ -1,6 +1,7 @@
 """The planner's step time on the held-out measured runs of data/measured_runs.toml (issue 29):
 each row's measured and modelled step time, the mean and worst |error| per organisation, and
-how they move with dp_overlap (the fitted value, 0.05, comes from 2021 software). Not part of
+how they move with the DP overlap (dp_overlap, 0.05, is the paper profile's, from 2021
+software; dp_overlap_on that of the engines that overlap), and the leave-one-organisation-out fit. Not part of
 `make bench`:
 
     PYTHONPATH=lib python benchmarks/heldout_runs.py [--rows]
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import sys
 
-from parmem.planner.heldout import Scored, score, skipped, summary
+from parmem.planner.heldout import Scored, leave_one_out, score, skipped, summary
 
 
 def main(rows: bool = False) -> None:
@@ -26,13 +27,20 @@ def main(rows: bool = False) -> None:
             else:
                 print(f"    n/a   {s[0].key}: {s[1]}")
     for dpo in (None, 0.5, 0.9, 1.0):
-        kw = {} if dpo is None else {"dp_overlap": dpo}
+        kw = {} if dpo is None else {"dp_overlap": dpo, "dp_overlap_on": dpo}
         res = summary(score(**kw) if kw else scored)
         label = "defaults" if dpo is None else f"dp_overlap={dpo}"
         print(f"{label:>16}: {res['scored']} scored, mean |error| {res['mean |error|']:.1%}, "
               f"worst {res['worst |error|']:.1%}")
         for org, (n, mean, worst) in sorted(res["by organisation"].items()):
             print(f"{'':>18}{org:<20}{n:>4}  mean {mean:6.1%}  worst {worst:6.1%}")
+
+
+    print("leave one organisation out, dp_overlap_on fitted on the others (grid 0, 0.05 .. 1):")
+    for f in leave_one_out("dp_overlap_on", tuple(i / 20 for i in range(21))):
+        print(f"  {f.held_out:<20} fitted {f.value:.2f}  train {f.train_mean:6.1%}  "
+              f"held out {f.held_out_mean:6.1%} (worst {f.held_out_worst:6.1%}, "
+              f"{f.held_out_rows} rows)")
 
 
 if __name__ == "__main__":

@@ -51,3 +51,36 @@ def test_scoring_runs_and_summarises():
     assert ok and all(s.modelled > 0 and math.isfinite(s.error) for s in ok)
     s = summary(scored)
     assert s["scored"] == len(ok) and set(s["by organisation"]) <= set(ORGS.values())
+
+
+def test_every_group_names_the_profile_that_times_it():
+    """Engine-aware time: each source names the parmem profile of the engine it ran (FSDP as
+    fsdp2, Megatron-Core and Megatron-Bridge as megatron-core) and the run is scored with it."""
+    from parmem.engines import engines
+
+    for name, g in DATA.items():
+        assert g.get("profile") in engines(), name
+    for r in measured_runs():
+        assert r.setup.engine == DATA[r.group]["profile"]
+
+
+def test_leave_one_organisation_out_never_fits_on_what_it_scores():
+    """Two organisations, a grid of two values: each fold's value is the one that is better on
+    the *other* organisation, and its held-out error is the held-out rows' own error at it."""
+    from parmem.planner.heldout import leave_one_out
+
+    runs = [r for r in measured_runs() if r.org in ("BAAI", "NVIDIA")]
+    grid = (0.0, 1.0)
+    folds = leave_one_out("dp_overlap_on", grid, runs)
+    assert [f.held_out for f in folds] == ["BAAI", "NVIDIA"]
+
+    def mean_err(org, v):
+        e = [abs(s.error) for s in score([r for r in runs if r.org == org], dp_overlap_on=v)
+             if isinstance(s, Scored)]
+        return sum(e) / len(e)
+
+    for f, other in zip(folds, ("NVIDIA", "BAAI"), strict=True):
+        assert f.value == min(grid, key=lambda v, o=other: mean_err(o, v))
+        assert f.held_out_mean == pytest.approx(mean_err(f.held_out, f.value))
+        assert f.train_mean == pytest.approx(mean_err(other, f.value))
+        assert f.held_out_rows == sum(r.org == f.held_out for r in runs)

@@ -510,8 +510,8 @@ def test_an_engines_gradient_reduction_prices_the_dp_time():
     out, sent = {}, {}
     for profile in ("paper", "megatron-core"):
         st = TrainingSetup(seq_len=4096, micro_batch=1, num_microbatches=8, engine=profile)
-        out[profile] = (evaluate(spec, cluster, par, st),
-                        evaluate(spec, cluster, par, st, dp_overlap=0.0))
+        out[profile] = (evaluate(spec, cluster, par, st, dp_overlap_on=0.05),
+                        evaluate(spec, cluster, par, st, dp_overlap=0.0, dp_overlap_on=0.0))
         sent[profile] = step_comm(spec, par, st).dp
     # reduce-scatter of the gradients + all-gather of the bf16 weights, 2(d-1)/d·Ψ elements:
     # (4 + 2) bytes per parameter against (2 + 2)
@@ -521,10 +521,38 @@ def test_an_engines_gradient_reduction_prices_the_dp_time():
     # unhidden, the ring time scales with the bytes (the latency terms are the same and small)
     ratio = out["megatron-core"][1].time.dp / out["paper"][1].time.dp
     assert ratio == pytest.approx(sent["megatron-core"] / sent["paper"], rel=1e-3)
-    # overlapped by default: still more DP time, and a slower step with the same compute
+    # overlapped alike (dp_overlap_on set to the paper's 0.05): still more DP time, and a slower
+    # step with the same compute
     mc, paper = out["megatron-core"][0], out["paper"][0]
     assert mc.time.dp > paper.time.dp and mc.time.compute == paper.time.compute
     assert mc.step_time > paper.step_time
+
+
+def test_the_step_time_overlaps_dp_as_the_engines_recipe_does():
+    """Engine-aware DP overlap (issue 29): parmem's Megatron-LM recipe gives
+    ``--overlap-grad-reduce --overlap-param-gather`` and its DeepSpeed config ``overlap_comm``,
+    FSDP2 prefetches and DDP buckets, so their step time hides DP collectives by
+    ``dp_overlap_on``; the paper profile (Megatron-LM of 2021) by ``dp_overlap``. Each profile
+    answers to its own parameter only."""
+    from parmem.engines import engine
+
+    assert not engine("paper").defaults.dp_overlap
+    for name in ("megatron-core", "deepspeed", "fsdp2", "hf"):
+        assert engine(name).defaults.dp_overlap, name
+    spec, cluster = ModelSpec.preset("llama-2-7b"), Cluster("h100-sxm", 8, 1)
+    par = ParallelConfig(dp=8, zero=1)
+    for profile, own, other in (("paper", "dp_overlap", "dp_overlap_on"),
+                                ("megatron-core", "dp_overlap_on", "dp_overlap")):
+        st = TrainingSetup(seq_len=4096, micro_batch=1, num_microbatches=8, engine=profile)
+        lo, hi = (evaluate(spec, cluster, par, st, **{own: v}) for v in (0.0, 1.0))
+        assert hi.time.dp < lo.time.dp, profile
+        a, b = (evaluate(spec, cluster, par, st, **{other: v}) for v in (0.0, 1.0))
+        assert a.time.dp == b.time.dp, profile
+    # what the time assumed, the recipes turn on
+    pl = plan(spec, Cluster("h100-sxm", 8, 2), 64, 4096, engine="megatron-core", top=3)
+    assert pl.best.parallel.dp_group > 1 and "--overlap-grad-reduce" in pl.emit()
+    pl = plan(spec, Cluster("h100-sxm", 8, 2), 64, 4096, engine="deepspeed", top=3)
+    assert '"overlap_comm": true' in pl.emit()
 
 
 # ---------------------------------------------------------------------------- CLI

@@ -482,7 +482,7 @@ def _cmd_plan(args) -> int:
         value = getattr(args, name)
         if value is not None:
             opts[name] = value
-    for name in ("mfu", "headroom", "tp_overlap", "dp_overlap", "pp_overlap"):
+    for name in ("mfu", "headroom", "tp_overlap", "dp_overlap", "dp_overlap_on", "pp_overlap"):
         value = getattr(args, name)
         if value is not None:
             opts[name] = value
@@ -779,7 +779,8 @@ def build_parser() -> argparse.ArgumentParser:
         ("mfu", "busy fraction of peak FLOP/s"),
         ("headroom", "fraction of GPU memory kept free"),
         ("tp-overlap", "fraction of TP comm hidden"),
-        ("dp-overlap", "fraction of the DP overlap window used"),
+        ("dp-overlap", "fraction of the DP overlap window used (engine paper)"),
+        ("dp-overlap-on", "the same, for engines whose recipe overlaps DP comm"),
         ("pp-overlap", "fraction of PP comm hidden"),
     ):
         p.add_argument(

@@ -229,11 +229,21 @@ class Buffers:
 class Defaults:
     """What an engine does unless told otherwise: its attention kernel keeps no s × s scores
     (``flash_attention``), its dropout (``"model"``: as the model's config says, or ``False``),
-    the communication overlaps it turns on (:data:`OVERLAPS`)."""
+    the communication overlaps it turns on (:data:`OVERLAPS`), and those the recipe parmem emits
+    for it turns on (``recipe_overlap``: Megatron-LM's ``--overlap-grad-reduce`` and
+    ``--overlap-param-gather``, DeepSpeed's ``overlap_comm``)."""
 
     flash_attention: bool
     dropout: bool | str
     overlap: tuple[str, ...] = ()
+    recipe_overlap: tuple[str, ...] = ()
+
+    @property
+    def dp_overlap(self) -> bool:
+        """Whether a run of this engine, as parmem's recipe launches it, overlaps its
+        data-parallel collectives with computation (the planner's time then uses
+        ``dp_overlap_on``, :class:`parmem.planner.Assumptions`)."""
+        return bool(self.overlap or self.recipe_overlap)
 
 
 @dataclass(frozen=True)
@@ -430,6 +440,9 @@ def _defaults(t: dict[str, Any], where: str) -> Defaults:
         flash_attention=bool(_get(t, "flash_attention", f"{where} defaults")),
         dropout=dropout,
         overlap=tuple(choice(f"{where} overlap", o, OVERLAPS) for o in t.get("overlap", ())),
+        recipe_overlap=tuple(
+            choice(f"{where} recipe_overlap", o, OVERLAPS) for o in t.get("recipe_overlap", ())
+        ),
     )
 
 

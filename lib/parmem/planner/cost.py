@@ -31,8 +31,10 @@ on one GPU::
   stages it is :func:`parmem.pipeline.bubble_ratio` ``(p−1)/(v·m)`` times the ideal ``m·t``
   (Narayanan et al. 2021 §2.2).
 * **data parallel**: the gradient reduction (and ZeRO's parameter gathers) overlap with the
-  backward (and forward) passes that run while they are issued, ``dp_overlap`` of that window,
-  but never the last bucket (``dp_bucket_params``).
+  backward (and forward) passes that run while they are issued, ``dp_overlap`` of that window
+  (``dp_overlap_on`` for an engine whose run overlaps them: FSDP2's prefetch, DDP's buckets, the
+  overlap flags of parmem's Megatron-LM and DeepSpeed recipes), but never the last bucket
+  (``dp_bucket_params``).
 
 The step time is ``T`` plus the exposed data-parallel time. Tokens/s is ``global_batch·s / step``;
 ``Candidate.model_flops_per_gpu`` counts the useful FLOPs (the 72 form: MFU)
@@ -392,7 +394,7 @@ class StepTimer:
     recompute and attention seconds and the communication coefficients (``comm`` of the layout
     and a stage), so that trying a micro-batch size is a few multiplications."""
 
-    __slots__ = ("a", "p", "v", "zero", "groups")
+    __slots__ = ("a", "p", "v", "zero", "groups", "dp_overlap")
 
     def __init__(
         self,
@@ -404,6 +406,8 @@ class StepTimer:
         self.a = a = model.a
         self.p, self.v = par.pp, par.vpp
         self.zero = par.zero
+        # engine-aware: the engine (as parmem's recipe launches it) overlaps DP collectives or not
+        self.dp_overlap = a.dp_overlap_on if lay.engine.defaults.dp_overlap else a.dp_overlap
         split_rate = par.tp * par.cp * model.peak * busy_fraction(a, model.spec.hidden, par.tp)
         ad = model.f_adapter / model.spec.layers  # the adapters' forward per layer
         rc_flops = {"none": 0, "selective": model.f_core, "full": model.f_layer + ad}[recompute]
@@ -441,7 +445,7 @@ class StepTimer:
         # window: ZeRO-0 the last backward; ZeRO-1 + the next first forward; ZeRO-2 every
         # backward + one forward; ZeRO-3 every backward and forward
         n_bwd, n_fwd = {0: (1, 0), 1: (1, 1), 2: (m, 1), 3: (m, m)}[self.zero]
-        window = a.dp_overlap * (n_bwd * (bwd + rec) + n_fwd * fwd)
+        window = self.dp_overlap * (n_bwd * (bwd + rec) + n_fwd * fwd)
         dp_total = sc.dp(m)
         dp = max(dp_total - window, min(dp_total, g.frac * sc.grad_once))
         return (fwd + bwd + rec + tp + cpx + ep + pp, (fwd + bwd, rec, tp, cpx, ep, pp), dp)

@@ -7,7 +7,11 @@ FlagPerf, NVIDIA's Megatron-Bridge and NeMo AutoModel summaries. Each row gives 
 tokens per second per GPU (or seconds per step); the measured step time is the tokens of one
 global batch over the tokens per second of all GPUs. :func:`score` models the same layout with
 :func:`~parmem.planner.evaluate` (the planner's time model, with the given assumptions) and
-returns the modelled step time beside the measured one.
+returns the modelled step time beside the measured one. Each source names the engine profile
+whose time models it (``profile``: FSDP as ``fsdp2``, Megatron-Core as ``megatron-core``), so the
+time is engine-aware: those engines overlap their data-parallel collectives (``dp_overlap_on``),
+the paper profile does not. :func:`leave_one_out` fits an assumption with one organisation's
+rows left out at a time and scores it on them.
 
 What is scored and what is not is decided row by row, and said: FP8 rows (the time model has no
 FP8 GEMM rate), rows that give a utilisation only (their step time depends on the source's own
@@ -27,7 +31,17 @@ from ..model import ModelSpec
 from .inputs import AssumptionOptions, Cluster
 from .search import evaluate
 
-__all__ = ["MeasuredRun", "Scored", "measured_runs", "skipped", "score", "summary", "ORGS"]
+__all__ = [
+    "MeasuredRun",
+    "Scored",
+    "Fold",
+    "measured_runs",
+    "skipped",
+    "score",
+    "summary",
+    "leave_one_out",
+    "ORGS",
+]
 
 #: the organisation behind each group: the unit a held-out split or a leave-one-source-out
 #: fold takes whole (two tables of one organisation share software and hardware)
@@ -146,6 +160,7 @@ def _run(name: str, group: dict[str, Any], row: dict[str, Any]) -> MeasuredRun:
         schedule="interleaved" if v > 1 else "1f1b",
         flash_attention=True,
         dropout=False,
+        engine=group.get("profile", "paper"),
     )
     if "step_time_s" in row:
         step = float(row["step_time_s"])
@@ -224,3 +239,41 @@ def summary(scored: list[Scored | tuple[MeasuredRun, str]]) -> dict[str, Any]:
         "worst |error|": max(errs, default=math.nan),
         "by organisation": {k: (len(v), sum(v) / len(v), max(v)) for k, v in by_org.items()},
     }
+
+
+@dataclass(frozen=True)
+class Fold:
+    """One fold of :func:`leave_one_out`: the organisation held out, the value fitted on the
+    others, and the mean and worst absolute error on each side."""
+
+    held_out: str
+    value: float
+    train_mean: float
+    held_out_mean: float
+    held_out_worst: float
+    held_out_rows: int
+
+
+def leave_one_out(
+    name: str, grid: tuple[float, ...], runs: list[MeasuredRun] | None = None
+) -> list[Fold]:
+    """Fit one assumption (``name``, e.g. ``"dp_overlap_on"``) by the smallest mean absolute
+    step-time error over ``grid``, once per organisation with that organisation's rows left
+    out, and score it on them. The fit never sees the rows it is scored on: the split is by
+    organisation (:data:`ORGS`), not by row."""
+    runs = measured_runs() if runs is None else runs
+    errors = {}
+    for v in grid:
+        kw: dict[str, Any] = {name: v}
+        errors[v] = [(s.run.org, abs(s.error)) for s in score(runs, **kw) if isinstance(s, Scored)]
+    orgs = sorted({o for o, _ in errors[grid[0]]})
+
+    def mean(v: float, org: str, inside: bool) -> tuple[float, float, int]:
+        e = [x for o, x in errors[v] if (o == org) == inside]
+        return sum(e) / len(e), max(e), len(e)
+
+    folds = []
+    for org in orgs:
+        best = min(grid, key=lambda v: mean(v, org, False)[0])  # noqa: B023 (used at once)
+        folds.append(Fold(org, best, mean(best, org, False)[0], *mean(best, org, True)))
+    return folds
