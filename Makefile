@@ -9,6 +9,7 @@
 #   make stress  the pool and distributed tests 5 times (RUNS=N) while busy loops load every core
 #   make lab     JupyterLab on the chapters, with parmem installed in the kernel
 #   make bench   run every benchmarks/bench_*.py
+#   make engines run each engine's own training step on CPU ranks and record it (data/engine_runs/)
 #   make clean   remove the build (keeps .venv and node_modules); make distclean removes those too
 #
 # Setup is shared and incremental: the virtual environment is (re)installed only when
@@ -54,7 +55,7 @@ no_tests = { rc=$$?; [ $$rc -ne 5 ] || echo "$(1): pytest collected no tests (ex
 # Append "stage seconds" to $(BUILD)/stage-times.txt while running a stage: $(call timed,NAME) CMD
 timed = bash -c 's=$$SECONDS; "$$@"; rc=$$?; printf "  %-22s %5d s\n" "$(1)" $$((SECONDS - s)) >> $(BUILD)/stage-times.txt; exit $$rc' _
 
-.PHONY: help setup book execute build-html i18n test lint unit notebooks nbval browser-check browser live lab bench clean distclean
+.PHONY: help setup book execute build-html i18n test lint unit notebooks nbval browser-check browser live lab bench engines clean distclean
 
 help:
 	@sed -n 's/^#   //p' Makefile
@@ -208,6 +209,11 @@ bench: setup
 	@shopt -s nullglob; files=(benchmarks/bench_*.py); \
 	if [ $${#files[@]} -eq 0 ]; then echo "bench: no benchmarks/bench_*.py yet"; fi; \
 	for f in "$${files[@]}"; do echo "== $$f"; $(PY) "$$f"; done
+
+# each engine's own training step on CPU gloo ranks, recorded in data/engine_runs/ (minutes;
+# make test holds the records against the estimate without running the engines)
+engines: setup
+	$(PY) scripts/record_engine_runs.py
 
 clean:
 	rm -rf $(BUILD) _assets .pytest_cache .ruff_cache .hypothesis .jupyter_cache

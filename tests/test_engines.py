@@ -110,8 +110,11 @@ D = 8
     # the distributed optimizer, 6 + 12/d with it
     ("megatron-core", [18, 6 + 12 / D, None, None]),
     # DeepSpeed: stage 0 = FP16_Optimizer (2 + 2 + 12); stage 1: 16-bit grads whole, fp32 grad
-    # partition + master + moments sharded; stage 2: 2 + 18/d (estimate_zero2_...); stage 3: 18/d
-    ("deepspeed", [16, 4 + 16 / D, 2 + 18 / D, 18 / D]),
+    # partition + master + moments sharded; stage 2: 2 + 18/d (estimate_zero2_...); stage 3:
+    # 20/d at the optimizer step as the engine runs (16-bit weights and gradient partition,
+    # fp32 master and moments, the fp32 gradient in the step; data/engine_runs/deepspeed.json),
+    # where estimate_zero3_... says 18/d
+    ("deepspeed", [16, 4 + 16 / D, 2 + 18 / D, 20 / D]),
     # torchtitan/FSDP2: fp32 sharded weights, fp32 gradients, fp32 moments: 16/d; DDP: 16
     ("fsdp2", [16, None, None, 16 / D]),
     # Transformers Trainer on a 16-bit checkpoint: bf16 weights, gradients and AdamW moments
@@ -313,6 +316,11 @@ DS_CASES = [
 ]
 
 
+#: DeepSpeedZeroConfig.sub_group_size (runtime/zero/config.py): ZeRO-3 makes the fp32 gradients
+#: of this many elements at a time in step()
+SUB_GROUP = 1_000_000_000
+
+
 def _padding(n, gpus, k):
     """k bytes per parameter over ``gpus`` flat shards: parmem pads each to ⌈n/gpus⌉ values
     (as DeepSpeed's flat buffers do); the estimator rounds k·n/gpus down."""
@@ -343,7 +351,11 @@ def test_deepspeed_profile_equals_deepspeeds_estimators(name, gpn, nodes):
     if n <= 4:
         assert ours(2, "optimizer")[1] == cpu + _padding(psi, n, 16) * gpn
     # ZeRO-3: 4 x largest layer + 18Ψ/N; offload_optimizer: + 2Ψ/N on the GPU, 16Ψ/node host;
-    # offload_param too: the largest layer only on the GPU, 18Ψ per node on the host
+    # offload_param too: the largest layer only on the GPU, 18Ψ per node on the host. One named
+    # difference, from the engine's own step (data/engine_runs/deepspeed.json): without offload
+    # the engine also keeps its 16-bit gradient partition (grad_partitions_flat_buffer), 2Ψ/N,
+    # which the estimator leaves out, and makes the fp32 gradients in the step one sub-group
+    # (sub_group_size, 1e9 elements) at a time, where the estimator counts all 4Ψ/N of them
     buffer = 2 * 2 * ll  # the deepspeed profile's ZeRO-3 live parameters (2 bytes, 2 copies)
     for offload, opt, par in (("none", False, False), ("optimizer", True, False),
                               ("optimizer+params", True, True)):
@@ -352,7 +364,9 @@ def test_deepspeed_profile_equals_deepspeeds_estimators(name, gpn, nodes):
         assert largest == buffer
         total, host = ours(3, offload)
         k_gpu = {"none": 18, "optimizer": 2, "optimizer+params": 0}[offload]
-        assert total + buffer == gpu + _padding(psi, n, k_gpu)
+        shard = -(-psi // n)
+        named = 2 * shard - 4 * (shard - min(shard, SUB_GROUP)) if offload == "none" else 0
+        assert total + buffer == gpu + _padding(psi, n, k_gpu) + named
         if opt:
             k_host = 18 if par else 16
             assert host == int(cpu) + _padding(psi, n, k_host) * gpn
@@ -360,7 +374,8 @@ def test_deepspeed_profile_equals_deepspeeds_estimators(name, gpn, nodes):
 
 def test_deepspeed_estimate_matches_the_estimator_through_estimate():
     # the same check through estimate(): model states + the ZeRO-3 live-parameter buffer (the
-    # comm_buffers left once the 16-bit reduction bucket of 5e8 elements is taken away)
+    # comm_buffers left once the 16-bit reduction bucket of 5e8 elements is taken away), with
+    # the named difference above: the engine's 16-bit gradient partition, 2Ψ/N
     _, zero3 = _deepspeed()
     spec = ModelSpec.preset("llama-2-7b")
     est = estimate(spec, ParallelConfig(dp=8, zero=3), TrainingSetup(seq_len=1024,
@@ -369,7 +384,9 @@ def test_deepspeed_estimate_matches_the_estimator_through_estimate():
     bucket = 2 * engine("deepspeed").buffers.reduce_bucket
     _, gpu, _ = zero3(spec.num_params(), largest_module_params(spec), 8, 1, cpu_offload=False,
                       cpu_offload_params=False)
-    assert st.model_states + st.comm_buffers - bucket == gpu
+    shard = -(-spec.num_params() // 8)  # below one sub-group: the whole fp32 partition in step
+    assert shard < SUB_GROUP
+    assert st.model_states + st.comm_buffers - bucket == gpu + 2 * shard
 
 
 TINY = {
@@ -462,7 +479,10 @@ def test_megatron_core_activations_equal_megatrons_formula_where_it_applies():
     * the attention core of the one layer being recomputed (5as²b/t), alive during its
       backward;
     * interleaved schedule: the formula scales the embedding terms by 1 + (p-1)/(pv) micro-batches
-      (a fraction), the profile counts whole micro-batches in flight (⌈units/v⌉).
+      (a fraction), the profile counts whole micro-batches in flight (⌈units/v⌉);
+    * the local spec's unfused RoPE keeps cos and sin for Q and for K, 4 x 2 s (h/a) bytes per
+      layer on every TP rank, and the cross-entropy keeps int64 target ids, 8 bytes per token on
+      every TP rank of the last stage (both measured: data/engine_runs/megatron-core.json).
 
     Where the formula does not apply, the profile differs for a reason: full recompute (the
     formula then uses compute_activation_memory_without_sp, which assumes no recompute at all:
@@ -498,8 +518,13 @@ def test_megatron_core_activations_equal_megatrons_formula_where_it_applies():
         else:
             formula_emb = (8 * s * b * p + s * b * h * p) * min(1, c["m"] / p) / t
             emb = ids + s * b * h // t * mb
+        # the local spec's unfused RoPE: cos and sin for Q and K, (s, 1, 1, h/a) bf16 each, per
+        # layer on every TP rank; the cross-entropy's int64 target ids (every TP rank, last stage)
+        rope = n_layers * 4 * 2 * s * (h // a)
+        ce_ids = 8 * s * b if p == 1 else 0
         ours = st.activations + (st.logits if p == 1 else 0)
-        assert ours == c["activation_bytes_sp_selective"] - formula_emb + emb + stats + core
+        assert ours == (c["activation_bytes_sp_selective"] - formula_emb + emb + stats + core
+                        + rope + ce_ids)
         checked += 1
     assert checked >= 5
 
@@ -509,14 +534,16 @@ def test_megatron_swiglu_layer_differs_by_named_terms():
     the formula plus fused SwiGLU's extra 2sbf/t per layer (6sbf kept, the formula's 4sbf assumes
     GeLU), minus the dropout masks Llama does not have (2sbh/t per layer and the embedding's
     sbh/t), plus RMSNorm's fp32 rstd (2 norms x 4 bytes per token per layer, 4 for the final
-    norm, divided by t), the token ids on every TP rank (8sb, not 8sb/t) and the recomputed
-    layer's softmax output (2as²b/t: no attention dropout)."""
+    norm, divided by t), the token ids on every TP rank (8sb, not 8sb/t), the recomputed
+    layer's softmax output (2as²b/t: no attention dropout), the unfused RoPE's cos and sin
+    (4 x 2 s h/a per layer) and the cross-entropy's int64 target ids (8sb)."""
     fix = _megatron_cases()
     (c,) = [c for c in fix["cases"] if c["model"] == "llama-2-7b"]
     st = _estimate(_spec(fix, "llama-2-7b"), c).stages[0]
     s, h, f, a, t, L = 2048, 4096, 11008, 32, c["t"], 32
     named = (2 * s * f // t * L - 2 * s * h // t * L - s * h // t
-             + 8 * s // t * L + 4 * s // t + (8 * s - 8 * s // t) + 2 * a * s * s // t)
+             + 8 * s // t * L + 4 * s // t + (8 * s - 8 * s // t) + 2 * a * s * s // t
+             + L * 4 * 2 * s * (h // a) + 8 * s)
     assert st.activations + st.logits == c["activation_bytes_sp_selective"] + named
 
 
@@ -629,17 +656,21 @@ def test_hf_layer_is_the_paper_plus_rmsnorms_fp32_copies():
 
 def test_megatron_moe_layer_as_its_router_and_dispatcher_keep_it():
     """Megatron-Core's MoE layer with its defaults (softmax after top-k, no aux loss, allgather
-    dispatcher, unfused permute), read from transformer/moe/router.py and moe_utils.py, per token
-    of Mixtral-8x7B (h = 4096, expert f = 14336, E = 8, k = 2): int64 top-k indices (8k), the
-    fp32 top-k softmax (4k), the bool routing map (E), int64 sorted indices (8k), the dispatched
-    inputs (2hk), the fused SwiGLU input and fc2 input (3 x 2fk), the expert outputs (2hk) and
-    the permuted probabilities (2k); the paper table's router term is 8E instead."""
+    dispatcher, unfused permute), read from transformer/moe/router.py and moe_utils.py and
+    measured on CPU ranks (data/engine_runs/megatron-core.json), per token of Mixtral-8x7B
+    (h = 4096, expert f = 14336, E = 8, k = 2): int64 top-k indices (8k), the fp32 top-k softmax
+    (4k), the bool routing map (E) and the bf16 routing probabilities (2E) masked_select keeps,
+    int64 sorted indices (8k), the dispatched inputs (2hk), the fused weighted SwiGLU input and
+    fc2 input (3 x 2fk) and the permuted probabilities (2k); no expert output (the experts apply
+    the probabilities to their hidden); the paper table's router term is 8E instead."""
     from parmem.activations import layer_terms
 
     spec = ModelSpec.preset("mixtral-8x7b")
     h, f, E, k, s = 4096, 14336, 8, 2, 1024
     moe = {"router top-k indices", "router top-k probabilities", "routing map (transposed)",
-           "sorted token indices", "expert inputs", "expert hidden", "expert outputs",
-           "permuted probabilities"}
-    got = sum(x.bytes for x in layer_terms(spec, s, 1, engine="megatron-core") if x.name in moe)
-    assert got == s * (8 * k + 4 * k + E + 8 * k + 2 * h * k + 3 * 2 * f * k + 2 * h * k + 2 * k)
+           "routing probabilities (transposed)", "sorted token indices", "expert inputs",
+           "expert hidden", "permuted probabilities"}
+    terms = layer_terms(spec, s, 1, engine="megatron-core")
+    got = sum(x.bytes for x in terms if x.name in moe)
+    assert got == s * (8 * k + 4 * k + E + 2 * E + 8 * k + 2 * h * k + 3 * 2 * f * k + 2 * k)
+    assert "expert outputs" not in {x.name for x in terms}

@@ -10,12 +10,17 @@
     parmem serve-memory --model llama-2-7b --weights int4 --seq 4096 --batch 8
     parmem plan --model gpt3-175b --gpu a100-80gb --gpus-per-node 8 --nodes 96 \
         --global-batch 1536 --seq 2048 [--top 10] [--json] [--emit megatron|deepspeed|torchtitan]
+    parmem measure --model llama-2-7b [--dp 2] [--layers 2] [--width-factor 16] [--seq-len 32]
+        [--engine fsdp2 --zero 3] [--json]
+    parmem measure --model llama-2-7b --dp 8 --seq 4096 --engine megatron-core \
+        (--log train.log | --snapshot snapshot.pickle) [--gpu h100-sxm]
 
 ``--model`` takes a preset name or the path of a Hugging Face ``config.json`` (or its folder);
 a preset wins over a folder of the same name unless the argument has a ``/`` or ends in
 ``.json``. Errors print one line to stderr, naming the flag, and exit with status 2.
 ``parmem plan`` and ``parmem fit`` exit with status 1 when no layout (no value) fits (the reason goes to stderr; with
-``--json`` the plan still goes to stdout). Output piped into a command that stops reading
+``--json`` the plan still goes to stdout); ``parmem measure`` when a measured category is
+left unexplained (measured != estimate + the named differences). Output piped into a command that stops reading
 (``parmem plan ... | head``) ends quietly with status 141, as a killed-by-SIGPIPE tool does;
 stdout closed (``>&-``) or not writable is one line and status 2. ``--json`` writes ``null``
 for a number JSON cannot hold (inf, nan); characters the terminal's encoding lacks print as
@@ -425,6 +430,104 @@ def _latency_line(spec: ModelSpec, args, r) -> str:
     )
 
 
+def _cmd_measure(args) -> int:
+    """``parmem measure``: a step of the reader's shrunk model on CPU ranks beside the estimate
+    (:mod:`parmem.measure_model`, :mod:`parmem.distributed.measure_step`); with ``--snapshot``
+    or ``--log``, the reader's own GPU numbers beside the estimate of the model and layout."""
+    from . import measure_model as mm
+
+    if args.snapshot or args.log:
+        return _measure_readings(args)
+    spec = _model(args.model)
+    par, setup = _parallel(args), _setup(args, args.seq or 32)
+    mm.check_runnable(par, setup)
+    if args.device == "cuda":
+        _need_cuda(par.dp)
+    sh = mm.shrink(
+        mm.model_config(spec, args.model),
+        width_factor=args.width_factor,
+        layers=args.layers,
+        vocab=args.vocab,
+        experts=args.experts,
+        dropout=args.dropout,
+        name=spec.name,
+    )
+    kw = mm.step_args(sh, par, setup)
+    from .distributed import Pool, RankError
+
+    try:
+        with Pool(world_size=par.dp, backend="nccl" if args.device == "cuda" else "gloo") as pool:
+            results = pool.run("parmem.distributed.measure_step:step", timeout=900, **kw)
+    except RankError as e:
+        last = [x for x in e.traceback.strip().splitlines() if x.strip()][-1:]
+        raise ValueError(f"rank {e.rank} failed: {''.join(last)}") from None
+    rep = mm.report(sh, par, setup, results, args.device)
+    write_out(strict_json(rep) if args.json else mm.format_report(rep))
+    left = any(r["unexplained"] for d in rep["depths"] for rows in d["rows"] for r in rows)
+    return 1 if left else 0
+
+
+def _need_cuda(ranks: int) -> None:
+    """``--device cuda`` needs torch with CUDA and one GPU per rank (NCCL)."""
+    try:
+        import torch
+    except ImportError:
+        raise ValueError("--device cuda: torch is not installed") from None
+    if not torch.cuda.is_available():
+        raise ValueError(
+            "--device cuda: no CUDA device here (torch.cuda.is_available() is False); run it on "
+            "a GPU machine, or measure on CPU ranks (the default)"
+        )
+    if torch.cuda.device_count() < ranks:
+        raise ValueError(
+            f"--device cuda: --dp {ranks} needs one GPU per rank, {torch.cuda.device_count()} here"
+        )
+
+
+def _measure_readings(args) -> int:
+    """``parmem measure --snapshot FILE`` / ``--log FILE``: their numbers beside the estimate."""
+    from . import measure_model as mm
+
+    if args.seq is None:
+        raise ValueError(
+            "--seq is required with --snapshot or --log: the sequence length the run used"
+        )
+    spec = _model(args.model)
+    est = estimate(spec, _parallel(args), _setup(args, args.seq))
+    readings: list = []
+    for flag, path in (("--snapshot", args.snapshot), ("--log", args.log)):
+        if not path:
+            continue
+        try:
+            raw = Path(path).expanduser().read_bytes()
+        except OSError as e:
+            raise ValueError(f"{flag} {path!r:.80}: {short(e)}") from None
+        try:
+            if flag == "--snapshot":
+                readings += mm.read_snapshot(raw)
+            else:
+                readings += mm.read_log(raw.decode("utf-8", errors="replace"))
+        except ValueError as e:
+            raise ValueError(f"{flag} {path!r:.80}: {short(e)}") from None
+    band = bounds(est, args.gpu, **_bound_options(args)) if args.gpu else None
+    rows = mm.beside_estimate(est, readings, band)
+    if args.json:
+        write_out(strict_json({"estimate": est.to_dict(), "rows": rows}))
+        return 0
+    mib = 2**20
+    lines = [est._title(), "the reader's numbers beside parmem (MiB = 2**20 bytes)"]
+    lines.append(
+        f"  {'reading':<46}{'stage':>6}{'value':>12}{'parmem':>12}{'difference':>12}  beside"
+    )
+    for r in rows:
+        lines.append(
+            f"  {r['who'] + ': ' + r['what']:<46}{r['stage']:>6}{r['reading'] / mib:>12.1f}"
+            f"{r['parmem'] / mib:>12.1f}{r['difference'] / mib:>+12.1f}  {r['beside']}"
+        )
+    write_out("\n".join(lines))
+    return 0
+
+
 def _int(lo: int = 1, hi: int = MAX_GPUS) -> Callable[[str], int]:
     """An argparse type: an integer in ``lo..hi`` (argparse names the flag in the message)."""
 
@@ -735,6 +838,48 @@ def build_parser() -> argparse.ArgumentParser:
         help="print the engine's launch command (exit 1 if it would not start)",
     )
     p.set_defaults(func=_cmd_startup)
+
+    p = sub.add_parser(
+        "measure",
+        help="one real training step of your model, shrunk, on CPU ranks, beside the estimate",
+    )
+    _step_flags(p, seq_required=False)
+    p.set_defaults(dp=2, engine="hf")
+    p.add_argument("--seq-len", dest="seq", type=_int(1, MAX_SEQ_LEN), help="= --seq (default 32)")
+    p.add_argument(
+        "--layers",
+        type=_int(1, MAX_LAYERS),
+        default=None,
+        help="the first depth run (default 2); the second adds the layer period",
+    )
+    p.add_argument(
+        "--width-factor",
+        type=_int(1, 1 << 20),
+        default=None,
+        help="divide the width by this (keeps head_dim and the GQA ratio)",
+    )
+    p.add_argument(
+        "--vocab", type=_int(1, 1 << 31), default=None, help="vocabulary (default <= 1024)"
+    )
+    p.add_argument("--experts", type=_int(1, 1 << 20), default=None, help="experts (default <= 8)")
+    p.add_argument(
+        "--device",
+        default="cpu",
+        choices=("cpu", "cuda"),
+        help="cuda: one GPU per rank (NCCL), torch.cuda.max_memory_allocated too",
+    )
+    p.add_argument(
+        "--snapshot",
+        default=None,
+        help="a torch.cuda.memory._snapshot() pickle: its numbers beside the estimate",
+    )
+    p.add_argument(
+        "--log",
+        default=None,
+        help="a Megatron-LM or torchtitan training log: its memory lines beside it",
+    )
+    p.add_argument("--gpu", default=None, help="with --snapshot/--log: expected reserved bytes")
+    p.set_defaults(func=_cmd_measure)
 
     p = sub.add_parser("plan", help="search parallel layouts for a model on a cluster")
     p.add_argument("--model", required=True, help="preset name or path to a config.json")

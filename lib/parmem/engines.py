@@ -175,8 +175,9 @@ class StateCategory:
     """One kind of model state: element size ``dtype`` (a symbol of :func:`itemsizes`), the
     :class:`~parmem.estimate.MemoryBreakdown` ``field`` it adds to, the ZeRO stage from which it
     is sharded (``shard_from``; 4 = never), the stages at which the engine keeps it, the
-    precisions it applies to (empty = all) and how it offloads (``never``, ``optimizer``,
-    ``params`` or ``drop``)."""
+    precisions it applies to (empty = all), how it offloads (``never``, ``optimizer``,
+    ``params`` or ``drop``), when it exists (``phase``) and, for a state the engine makes one
+    group at a time, the most elements it holds at once (``max_elements``; 0: no bound)."""
 
     name: str
     dtype: str
@@ -187,6 +188,7 @@ class StateCategory:
     offload: str = "never"
     note: str = ""
     phase: str = "always"
+    max_elements: int = 0
 
 
 @dataclass(frozen=True)
@@ -429,6 +431,7 @@ def _category(row: dict[str, Any], where: str) -> StateCategory:
         offload=choice(f"{here} offload", row.get("offload", "never"), STATE_OFFLOAD),
         note=str(row.get("note", "")),
         phase=choice(f"{here} phase", row.get("phase", "always"), PHASES),
+        max_elements=integer(f"{here} max_elements", row.get("max_elements", 0), 0, 2**62),
     )
 
 

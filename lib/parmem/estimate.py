@@ -57,7 +57,7 @@ from .quant import (
     outer_weight_bytes,
 )
 from .sharding import factored_numel, largest_module_params, stage_params
-from .states import apply_rule, state_rule
+from .states import apply_rule, state_rule, step_only_bytes
 from .units import GIB
 
 __all__ = ["MemoryBreakdown", "Estimate", "estimate", "activation_terms"]
@@ -559,7 +559,7 @@ def _stage_states(lay: Layout, st: Stage) -> tuple[int, int, int, int, int, int]
         dense.grads + expert.grads,
         dense.optimizer + expert.optimizer,
         dense.host + expert.host,
-        dense.step + expert.step,
+        step_only_bytes(rule, dense.step, expert.step),
     )
 
 

@@ -41,6 +41,7 @@ __all__ = [
     "optimizer_state_bytes",
     "state_rule",
     "apply_rule",
+    "step_only_bytes",
     "total_model_state_floor",
 ]
 
@@ -68,11 +69,12 @@ class ModelStateBytes:
 
 class StateRule(NamedTuple):
     """Where each model-state category goes for one (engine, precision, optimizer, ZeRO stage,
-    offload): ``cats`` holds (field index, bytes per element, sharded, place) per category;
+    offload): ``cats`` holds (field index, bytes per element, sharded, place, the most elements
+    held at once or 0) per category;
     the optimizer's states are sharded when ``opt_sharded``, in elements of ``opt_itemsize``
     bytes, on the host when ``opt_host``."""
 
-    cats: tuple[tuple[int, int, bool, int], ...]
+    cats: tuple[tuple[int, int, bool, int, int], ...]
     preset: OptimizerPreset
     opt_itemsize: int
     opt_sharded: bool
@@ -104,7 +106,8 @@ def state_rule(
         elif c.phase == "step":
             place = _STEP
         if size:
-            cats.append((_FIELD[c.field], size, sharded, place))
+            cap = c.max_elements if place == _STEP else 0
+            cats.append((_FIELD[c.field], size, sharded, place, cap))
     return StateRule(
         cats=tuple(cats),
         preset=optimizer_preset(optimizer),
@@ -139,17 +142,30 @@ def apply_rule(rule: StateRule, n: int, dp: int, factored: int | None = None) ->
     optimizer states are unsharded: a ZeRO shard is a flat 1-D buffer)."""
     shard = cdiv(n, dp)
     out = [0, 0, 0, 0, 0]  # params, grads, optimizer, host, optimizer step only
-    for field, size, sharded, place in rule.cats:
+    for field, size, sharded, place, cap in rule.cats:
         if place == _DROP:
             continue
         slot = {_HOST: 3, _STEP: 4}.get(place, field)
-        out[slot] += size * (shard if sharded else n)
+        elements = shard if sharded else n
+        out[slot] += size * (min(elements, cap) if cap else elements)
     o_n = shard if rule.opt_sharded else n
     opt = optimizer_state_bytes(
         o_n, rule.preset, rule.opt_itemsize, None if rule.opt_sharded else factored
     )
     out[3 if rule.opt_host else 2] += opt
     return ModelStateBytes(params=out[0], grads=out[1], optimizer=out[2], host=out[3], step=out[4])
+
+
+def step_only_bytes(rule: StateRule, *parts: int) -> int:
+    """The optimizer-step-only bytes of several parameter groups under one ``rule`` (a stage's
+    dense and expert parameters): their sum, unless every step-only category is made one
+    sub-group at a time (``max_elements``, DeepSpeed ZeRO-3's ``sub_group_size``), in which case
+    no more than one sub-group's bytes exist at once, whichever group it belongs to."""
+    step_cats = [(size, cap) for _, size, _, place, cap in rule.cats if place == _STEP]
+    total = sum(parts)
+    if step_cats and all(cap for _, cap in step_cats):
+        return min(total, sum(size * cap for size, cap in step_cats))
+    return total
 
 
 def model_state_bytes(

@@ -468,9 +468,11 @@ def _torchtitan_model(tt, seq_len: int):
     return cfg, model
 
 
-def _record_comms(model) -> dict[str, list[tuple[int, str]]]:
+def record_comms(model, force_sum: bool = True) -> dict[str, list[tuple[int, str]]]:
     """Record every FSDP all-gather output and reduce-scatter input (bytes, dtype) per FSDP
-    module, through FSDP2's public custom-collective hooks."""
+    module, through FSDP2's public custom-collective hooks (FSDP2's default collectives,
+    unchanged). ``force_sum``: reduce-scatter as a sum without a pre-multiplied divisor (gloo has
+    no ``PREMUL_SUM``; torchtitan sets the divide factor to 1, so the gradients are the same)."""
     from torch.distributed.fsdp import FSDPModule
     from torch.distributed.fsdp._fully_shard._fsdp_collectives import (
         DefaultAllGather,
@@ -502,10 +504,14 @@ def _record_comms(model) -> dict[str, list[tuple[int, str]]]:
 
     for name, m in model.named_modules():
         if isinstance(m, FSDPModule):
-            m.set_force_sum_reduction_for_comms(True)
+            if force_sum:
+                m.set_force_sum_reduction_for_comms(True)
             m.set_custom_all_gather(AllGather(f"all_gather:{name}"))
             m.set_custom_reduce_scatter(ReduceScatter(f"reduce_scatter:{name}"))
     return seen
+
+
+_record_comms = record_comms  # the name runs_fsdp2 imports
 
 
 @contextlib.contextmanager
@@ -558,7 +564,7 @@ def torchtitan_step(seq_len: int, micro_batch: int) -> dict:
 
     tt = torchtitan_modules()
     cfg, model = _torchtitan_model(tt, seq_len)
-    comms = _record_comms(model)
+    comms = record_comms(model)
     model.to_empty(device="cpu")
     with torch.no_grad():
         model.init_weights(buffer_device=None)

@@ -1,0 +1,387 @@
+"""Recorded engine runs: what each engine's own training step held, per rank, beside the estimate.
+
+``make engines`` (``scripts/record_engine_runs.py``) runs each engine's own code on CPU gloo
+ranks with tiny shapes of real architectures and writes one JSON file per engine to
+``data/engine_runs/``. This module reads them and sets every measured number beside
+:func:`parmem.estimate` for the same model, layout and setup, so the test suite holds each
+recorded row against the library without running the engines again.
+
+A record (one rank of one case) holds:
+
+* ``case``, ``engine`` (the parmem profile), ``versions`` (torch and the engine's packages),
+  ``date``, ``world_size``, ``rank`` and ``stage`` (the pipeline stage the rank holds);
+* ``model``: the :class:`~parmem.model.ModelSpec` fields of the tiny model; ``parallel`` and
+  ``setup``: the :class:`~parmem.config.ParallelConfig` and :class:`~parmem.config.TrainingSetup`
+  fields (``engine`` included, ``device`` given separately: the runs are on CPU);
+* ``measured``: bytes per category. Each category names the estimate's field it is held against
+  (:data:`CATEGORIES`);
+* ``named``: per category, the names of the differences (:data:`DIFFERENCES`) that the estimate
+  does not contain and the run does; each is a function of the record, so the comparison is
+  ``measured == estimate + sum(differences)``, exactly;
+* ``peak`` (optional): ``torch.distributed._tools.mem_tracker.MemTracker``'s peak per category,
+  reported, not compared (a CPU run's temporaries are not a GPU's);
+* ``notes``: what the CPU run changed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from parmem._data import DATA_DIRS
+
+__all__ = [
+    "CATEGORIES",
+    "DIFFERENCES",
+    "Difference",
+    "RecordRow",
+    "load_records",
+    "predicted",
+    "compare_record",
+    "record_rows",
+    "records_table",
+]
+
+#: folder of the recorded runs, one ``<engine>.json`` per engine (next to the package in a
+#: wheel, else the repository's ``data/``)
+RECORDS_DIR: Path = next(
+    (d / "engine_runs" for d in DATA_DIRS if (d / "engine_runs").is_dir()),
+    DATA_DIRS[-1] / "engine_runs",
+)
+
+#: measured category -> the expression of the estimate's stage it is held against
+CATEGORIES: dict[str, str] = {
+    "params": "params",
+    "grads": "grads",
+    "optimizer": "optimizer",
+    "optimizer_step": "optimizer_step",
+    "saved": "activations + logits",
+    "activations": "activations",
+    "comm_buffers": "comm_buffers",
+}
+
+
+@dataclass(frozen=True)
+class Difference:
+    """A difference between an engine run and the estimate, named and computed.
+
+    ``gpu``: whether a GPU run has it too (``False``: an artefact of the CPU run, which the
+    profile rightly leaves out); ``doc``: what it is and where it comes from; ``bytes``: its size
+    for a record."""
+
+    doc: str
+    gpu: bool
+    bytes: Callable[[dict], int]
+
+
+def _param_tensors(rec: dict) -> int:
+    return int(rec["facts"]["param_tensors"])
+
+
+def _deepspeed_gathered(rec: dict) -> int:
+    """DeepSpeed ZeRO-3's whole gathered model minus the profile's 4 x the largest module, for a
+    model whose partitioned parameters fit DeepSpeed's default stage3_prefetch_bucket_size."""
+    f = rec["facts"]
+    partitioned = f["num_params"] - f["persistent_numel"]
+    if partitioned > 5 * 10**7:
+        raise ValueError(
+            "deepspeed-zero3-gathered-params holds only up to 5e7 partitioned elements"
+        )
+    return 2 * partitioned - 4 * f["largest_module_params"]
+
+
+#: name -> :class:`Difference`; a record's ``named`` lists the ones it has, per category
+DIFFERENCES: dict[str, Difference] = {
+    "adamw-step-counters": Difference(
+        "torch.optim.AdamW keeps a 0-d fp32 ``step`` tensor per parameter tensor it updates "
+        "(on CUDA with capturable=False it is a CPU tensor, so no GPU memory)",
+        gpu=False,
+        bytes=lambda rec: 4 * _param_tensors(rec),
+    ),
+    # DeepSpeed 0.19.8 (parmem.distributed.runs_deepspeed): ``facts`` holds the sizes read here
+    "deepspeed-straddling-grads": Difference(
+        "DeepSpeed ZeRO-2 (runtime/zero/stage_1_and_2.py copy_grads_in_partition): "
+        "``grads_in_partition`` holds the whole 16-bit gradient of every parameter that overlaps "
+        "this rank's slice of the flat group, not only the slice: 2 bytes x (elements of those "
+        "parameters - partition size); depends on the parameter order, which the profile does "
+        "not know",
+        gpu=True,
+        bytes=lambda rec: (
+            2 * (rec["facts"]["params_in_partition_numel"] - rec["facts"]["partition_numel"])
+        ),
+    ),
+    "deepspeed-zero3-persistent-params": Difference(
+        "DeepSpeed ZeRO-3 (runtime/zero/parameter_offload.py mark_persistent_parameters): a "
+        "parameter of at most stage3_param_persistence_threshold elements stays gathered "
+        "beside its partition: 2 bytes x its elements (norm vectors, MoE routers)",
+        gpu=True,
+        bytes=lambda rec: 2 * rec["facts"]["persistent_numel"],
+    ),
+    "deepspeed-zero3-gathered-params": Difference(
+        "DeepSpeed ZeRO-3 (runtime/zero/partitioned_param_coordinator.py): once the first step "
+        "has recorded the module trace, the forward prefetches up to stage3_prefetch_bucket_size "
+        "(5e7) elements ahead and releases nothing that is used again within "
+        "stage3_max_reuse_distance (1e9), so a model of at most 5e7 partitioned elements is "
+        "gathered whole: 2 bytes x its non-persistent parameters, where the profile counts 4 x "
+        "the largest module (DeepSpeed's estimator)",
+        gpu=True,
+        bytes=_deepspeed_gathered,
+    ),
+    # Transformers 5.23 Trainer (parmem.distributed.runs_hf)
+    "adamw-fused-step-counters": Difference(
+        "the Trainer's default optimizer, adamw_torch_fused, is torch.optim.AdamW(fused=True), "
+        "which keeps each parameter tensor's ``step`` as a 0-d fp32 tensor on the parameter's "
+        "device (torch/optim/adam.py _init_group: capturable or fused), so on a GPU in GPU "
+        "memory: 4 bytes per parameter tensor; the estimate counts parameters, not tensors",
+        gpu=True,
+        bytes=lambda rec: 4 * _param_tensors(rec),
+    ),
+    "trainer-loss-divisor": Difference(
+        "the Trainer passes ``num_items_in_batch`` (the labels other than -100, summed over the "
+        "ranks: a 0-d fp32 tensor, trainer.py _get_num_items_in_batch) to the model, whose "
+        "ForCausalLMLoss sums the cross-entropy and divides by it (loss/loss_utils.py "
+        "fixed_cross_entropy); the division keeps the divisor: 4 bytes for the one micro-batch "
+        "held without a pipeline, which the hf profile's last-stage table (measured on a "
+        "forward without the Trainer) leaves out",
+        gpu=True,
+        bytes=lambda rec: 4,
+    ),
+    # torchtitan 0.3.0 (parmem.distributed.runs_fsdp2): ``facts`` holds the counts read here
+    "cpu-rmsnorm-composite": Difference(
+        "nn.RMSNorm on CPU runs the composite F.rms_norm, which keeps an fp32 copy of its "
+        "input and the fp32 normalised tensor (the [devices.cpu] rmsin = rmsmid = 4 of "
+        "data/engines.toml), where CUDA's fused kernel keeps the bf16 input only: 4 + 4 - 2 "
+        "= 6 bytes per normalised element (facts: rmsnorm_elements, every nn.RMSNorm input of "
+        "the forward on this rank)",
+        gpu=False,
+        bytes=lambda rec: 6 * int(rec["facts"]["rmsnorm_elements"]),
+    ),
+    "torchtitan-tp-embedding-mask": Difference(
+        "under TP torchtitan's vocab-parallel Embedding (models/common/embedding.py forward) "
+        "returns ``out * mask.unsqueeze(-1).to(out.dtype)``, and the multiply keeps the (b, s, "
+        "1) in-range mask in the activation dtype: 2 bytes per token of the micro-batch on the "
+        "first stage, which the fsdp2 first-stage table cannot list (its conditions have no "
+        "TP)",
+        gpu=True,
+        bytes=lambda rec: 2 * rec["setup"]["seq_len"] * rec["setup"].get("micro_batch", 1),
+    ),
+    "loss-parallel-no-total-weight": Difference(
+        "under TP torchtitan's vocab-parallel cross-entropy (components/loss.py "
+        "_LossParallelCrossEntropy) keeps its fp32 log-probabilities and int64 labels but no "
+        "0-d total weight, which the fsdp2 last-stage table lists for F.cross_entropy: 4 "
+        "bytes fewer",
+        gpu=True,
+        bytes=lambda rec: -4,
+    ),
+    "tp-collective-output-not-measured": Difference(
+        "the estimate's TP collective output (one bf16 s x b x h tensor, parmem.layout "
+        "tp_output_bytes) is in comm_buffers, but the record measures FSDP2's buffers only "
+        "(under torchtitan's sequence parallelism the all-gather output is the tensor the "
+        "matmul keeps, counted in saved): the term is subtracted, not compared",
+        gpu=False,
+        bytes=lambda rec: -2 * rec["setup"]["seq_len"] * rec["setup"].get("micro_batch", 1)
+        * rec["model"]["hidden"],
+    ),
+    "pipelining-recv-buffers": Difference(
+        "torch.distributed.pipelining's PipelineStage preallocates a receive buffer per "
+        "micro-batch (stage.py _setup_forward_recv_info, _create_grad_recv_info): m "
+        "activation buffers on every stage but the first, m gradient buffers on every stage "
+        "but the last, each one boundary tensor (bf16 s x b x h, divided by t under SP), and "
+        "sends its outputs without a buffer; the estimate counts one send and one receive "
+        "buffer: (m x directions - 2) boundary tensors",
+        gpu=True,
+        bytes=lambda rec: _pipelining_recv_extra(rec),
+    ),
+    # Megatron-Core (parmem.distributed.runs_megatron_core: each function's doc is its source)
+    "megatron-cpu-rmsnorm": Difference(
+        "CPU artefact: torch's nn.RMSNorm (the local spec without Apex) is the CPU composite, "
+        "which keeps an fp32 copy of its input and the fp32 normalised tensor where the CUDA "
+        "kernel keeps the input ([devices.cpu] vs [devices.cuda] rmsin, rmsmid)",
+        gpu=False,
+        bytes=lambda rec: _megatron("cpu_rmsnorm_bytes", rec),
+    ),
+    "megatron-cpu-unfused-softmax": Difference(
+        "CPU artefact: with masked_softmax_fusion off (the fused causal softmax is a CUDA "
+        "extension) each layer keeps fp32 probabilities (4 b a/t s^2) and a bool causal mask "
+        "(s^2) beside the bf16 probabilities",
+        gpu=False,
+        bytes=lambda rec: _megatron("cpu_unfused_softmax_bytes", rec),
+    ),
+    "megatron-ce-target-mask": Difference(
+        "vocab_parallel_cross_entropy keeps a bool target mask, 1 byte per token; the profile "
+        "has no dtype symbol of 1 byte on every device",
+        gpu=True,
+        bytes=lambda rec: _megatron("ce_target_mask_bytes", rec),
+    ),
+    "megatron-vocab-parallel-input-mask": Difference(
+        "VocabParallelEmbedding with t > 1 keeps a bool mask of the ids outside its shard, 1 "
+        "byte per token; the profile has no t > 1 condition nor a 1-byte dtype symbol",
+        gpu=True,
+        bytes=lambda rec: _megatron("vocab_input_mask_bytes", rec),
+    ),
+    "megatron-moe-routed-tokens": Difference(
+        "dropless MoE routing sends a data-dependent number of (token, expert) pairs to this "
+        "rank's experts (facts routed_tokens); the profile counts the balanced s b k",
+        gpu=True,
+        bytes=lambda rec: _megatron("moe_routed_tokens_bytes", rec),
+    ),
+    "megatron-distopt-param-padding": Difference(
+        "the distributed optimizer's bf16 param_data buffer pads each parameter to 64 "
+        "elements and each bucket to lcm(d, 128) (param_and_grad_buffer.py)",
+        gpu=True,
+        bytes=lambda rec: _megatron("distopt_param_padding_bytes", rec),
+    ),
+    "megatron-distopt-grad-padding": Difference(
+        "the same padding in the fp32 grad_data buffer",
+        gpu=True,
+        bytes=lambda rec: _megatron("distopt_grad_padding_bytes", rec),
+    ),
+    "megatron-distopt-shard-split": Difference(
+        "the distributed optimizer gives each rank the parameter elements inside its 1/d of "
+        "the padded buffer, not ceil(P/d): 12 bytes per element of the difference",
+        gpu=True,
+        bytes=lambda rec: _megatron("distopt_shard_split_bytes", rec),
+    ),
+}
+
+
+def _megatron(name: str, rec: dict) -> int:
+    from parmem.distributed import runs_megatron_core
+
+    return int(getattr(runs_megatron_core, name)(rec))
+
+
+def _pipelining_recv_extra(rec: dict) -> int:
+    par, st = rec["parallel"], rec["setup"]
+    pp, stage = par.get("pp", 1), rec.get("stage", 0)
+    directions = (stage > 0) + (stage < pp - 1)
+    boundary = 2 * st["seq_len"] * st.get("micro_batch", 1) * rec["model"]["hidden"]
+    if par.get("sp") and par.get("tp", 1) > 1:
+        boundary //= par["tp"]
+    return (st.get("num_microbatches", 1) * directions - 2) * boundary
+
+
+def _files(directory: Path | None = None) -> list[Path]:
+    d = RECORDS_DIR if directory is None else Path(directory)
+    return sorted(d.glob("*.json")) if d.is_dir() else []
+
+
+def load_records(directory: Path | None = None) -> list[dict]:
+    """Every recorded rank of every case, in file order (``data/engine_runs/*.json``)."""
+    out: list[dict] = []
+    for f in _files(directory):
+        data = json.loads(f.read_text(encoding="utf-8"))
+        for rec in data["records"]:
+            rec.setdefault("file", f.name)
+            out.append(rec)
+    return out
+
+
+def predicted(rec: dict) -> dict[str, int]:
+    """The estimate's bytes for the record's rank, per :data:`CATEGORIES` name."""
+    from parmem.config import ParallelConfig, TrainingSetup
+    from parmem.estimate import estimate
+    from parmem.model import ModelSpec
+
+    spec = ModelSpec(**rec["model"])
+    par = ParallelConfig(**rec["parallel"])
+    setup = TrainingSetup(**rec["setup"])
+    kw: dict[str, Any] = {}
+    if rec.get("layers_per_stage"):
+        kw["layers_per_stage"] = rec["layers_per_stage"]
+    st = estimate(spec, par, setup, **kw).stages[rec.get("stage", 0)]
+    env = {
+        f: getattr(st, f)
+        for f in (
+            "params",
+            "grads",
+            "optimizer",
+            "optimizer_step",
+            "activations",
+            "logits",
+            "comm_buffers",
+        )
+    }
+    out = {}
+    for name, expr in CATEGORIES.items():
+        out[name] = sum(env[t.strip()] for t in expr.split("+"))
+    return out
+
+
+@dataclass(frozen=True)
+class RecordRow:
+    """One category of one recorded rank beside the estimate."""
+
+    case: str
+    engine: str
+    rank: int
+    category: str
+    measured: int
+    estimate: int
+    named: tuple[str, ...]
+    modelled: int  # the estimate plus the named differences
+
+    @property
+    def equal(self) -> bool:
+        return self.measured == self.modelled
+
+    @property
+    def named_bytes(self) -> int:
+        return self.modelled - self.estimate
+
+
+def compare_record(rec: dict) -> list[RecordRow]:
+    """One :class:`RecordRow` per measured category of ``rec``. Raises ``ValueError`` for a
+    category or a difference this module does not know."""
+    pred = predicted(rec)
+    rows = []
+    for cat, value in rec["measured"].items():
+        if cat not in CATEGORIES:
+            raise ValueError(f"measured: category {cat!r} is not one of {sorted(CATEGORIES)}")
+        names = tuple(rec.get("named", {}).get(cat, ()))
+        for n in names:
+            if n not in DIFFERENCES:
+                raise ValueError(f"named: difference {n!r} is not one of {sorted(DIFFERENCES)}")
+        extra = sum(DIFFERENCES[n].bytes(rec) for n in names)
+        rows.append(
+            RecordRow(
+                rec["case"],
+                rec["engine"],
+                rec["rank"],
+                cat,
+                int(value),
+                pred[cat],
+                names,
+                pred[cat] + extra,
+            )
+        )
+    return rows
+
+
+def record_rows(directory: Path | None = None) -> list[RecordRow]:
+    """Every category of every recorded rank beside the estimate."""
+    return [row for rec in load_records(directory) for row in compare_record(rec)]
+
+
+def records_table(rows: list[RecordRow] | None = None) -> list[dict[str, Any]]:
+    """The rows for display, one per category of each recorded rank: the engine, the case, the
+    rank, the category, measured and estimated bytes, the named differences and their bytes,
+    and whether the measurement equals the estimate plus them."""
+    rows = record_rows() if rows is None else rows
+    return [
+        {
+            "engine": r.engine,
+            "case": r.case,
+            "rank": r.rank,
+            "category": r.category,
+            "measured B": r.measured,
+            "estimate B": r.estimate,
+            "named B": r.named_bytes,
+            "named": ", ".join(r.named) or "-",
+            "equal": r.equal,
+        }
+        for r in rows
+    ]
