@@ -242,6 +242,7 @@ FEATURES: dict[str, str] = {
     "logit_softcap": "final logit soft-capping (Gemma 2)",
     "shared_expert_gate": "a sigmoid gate on the shared expert (Qwen2-MoE)",
     "norm_topk_prob=false": "top-k routing weights not renormalised (Qwen-MoE)",
+    "attention=mla": "multi-latent attention: compressed query and key/value latents (DeepSeek-V2/V3)",
 }
 
 
@@ -267,6 +268,8 @@ def spec_features(spec: ModelSpec) -> tuple[str, ...]:
         out.append("shared_expert_gate")
     if spec.is_moe and not getattr(spec, "norm_topk_prob", True):
         out.append("norm_topk_prob=false")
+    if spec.attention == "mla":
+        out.append("attention=mla")
     return tuple(out)
 
 

@@ -43,6 +43,7 @@ __all__ = [
     "compare_record",
     "record_rows",
     "records_table",
+    "records_summary",
 ]
 
 #: folder of the recorded runs, one ``<engine>.json`` per engine (next to the package in a
@@ -150,14 +151,14 @@ DIFFERENCES: dict[str, Difference] = {
         bytes=lambda rec: 4,
     ),
     # torchtitan 0.3.0 (parmem.distributed.runs_fsdp2): ``facts`` holds the counts read here
-    "cpu-rmsnorm-composite": Difference(
-        "nn.RMSNorm on CPU runs the composite F.rms_norm, which keeps an fp32 copy of its "
-        "input and the fp32 normalised tensor (the [devices.cpu] rmsin = rmsmid = 4 of "
-        "data/engines.toml), where CUDA's fused kernel keeps the bf16 input only: 4 + 4 - 2 "
-        "= 6 bytes per normalised element (facts: rmsnorm_elements, every nn.RMSNorm input of "
-        "the forward on this rank)",
+    "cpu-rmsnorm": Difference(
+        "nn.RMSNorm on CPU (torchtitan's blocks, Megatron-Core's local spec) runs the composite "
+        "F.rms_norm, which keeps an fp32 copy of its input and the fp32 normalised tensor, where "
+        "CUDA's fused kernel keeps the 16-bit input only: the [devices.cpu] minus [devices.cuda] "
+        "rmsin and rmsmid of data/engines.toml (4 + 4 - 2 = 6 bytes in bf16) per normalised "
+        "element (facts: rmsnorm_elements, every RMSNorm input of the forward on this rank)",
         gpu=False,
-        bytes=lambda rec: 6 * int(rec["facts"]["rmsnorm_elements"]),
+        bytes=lambda rec: _cpu_rmsnorm_per_element() * int(rec["facts"]["rmsnorm_elements"]),
     ),
     "torchtitan-tp-embedding-mask": Difference(
         "under TP torchtitan's vocab-parallel Embedding (models/common/embedding.py forward) "
@@ -182,8 +183,12 @@ DIFFERENCES: dict[str, Difference] = {
         "(under torchtitan's sequence parallelism the all-gather output is the tensor the "
         "matmul keeps, counted in saved): the term is subtracted, not compared",
         gpu=False,
-        bytes=lambda rec: -2 * rec["setup"]["seq_len"] * rec["setup"].get("micro_batch", 1)
-        * rec["model"]["hidden"],
+        bytes=lambda rec: (
+            -2
+            * rec["setup"]["seq_len"]
+            * rec["setup"].get("micro_batch", 1)
+            * rec["model"]["hidden"]
+        ),
     ),
     "pipelining-recv-buffers": Difference(
         "torch.distributed.pipelining's PipelineStage preallocates a receive buffer per "
@@ -196,13 +201,6 @@ DIFFERENCES: dict[str, Difference] = {
         bytes=lambda rec: _pipelining_recv_extra(rec),
     ),
     # Megatron-Core (parmem.distributed.runs_megatron_core: each function's doc is its source)
-    "megatron-cpu-rmsnorm": Difference(
-        "CPU artefact: torch's nn.RMSNorm (the local spec without Apex) is the CPU composite, "
-        "which keeps an fp32 copy of its input and the fp32 normalised tensor where the CUDA "
-        "kernel keeps the input ([devices.cpu] vs [devices.cuda] rmsin, rmsmid)",
-        gpu=False,
-        bytes=lambda rec: _megatron("cpu_rmsnorm_bytes", rec),
-    ),
     "megatron-cpu-unfused-softmax": Difference(
         "CPU artefact: with masked_softmax_fusion off (the fused causal softmax is a CUDA "
         "extension) each layer keeps fp32 probabilities (4 b a/t s^2) and a bool causal mask "
@@ -248,6 +246,14 @@ DIFFERENCES: dict[str, Difference] = {
 }
 
 
+def _cpu_rmsnorm_per_element(act_bytes: int = 2) -> int:
+    """Bytes an RMSNorm keeps per normalised element on CPU beyond what it keeps on CUDA."""
+    from parmem.engines import activation_itemsizes
+
+    cpu, cuda = (activation_itemsizes(d, act_bytes, 0) for d in ("cpu", "cuda"))
+    return cpu["rmsin"] - cuda["rmsin"] + cpu["rmsmid"] - cuda["rmsmid"]
+
+
 def _megatron(name: str, rec: dict) -> int:
     from parmem.distributed import runs_megatron_core
 
@@ -281,9 +287,12 @@ def load_records(directory: Path | None = None) -> list[dict]:
 
 
 def predicted(rec: dict) -> dict[str, int]:
-    """The estimate's bytes for the record's rank, per :data:`CATEGORIES` name."""
+    """The estimate's bytes for the record's rank, per :data:`CATEGORIES` name. A record whose
+    model the profile's activation table refuses (``"states_only": true``: multi-latent attention
+    under ``fsdp2``) is held against the model states and buffers alone
+    (:func:`parmem.estimate.model_states_and_buffers`); its activation categories are absent."""
     from parmem.config import ParallelConfig, TrainingSetup
-    from parmem.estimate import estimate
+    from parmem.estimate import estimate, model_states_and_buffers
     from parmem.model import ModelSpec
 
     spec = ModelSpec(**rec["model"])
@@ -292,22 +301,20 @@ def predicted(rec: dict) -> dict[str, int]:
     kw: dict[str, Any] = {}
     if rec.get("layers_per_stage"):
         kw["layers_per_stage"] = rec["layers_per_stage"]
-    st = estimate(spec, par, setup, **kw).stages[rec.get("stage", 0)]
-    env = {
-        f: getattr(st, f)
-        for f in (
-            "params",
-            "grads",
-            "optimizer",
-            "optimizer_step",
-            "activations",
-            "logits",
-            "comm_buffers",
-        )
-    }
+    stage = rec.get("stage", 0)
+    env: dict[str, int]
+    if rec.get("states_only"):
+        env = model_states_and_buffers(spec, par, setup, **kw)[stage]
+    else:
+        st = estimate(spec, par, setup, **kw).stages[stage]
+        names = ("params", "grads", "optimizer", "optimizer_step", "activations", "logits",
+                 "comm_buffers")  # fmt: skip
+        env = {f: getattr(st, f) for f in names}
     out = {}
     for name, expr in CATEGORIES.items():
-        out[name] = sum(env[t.strip()] for t in expr.split("+"))
+        terms = [t.strip() for t in expr.split("+")]
+        if all(t in env for t in terms):
+            out[name] = sum(env[t] for t in terms)
     return out
 
 
@@ -341,6 +348,8 @@ def compare_record(rec: dict) -> list[RecordRow]:
     for cat, value in rec["measured"].items():
         if cat not in CATEGORIES:
             raise ValueError(f"measured: category {cat!r} is not one of {sorted(CATEGORIES)}")
+        if cat not in pred:
+            raise ValueError(f"measured: category {cat!r} is not compared for a states_only record")
         names = tuple(rec.get("named", {}).get(cat, ()))
         for n in names:
             if n not in DIFFERENCES:
@@ -384,4 +393,26 @@ def records_table(rows: list[RecordRow] | None = None) -> list[dict[str, Any]]:
             "equal": r.equal,
         }
         for r in rows
+    ]
+
+
+def records_summary(rows: list[RecordRow] | None = None) -> list[dict[str, Any]]:
+    """One line per recorded case: the engine, the case, its ranks and rows, how many rows equal
+    the estimate as it is, how many once their named differences are added, and those names."""
+    rows = record_rows() if rows is None else rows
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in rows:
+        line = out.setdefault(
+            (r.engine, r.case),
+            {"engine": r.engine, "case": r.case, "ranks": set(), "rows": 0, "as estimated": 0,
+             "with named": 0, "named": set()},
+        )  # fmt: skip
+        line["ranks"].add(r.rank)
+        line["rows"] += 1
+        line["as estimated"] += r.measured == r.estimate
+        line["with named"] += r.equal
+        line["named"].update(r.named)
+    return [
+        {**v, "ranks": len(v["ranks"]), "named": ", ".join(sorted(v["named"])) or "-"}
+        for v in out.values()
     ]

@@ -60,7 +60,13 @@ from .sharding import factored_numel, largest_module_params, stage_params
 from .states import apply_rule, state_rule, step_only_bytes
 from .units import GIB
 
-__all__ = ["MemoryBreakdown", "Estimate", "estimate", "activation_terms"]
+__all__ = [
+    "MemoryBreakdown",
+    "Estimate",
+    "estimate",
+    "activation_terms",
+    "model_states_and_buffers",
+]
 
 
 # ---------------------------------------------------------------------------- results
@@ -284,12 +290,6 @@ def estimate(
     )
     prof = lay.engine
     full, kept, stage_b, first_b, last_b = _activation_bytes(lay)
-    buffers = lay.comm_buffer_bytes
-    ddp_copy = lay.dp_group > 1 and par.zero == 0 and setup.buckets == "copy"
-    bucket = _reduce_bucket(lay)
-    bucket_note = (
-        f"{prof.name}: gradient-reduction bucket of {prof.buffers.reduce_bucket:,} elements"
-    )
     in_flight = in_flight_profile(setup.schedule, par.pp, setup.num_microbatches, par.vpp)
     states: dict[tuple[int, int, bool, bool], tuple[int, int, int, int, int, int]] = {}
     stages = []
@@ -314,15 +314,8 @@ def estimate(
         # the tensors the stage's layers share, and the first and the last stage's own
         act += (stage_b * bool(st.layers) + first_b * st.first + last_b * st.last) * mb_units
         logits = lay.logits_bytes * mb_units if st.last else 0
-        zero3, zero3_note = _zero3_buffers(lay, st)
-        comm = buffers + bucket + zero3
-        if zero3_note:
-            notes.append(zero3_note)
-        if ddp_copy:
-            comm += g_bytes
-            notes.append("DDP buckets hold a second copy of the gradients")
-        if bucket:
-            notes.append(bucket_note)
+        comm, comm_notes = _comm_buffers(lay, st, g_bytes)
+        notes += comm_notes
         if step:
             notes.append(f"{prof.name}: fp32 gradient partition during the optimizer step only")
         stages.append(
@@ -526,6 +519,47 @@ def _zero3_buffers(lay: Layout, stage: Stage) -> tuple[int, str]:
         largest = largest_module_params(spec, par.tp, prof.vocab_multiple, par.ep)
         zero3 += 2 * sizes["param"] * largest
     return zero3, ""
+
+
+def _comm_buffers(lay: Layout, st: Stage, grad_bytes: int) -> tuple[int, list[str]]:
+    """The stage's ``comm_buffers`` (see :func:`estimate`) and the notes naming them."""
+    prof, par, notes = lay.engine, lay.parallel, []
+    bucket = _reduce_bucket(lay)
+    zero3, zero3_note = _zero3_buffers(lay, st)
+    comm = lay.comm_buffer_bytes + bucket + zero3
+    if zero3_note:
+        notes.append(zero3_note)
+    if lay.dp_group > 1 and par.zero == 0 and lay.setup.buckets == "copy":
+        comm += grad_bytes
+        notes.append("DDP buckets hold a second copy of the gradients")
+    if bucket:
+        notes.append(
+            f"{prof.name}: gradient-reduction bucket of {prof.buffers.reduce_bucket:,} elements"
+        )
+    return comm, notes
+
+
+def model_states_and_buffers(
+    spec: ModelSpec,
+    parallel: ParallelConfig,
+    setup: TrainingSetup,
+    *,
+    layers_per_stage: Sequence[int] | None = None,
+) -> list[dict[str, int]]:
+    """Per stage, the parts of :func:`estimate` that do not depend on the profile's activation
+    table: ``params``, ``grads``, ``optimizer``, ``optimizer_step``, ``host`` and
+    ``comm_buffers``, in bytes on one GPU. For a layout whose saved tensors the profile refuses
+    (a structural feature its table does not model, such as multi-latent attention under
+    ``fsdp2``), :func:`estimate` raises, while these remain exact: the recorded engine runs
+    (:mod:`parmem.engine_records`) compare them alone for such a model."""
+    lay = layout(spec, parallel, setup, layers_per_stage)
+    out = []
+    for st in lay.stages:
+        _, p_bytes, g_bytes, o_bytes, host, step = _stage_states(lay, st)
+        comm, _ = _comm_buffers(lay, st, g_bytes)
+        out.append({"params": p_bytes, "grads": g_bytes, "optimizer": o_bytes,
+                    "optimizer_step": step, "host": host, "comm_buffers": comm})  # fmt: skip
+    return out
 
 
 def _stage_states(lay: Layout, st: Stage) -> tuple[int, int, int, int, int, int]:

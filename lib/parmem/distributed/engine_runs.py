@@ -511,9 +511,6 @@ def record_comms(model, force_sum: bool = True) -> dict[str, list[tuple[int, str
     return seen
 
 
-_record_comms = record_comms  # the name runs_fsdp2 imports
-
-
 @contextlib.contextmanager
 def _quiet() -> Iterator[None]:
     """Silence torchtitan's root-logger warnings about options this run does not use (an
