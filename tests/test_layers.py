@@ -21,7 +21,8 @@ same layer may not import each other either, so that a formula cannot drift into
     serving, serving_latency,             serving engines' startup memory; the roofline of
                                           serving (TTFT, TPOT);
     measure, reference                    the torch side
-    bounds, serving_log                   allocated, reserved and the high bound; serving logs
+    bounds, serving_log,                  allocated, reserved and the high bound; serving logs;
+    engine_records, measure_model         recorded engine runs; a reader's own model measured
     fit                                   the inverse queries (what fits)
     planner                               search and cost model
     book, distributed                     glue, tables, plots, widgets; the demos
@@ -51,7 +52,7 @@ LAYERS: list[set[str]] = [
     {"estimate", "inference"},
     {"allocator", "traces", "analyses", "engine_analyses", "measure", "reference",
      "finetune_analyses", "serving", "serving_latency"},
-    {"bounds", "serving_log"},
+    {"bounds", "serving_log", "engine_records", "measure_model"},
     {"fit"},
     {"planner"},
     {"book", "distributed", "plots", "widgets", "tables"},

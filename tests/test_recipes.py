@@ -30,7 +30,7 @@ from engines import (
 )
 from recipe_plans import CASES, case_plan
 
-from parmem import Cluster, ModelSpec, plan
+from parmem import Cluster, ModelSpec, ParallelConfig, TrainingSetup, estimate, plan
 from parmem.engines import engine as engine_profile
 from parmem.planner import Plan, evaluate
 from parmem.planner.emit import PROFILES, TARGETS
@@ -406,7 +406,14 @@ def test_megatron_recipe_builds_per_head_qk_norms_and_latent_attention():
     mla = ModelSpec(name="mla-dense", vocab_size=32000, hidden=2048, layers=24, heads=16,
                     head_dim=192, ffn_hidden=10944, ffn_kind="swiglu", norm="rmsnorm",
                     q_lora_rank=0, kv_lora_rank=512, qk_rope_head_dim=64, v_head_dim=128)
-    a = _megatron_args(mla)
+    # the megatron-core activation table has no MLA rows, so the planner refuses to size it
+    # (the recorded runs showed that table is the engine's own, term by term); the model
+    # arguments its recipe would write still parse
+    with pytest.raises(ValueError, match="attention=mla"):
+        estimate(mla, ParallelConfig(dp=8), TrainingSetup(seq_len=4096, engine="megatron-core"))
+    from parmem.planner.emit.megatron import model_args
+
+    a = parse_recorded("megatron_lm_args", list(model_args(mla, 4096)))
     assert a.multi_latent_attention is True and a.q_lora_rank is None
     assert (a.kv_lora_rank, a.qk_head_dim, a.qk_pos_emb_head_dim, a.v_head_dim) == (512, 128, 64, 128)
 

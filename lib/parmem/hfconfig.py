@@ -24,7 +24,14 @@ from typing import Any
 from ._check import MAX_LAYERS, MAX_WIDTH, boolean, integer, number
 from ._data import load_toml
 
-__all__ = ["spec_fields", "families", "refused_families", "FAMILIES"]
+__all__ = [
+    "spec_fields",
+    "families",
+    "refused_families",
+    "with_defaults",
+    "FAMILIES",
+    "DROPOUT_KEYS",
+]
 
 #: layer_types entries: full attention, and the local kinds with the key of their window
 FULL = "full_attention"
@@ -58,7 +65,7 @@ def flag(cfg: dict[str, Any], k: str, default: bool) -> bool:
 
 
 #: config keys that hold a dropout probability (GPT-2: resid/embd/attn_pdrop; Llama: attention_dropout)
-_DROPOUT_KEYS = (
+DROPOUT_KEYS = (
     "attention_dropout",
     "hidden_dropout",
     "resid_pdrop",
@@ -72,7 +79,7 @@ _DROPOUT_KEYS = (
 
 def hf_dropout(cfg: dict[str, Any], default: float) -> float:
     """The largest dropout probability a config states; ``default`` when it states none."""
-    found = [number(key(k), cfg[k], 0.0, 1.0) for k in _DROPOUT_KEYS if cfg.get(k) is not None]
+    found = [number(key(k), cfg[k], 0.0, 1.0) for k in DROPOUT_KEYS if cfg.get(k) is not None]
     return max(found) if found else default
 
 
@@ -110,7 +117,7 @@ def refused_families() -> dict[str, str]:
 FAMILIES = tuple(families())
 
 
-def _with_defaults(cfg: dict[str, Any], mtype: str) -> dict[str, Any]:
+def with_defaults(cfg: dict[str, Any], mtype: str) -> dict[str, Any]:
     """``cfg`` with the family's aliases resolved (``hidden_size`` -> ``n_embd`` for GPT-2) and
     the class defaults for the keys it omits (a key given as null stays null)."""
     entry = _table()[mtype]
@@ -142,7 +149,7 @@ def spec_fields(cfg: dict[str, Any]) -> dict[str, Any]:
     table = _table()
     if not mtype or mtype == "refused" or mtype not in table:
         _refuse(mtype)
-    full = _with_defaults(cfg, mtype)
+    full = with_defaults(cfg, mtype)
     reader = _READERS.get(mtype, _llama_family)
     out = reader(full, mtype)
     out["family"] = mtype

@@ -43,8 +43,8 @@ from ._check import MAX_LAYERS, integer
 from ._data import load_toml
 from .config import ParallelConfig, TrainingSetup
 from .estimate import Estimate, estimate
-from .hfconfig import _DROPOUT_KEYS, _with_defaults, model_type
-from .model import ModelSpec, _read_config
+from .hfconfig import DROPOUT_KEYS, model_type, with_defaults
+from .model import ModelSpec, read_config
 from .units import GIB
 
 __all__ = [
@@ -219,7 +219,7 @@ def model_config(spec: ModelSpec, model: str) -> dict[str, Any]:
     :func:`preset_config` of the preset. A multimodal config gives its ``text_config``."""
     if not spec.family:
         return preset_config(spec)
-    cfg, _ = _read_config(Path(model).expanduser())
+    cfg, _ = read_config(Path(model).expanduser())
     if "text_config" in cfg and model_type(cfg) != spec.family:
         text = dict(cfg["text_config"])
         if cfg.get("tie_word_embeddings") is not None:
@@ -348,7 +348,7 @@ def shrink(
     label = name or config.get("_name_or_path") or "model"
     full = ModelSpec.from_hf_config(config, name=str(label))
     mtype = full.family
-    cfg = _with_defaults(dict(config, model_type=mtype), mtype)
+    cfg = with_defaults(dict(config, model_type=mtype), mtype)
     k = _factor(full, width_factor)
     out = _narrow(dict(config, model_type=mtype), cfg, full, k)
     v = min(full.vocab_size, DEFAULT_VOCAB) if vocab is None else integer("vocab", vocab, 1)
@@ -365,7 +365,7 @@ def shrink(
         out[key] = value if value is None or isinstance(value, list) or 0 <= value < v else None
     _set_experts(out, cfg, full, experts)
     if dropout is False:
-        out.update({key: 0.0 for key in _DROPOUT_KEYS if key in cfg})
+        out.update({key: 0.0 for key in DROPOUT_KEYS if key in cfg})
     elif dropout and not full.has_dropout:
         raise ValueError(f"--dropout: {full.name} has no dropout (its config's dropouts are 0)")
     p = _period(full)

@@ -329,7 +329,7 @@ class ModelSpec:
         if isinstance(config, dict):
             cfg, default = config, "hf-model"
         elif isinstance(config, str | PathLike):
-            cfg, path = _read_config(Path(config))
+            cfg, path = read_config(Path(config))
             default = path.parent.name or "hf-model"
         else:
             raise ValueError(
@@ -464,7 +464,7 @@ _SPEC_FIELDS = {f.name for f in fields(ModelSpec)}
 MAX_CONFIG_BYTES = 2**24
 
 
-def _read_config(path: Path) -> tuple[dict[str, Any], Path]:
+def read_config(path: Path) -> tuple[dict[str, Any], Path]:
     """The JSON object in ``path`` (or ``path/config.json``) and the file read; every failure is
     a ``ValueError`` naming the file."""
     try:

@@ -61,6 +61,8 @@ __all__ = [
     "hf_model",
     "hf_spec",
     "during_forward",
+    "record_comms",
+    "quiet",
     "triton_stub",
     "datasets_stub",
     "torchtitan_modules",
@@ -512,7 +514,7 @@ def record_comms(model, force_sum: bool = True) -> dict[str, list[tuple[int, str
 
 
 @contextlib.contextmanager
-def _quiet() -> Iterator[None]:
+def quiet() -> Iterator[None]:
     """Silence torchtitan's root-logger warnings about options this run does not use (an
     initial checkpoint path) and DTensor's warning about random ops on a CPU mesh."""
     import logging
@@ -535,7 +537,7 @@ def demo_torchtitan(seq_len: int = 64, micro_batch: int = 2) -> dict:
     the run does not use are silenced."""
     integer("seq_len", seq_len, 2, 4096)
     integer("micro_batch", micro_batch, 1, 64)
-    with _quiet():
+    with quiet():
         return torchtitan_step(seq_len, micro_batch)
 
 

@@ -46,8 +46,8 @@ import types
 from typing import Any
 
 from parmem.distributed.engine_runs import (
-    _quiet,
     datasets_stub,
+    quiet,
     record_comms,
     torchtitan_spec,
     triton_stub,
@@ -315,7 +315,7 @@ def record(
 ) -> dict:
     """One torchtitan step of ``family`` on this rank's share of the (dp, tp, pp) mesh; the
     record of :mod:`parmem.engine_records` (warnings about unused options silenced)."""
-    with _quiet():
+    with quiet():
         return _record(case, family, dp, tp, pp, seq_len, micro_batch, microbatches, layers)
 
 

@@ -74,7 +74,7 @@ Named differences (:data:`parmem.engine_records.DIFFERENCES`; the byte functions
 the profile because it has no term for it: ``megatron-distopt-param-padding``,
 ``megatron-distopt-grad-padding`` and ``megatron-distopt-shard-split`` (the distributed
 optimizer's buffer aligns each parameter to 64 elements and the bucket to lcm(d, 128), and splits
-the padded buffer, not the parameters, evenly over the d ranks: :func:`distopt_layout`);
+the padded buffer, not the parameters, evenly over the d ranks: :func:`parmem.engine_records.distopt_layout`);
 ``megatron-moe-routed-tokens`` (dropless routing sends a data-dependent number of tokens to this
 rank's experts; the profile counts the balanced s·b·k); ``megatron-ce-target-mask`` and
 ``megatron-vocab-parallel-input-mask`` (bool tensors of 1 byte per token, which the profile's
@@ -92,11 +92,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
 from collections.abc import Iterator
 from typing import Any
 
 from parmem._check import choice, integer
+from parmem.engine_records import rmsnorm_elements
 
 __all__ = [
     "ENGINE",
@@ -105,7 +105,6 @@ __all__ = [
     "record",
     "model_spec",
     "cpu_patches",
-    "distopt_layout",
 ]
 
 ENGINE = "megatron-core"
@@ -301,31 +300,6 @@ def _config(arch: str, tp: int, ep: int):
         sequence_parallel=False,
         **kw,
     )
-
-
-def distopt_layout(numels: list[int], dp: int) -> tuple[int, list[tuple[int, int]]]:
-    """The distributed optimizer's buffer for parameters of ``numels`` elements (in the order
-    the model registers them; one bucket), over ``dp`` ranks: (padded buffer numel, each
-    parameter's (start, end) in it). Megatron-Core 0.16.1 ``param_and_grad_buffer.py``
-    ``_ParamAndGradBuffer.__init__``: parameters are placed in reverse order, each starting at a
-    multiple of 64 elements (``_pad_start_of_param_if_needed``); the bucket's end is padded to a
-    multiple of lcm(dp, 128) (``_pad_end_of_bucket_if_needed``, without
-    ``pad_buckets_for_high_nccl_busbw``)."""
-    start, ranges = 0, [(0, 0)] * len(numels)
-    for i in reversed(range(len(numels))):
-        start = -(-start // 64) * 64
-        ranges[i] = (start, start + numels[i])
-        start += numels[i]
-    div = math.lcm(dp, 128)
-    return -(-start // div) * div, ranges
-
-
-def _shard_numel(numel: int, ranges: list[tuple[int, int]], dp: int, rank: int) -> tuple[int, int]:
-    """(elements of parameters in ``rank``'s 1/dp of the padded buffer, parameter tensors with
-    elements there): what ``DistributedOptimizer`` gives that rank's fp32 masters and AdamW."""
-    lo, hi = rank * numel // dp, (rank + 1) * numel // dp
-    inside = [max(0, min(e, hi) - max(s, lo)) for s, e in ranges]
-    return sum(inside), sum(1 for n in inside if n)
 
 
 def _state(model, opt) -> dict[str, Any]:
@@ -584,100 +558,3 @@ def _local_params(spec, tp: int, ep: int) -> int:
     from parmem.sharding import stage_params
 
     return sum(stage_params(spec, tp, ep, spec.layers, True, True))
-
-
-# ---------------------------------------------------------------------------- differences
-# The byte functions of the differences :data:`parmem.engine_records.DIFFERENCES` names for
-# these records: functions of a record's model, layout, setup and facts.
-def _shape(rec: dict) -> tuple[Any, int, int, int]:
-    from parmem.model import ModelSpec
-
-    spec = ModelSpec(**rec["model"])
-    st = rec["setup"]
-    return spec, st["seq_len"] * st["micro_batch"], rec["parallel"]["tp"], 2
-
-
-def rmsnorm_elements(rec: dict) -> int:
-    """The elements this rank's RMSNorms normalise in one forward (the named difference
-    ``cpu-rmsnorm`` keeps 6 bytes more of each on CPU): per token, two norms of h per layer and
-    the final norm (every TP rank: no sequence parallelism), and with q/k norms the local query
-    and key widths per layer."""
-    spec, tokens, tp, _ = _shape(rec)
-    width = (2 * spec.layers + 1) * spec.hidden
-    if spec.qk_norm:
-        hd = spec.head_dim or spec.hidden // spec.heads
-        width += spec.layers * (spec.heads + (spec.kv_heads or spec.heads)) * hd // tp
-    return tokens * width
-
-
-def cpu_unfused_softmax_bytes(rec: dict) -> int:
-    """CPU artefact: ``FusedScaleMaskSoftmax.forward_torch_softmax`` (``masked_softmax_fusion``
-    off: the fused kernel is a CUDA extension) upcasts the scores to fp32, masks them in place
-    with a fresh bool causal mask (``get_default_causal_mask``: s x s) and keeps the fp32
-    probabilities (b x a/t x s x s), per layer, beside the bf16 probabilities the profile
-    counts."""
-    spec, _, tp, _ = _shape(rec)
-    s, b = rec["setup"]["seq_len"], rec["setup"]["micro_batch"]
-    return spec.layers * (4 * b * spec.heads // tp * s * s + s * s)
-
-
-def ce_target_mask_bytes(rec: dict) -> int:
-    """``_VocabParallelCrossEntropy`` keeps a bool target mask, 1 byte per token (the profile has
-    no dtype symbol of 1 byte on every device)."""
-    return _shape(rec)[1]
-
-
-def vocab_input_mask_bytes(rec: dict) -> int:
-    """``VocabParallelEmbedding`` with t > 1 keeps the bool mask of the token ids outside its
-    vocabulary shard (for ``output_parallel[input_mask, :] = 0``), 1 byte per token."""
-    _, tokens, tp, _ = _shape(rec)
-    return tokens if tp > 1 else 0
-
-
-def moe_routed_tokens_bytes(rec: dict) -> int:
-    """Dropless routing: this rank's experts received ``facts["routed_tokens"]`` (token, expert)
-    pairs per MoE layer, the profile counts the balanced s·b·k. Per pair the experts keep the
-    int64 sorted index (8 bytes) and, in the activation dtype, the dispatched input (h), the
-    fused SwiGLU input and fc2 input (3 expert f) and the permuted probability (1)."""
-    spec, tokens, _, act = _shape(rec)
-    per = 8 + act * (spec.hidden + 3 * spec.expert_ffn_hidden + 1)
-    return sum((r - tokens * spec.top_k) * per for r in rec["facts"]["routed_tokens"])
-
-
-def _buffers(rec: dict) -> list[tuple[list[int], int, int]]:
-    """(parameter numels, data-parallel size, this rank's index) of each DDP buffer: the dense
-    parameters over d, the experts over d/e."""
-    f, par = rec["facts"], rec["parallel"]
-    out = []
-    for expert, dp, r in (
-        (False, par["dp"], f["dp_rank"]),
-        (True, par["dp"] // par["ep"], f["expert_dp_rank"]),
-    ):
-        nums = [
-            n for n, e in zip(f["param_numels"], f["param_is_expert"], strict=True) if e == expert
-        ]
-        if nums:
-            out.append((nums, dp, r))
-    return out
-
-
-def distopt_param_padding_bytes(rec: dict) -> int:
-    """The distributed optimizer's bf16 ``param_data`` buffer holds the padding of
-    :func:`distopt_layout` besides the weights (2 bytes per padded element)."""
-    return 2 * sum(distopt_layout(n, dp)[0] - sum(n) for n, dp, _ in _buffers(rec))
-
-
-def distopt_grad_padding_bytes(rec: dict) -> int:
-    """The fp32 ``grad_data`` buffer's padding (4 bytes per padded element)."""
-    return 4 * sum(distopt_layout(n, dp)[0] - sum(n) for n, dp, _ in _buffers(rec))
-
-
-def distopt_shard_split_bytes(rec: dict) -> int:
-    """The distributed optimizer gives each rank the parameters' elements inside its 1/d of the
-    padded buffer (:func:`distopt_layout`), not ⌈P/d⌉: 12 bytes per element (fp32 master and
-    AdamW's two fp32 moments; docs/user-guide/features/dist_optimizer.md)."""
-    total = 0
-    for n, dp, r in _buffers(rec):
-        numel, ranges = distopt_layout(n, dp)
-        total += _shard_numel(numel, ranges, dp, r)[0] - -(-sum(n) // dp)
-    return 12 * total
