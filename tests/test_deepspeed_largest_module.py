@@ -32,8 +32,8 @@ from deepspeed.runtime.zero.stage3 import (  # noqa: E402
 )
 
 from parmem import ModelSpec, ParallelConfig, TrainingSetup, estimate  # noqa: E402
-from parmem.estimate import model_states_and_buffers  # noqa: E402
 from parmem.engines import engine  # noqa: E402
+from parmem.estimate import model_states_and_buffers  # noqa: E402
 from parmem.layout import layout  # noqa: E402
 from parmem.sharding import largest_module_params  # noqa: E402
 
