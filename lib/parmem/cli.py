@@ -591,12 +591,7 @@ def _cmd_plan(args) -> int:
             opts[name] = value
     if args.no_sp:
         opts["sp"] = (False,)
-    result = plan(
-        spec,
-        cluster,
-        args.global_batch,
-        args.seq,
-        top=args.top,
+    kw = dict(
         uneven_pp=args.uneven_pp,
         precision=args.precision,
         optimizer=args.optimizer,
@@ -609,6 +604,15 @@ def _cmd_plan(args) -> int:
         base_quant=args.base_quant,
         **opts,
     )
+    result = plan(spec, cluster, args.global_batch, args.seq, top=args.top, **kw)
+    if args.sensitivity and result.best is not None and not args.json:
+        from .planner.sensitivity import SENSITIVITY_POOL, format_sensitivity, sensitivity
+
+        pool = plan(spec, cluster, args.global_batch, args.seq,
+                    top=max(args.top, SENSITIVITY_POOL), **kw)  # fmt: skip
+        write_out(result)
+        write_out(format_sensitivity(sensitivity(pool), len(pool.candidates)))
+        return 0
     if args.json:
         write_out(strict_json(result.to_dict()))
     elif result.best is not None:
@@ -891,6 +895,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--seq", type=_int(1, MAX_SEQ_LEN), required=True, help="sequence length s")
     p.add_argument("--top", type=_int(1, 10**6), default=10, help="candidates to list")
+    p.add_argument(
+        "--sensitivity",
+        action="store_true",
+        help="also list, per fitted assumption, the value at which the fastest layout changes",
+    )
     p.add_argument(
         "--emit",
         choices=("megatron", "deepspeed", "torchtitan"),
