@@ -28,7 +28,7 @@ padded by FSDP2, which the profile does not model: the run is refused by name (`
 
 On a GPU the optimizer is ``AdamW(fused=True)`` under DDP (the Trainer's default
 ``adamw_torch_fused``), so its step counters are device memory as on CPU; the code path is the
-same, with the device from :func:`parmem.distributed.device`. It is not run by the test suite
+same, with the device from :func:`parmem.distributed.launcher.device`. It is not run by the test suite
 (no GPU there); the CPU path is.
 """
 
