@@ -67,3 +67,19 @@ def test_multimodal_configs_read_their_text_config(outer, inner):
 def test_mla_keys_outside_deepseek_raise():
     with pytest.raises(ValueError, match="kv_lora_rank"):
         ModelSpec.from_hf_config({**T.LlamaConfig().to_dict(), "kv_lora_rank": 512})
+
+
+def test_the_rotary_base_is_read_from_either_spelling():
+    """config.json's rope_theta (Transformers 4), or rope_parameters["rope_theta"] (Transformers
+    5; Gemma 3 nests the global layers' under full_attention); 10,000 when neither is given."""
+    base = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64,
+            "num_attention_heads": 4, "intermediate_size": 96, "vocab_size": 128}
+    assert ModelSpec.from_hf_config(base).rope_theta == 10000
+    assert ModelSpec.from_hf_config({**base, "rope_theta": 500000.0}).rope_theta == 500000
+    v5 = {**base, "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}}
+    assert ModelSpec.from_hf_config(v5).rope_theta == 1e6
+    nested = {**base, "rope_parameters": {"full_attention": {"rope_theta": 1e6},
+                                          "sliding_attention": {"rope_theta": 1e4}}}
+    assert ModelSpec.from_hf_config(nested).rope_theta == 1e6
+    with pytest.raises(ValueError, match="rope_theta"):
+        ModelSpec.from_hf_config({**base, "rope_theta": -1})

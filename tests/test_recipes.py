@@ -456,3 +456,38 @@ def test_what_the_megatron_recipe_refuses_has_no_flag_at_the_recorded_commit():
         assert not [f for f in flags if word in f], word
     pos = next(o for o in options if "--position-embedding-type" in o["flags"])
     assert "alibi" not in pos["choices"]
+
+
+def test_the_deepspeed_recipe_refuses_interleaved_stages():
+    """Megatron-DeepSpeed under --deepspeed pipelines with DeepSpeed's PipelineEngine, one chunk
+    per stage (runtime/pipe/engine.py): a recipe with virtual stages would not run them, so it
+    is refused rather than written (the deepspeed profile refuses the layout as well)."""
+    from parmem import TrainingSetup
+    from parmem.planner.emit.deepspeed import _megatron_deepspeed_args
+
+    pl = plan(ModelSpec.preset("llama-2-13b"), Cluster("h100-sxm", 8, 2), 64, 4096, top=1,
+              engine="deepspeed")
+    par = ParallelConfig(dp=2, tp=2, pp=4, vpp=2)
+    with pytest.raises(ValueError, match="vpp=2: DeepSpeed's PipelineEngine"):
+        _megatron_deepspeed_args(pl, par, TrainingSetup(seq_len=4096, schedule="interleaved"))
+    with pytest.raises(ValueError, match="engine='deepspeed'"):
+        estimate(pl.spec, par, TrainingSetup(seq_len=4096, schedule="interleaved",
+                                             engine="deepspeed"))
+
+
+def test_the_rotary_base_reaches_both_megatron_recipes():
+    """Llama 3's rotary base is 500,000 (meta-llama/Meta-Llama-3-70B config.json rope_theta);
+    Megatron-LM's default --rotary-base is 10,000, so a recipe without it trains another model.
+    Megatron-DeepSpeed spells it --rotary-position-embeddings-theta. Both recorded parsers
+    read it back as the integer."""
+    from parmem.planner.emit.deepspeed import _megatron_deepspeed_args
+
+    spec = ModelSpec.preset("llama-3-70b")
+    assert spec.rope_theta == 500000
+    a = _megatron_args(spec, nodes=4)
+    assert a.rotary_base == 500000
+    assert _megatron_args(ModelSpec.preset("llama-2-13b"), nodes=2).rotary_base == 10000
+    pl = plan(spec, Cluster("h100-sxm", 8, 4), 64, 4096, top=1, engine="deepspeed")
+    args = _megatron_deepspeed_args(pl, ParallelConfig(dp=8, tp=2, pp=2), pl.best.setup)
+    ds = parse_recorded("megatron_deepspeed_args", args)
+    assert ds.rope_theta == 500000  # dest of --rotary-position-embeddings-theta

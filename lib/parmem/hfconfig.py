@@ -394,7 +394,25 @@ def _family_keys(cfg: dict[str, Any], mtype: str) -> dict[str, Any]:
             out[field] = number(key(k), cfg[k], 0.0, 1e6)
     if cfg.get("norm_topk_prob") is not None:
         out["norm_topk_prob"] = flag(cfg, "norm_topk_prob", True)
+    theta = _rope_theta(cfg)
+    if theta is not None:
+        out["rope_theta"] = theta
     return out
+
+
+def _rope_theta(cfg: dict[str, Any]) -> float | None:
+    """The rotary base: ``rope_theta``, or Transformers 5's ``rope_parameters["rope_theta"]``
+    (for Gemma 3, whose local layers have their own base, the global layers' ``full_attention``
+    entry); ``None`` when the config states none."""
+    if cfg.get("rope_theta") is not None:
+        return number(key("rope_theta"), cfg["rope_theta"], 1.0, 1e12)
+    params = cfg.get("rope_parameters")
+    if isinstance(params, dict):
+        if isinstance(params.get("full_attention"), dict):
+            params = params["full_attention"]
+        if params.get("rope_theta") is not None:
+            return number(key("rope_parameters"), params["rope_theta"], 1.0, 1e12)
+    return None
 
 
 def _deepseek(cfg: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:

@@ -93,7 +93,9 @@ class ModelSpec:
     ``attn_softcap`` / ``logit_softcap``: Gemma 2's tanh soft-capping of the attention scores
     and of the logits (0: off); ``norm_topk_prob``: the router renormalises its top-k
     probabilities (Qwen-MoE's key; Mixtral-style routers do). None of these three has
-    parameters; the activation tables read them.
+    parameters; the activation tables read them. ``rope_theta``: the rotary base (config.json's
+    ``rope_theta``, 10,000 unless the model says otherwise: 500,000 for Llama 3); no memory
+    depends on it, but a launch recipe must pass it (Megatron-LM's ``--rotary-base``).
 
     ``family``: the Transformers ``model_type`` the spec was read from by
     :meth:`from_hf_config` (the text model's type for a multimodal config: ``"gemma3_text"``,
@@ -158,6 +160,7 @@ class ModelSpec:
     attn_softcap: float = 0.0
     logit_softcap: float = 0.0
     norm_topk_prob: bool = True
+    rope_theta: float = 10000.0
 
     def __post_init__(self) -> None:
         # Every field is stored as checked: an ``int`` (not the NumPy integer given, whose
@@ -232,6 +235,7 @@ class ModelSpec:
             self._store(f, kinds[kinds.index(choice(f, getattr(self, f), kinds))])
         for f in ("attn_softcap", "logit_softcap"):
             self._store(f, number(f, getattr(self, f), 0.0, 1e6))
+        self._store("rope_theta", number("rope_theta", self.rope_theta, 1.0, 1e12))
         self._check_norm_count()
         if self.sandwich_norm and (self.parallel_block or self.norm_position != "pre"):
             raise ValueError(

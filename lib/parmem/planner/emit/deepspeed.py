@@ -121,8 +121,12 @@ def _megatron_deepspeed_args(plan: Plan, par: ParallelConfig, st: TrainingSetup)
         args += ["--ds-sequence-parallel-size", str(par.cp)]
     if par.ep > 1:
         args += ["--moe-expert-parallel-size", str(par.ep)]
-    if par.vpp > 1:
-        args += ["--num-layers-per-virtual-pipeline-stage", str(spec.layers // (par.pp * par.vpp))]
+    if par.vpp > 1:  # the deepspeed profile refuses it too; Megatron-DeepSpeed's flag exists
+        # only for Megatron's own schedule, which --deepspeed replaces with the PipelineEngine
+        raise ValueError(
+            f"vpp={par.vpp}: DeepSpeed's PipelineEngine (runtime/pipe/engine.py) runs one chunk per "
+            "stage; a recipe with interleaved stages would not run them"
+        )
     if st.recompute == "full":
         args += ["--recompute-granularity", "full", "--recompute-method", "uniform"]
         args.append("--deepspeed-activation-checkpointing")
@@ -142,6 +146,7 @@ def _rename_for_megatron_deepspeed(args: list[str]) -> list[str]:
         "--num-query-groups": "--num-key-value-heads",
         "--moe-router-topk": "--topk",
         "--num-experts": "--num-experts",
+        "--rotary-base": "--rotary-position-embeddings-theta",
     }
     out: list[str] = []
     skip = 0

@@ -141,7 +141,7 @@ def model_args(spec: ModelSpec, seq_len: int) -> list[str]:
     if spec.norm == "rmsnorm":
         args += ["--normalization", "RMSNorm"]
     if spec.position == "rotary":
-        args += ["--position-embedding-type", "rope"]
+        args += ["--position-embedding-type", "rope", "--rotary-base", f"{spec.rope_theta:.0f}"]
     if not spec.tied_embeddings:
         args.append("--untie-embeddings-and-output-weights")
     if not spec.bias:
