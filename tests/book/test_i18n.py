@@ -248,6 +248,18 @@ def test_renumber_puts_the_new_numbers_into_the_translation():
     assert i18n.renumber("470 亿", ("47",), ("48",)) is None
 
 
+def test_a_measured_number_that_changes_sign_keeps_its_translation():
+    """Chapter 13 prints a measured difference with its sign ("from +1.7 to +6.9 points"); on a
+    loaded machine the smaller one came out negative and the Chinese build lost the message
+    (CI of 2026-12-03). A sign is part of the number, so the template is the same."""
+    old = "Measured minus simulated ranges from +1.7 to +6.9 points, at most 67 ms."
+    new = "Measured minus simulated ranges from −0.3 to +6.9 points, at most 67 ms."
+    assert i18n.number_template(old)[0] == i18n.number_template(new)[0]
+    t = i18n.Translations([(old, "实测减模拟在 +1.7 到 +6.9 个百分点之间，最多 67 ms。")])
+    assert t.lookup(new) == "实测减模拟在 −0.3 到 +6.9 个百分点之间，最多 67 ms。"
+    assert t.lookup(new.replace("−0.3", "-0.3")) == "实测减模拟在 -0.3 到 +6.9 个百分点之间，最多 67 ms。"
+
+
 def test_the_chinese_build_translates_a_message_whose_numbers_changed(tmp_path):
     """The extension's catalog (what Sphinx's Locale transform reads) finds the translation of
     the message with the old numbers and gives it the new ones; other messages stay unknown."""

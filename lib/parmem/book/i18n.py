@@ -54,7 +54,7 @@ _MATH = re.compile(r"\$\$.+?\$\$|\$[^$\s](?:[^$]*?[^$\s])?\$")
 _LINK = re.compile(r"\]\(([^)\s]+)\)")
 # a number ends with a digit ("t = 8, 16": 8 and 16; "4,096": one number); in the English a
 # digit glued to letters is a name ("3D", "7B"), in the Chinese it may carry the number ("7B")
-_NUMBER_TEXT = r"(?<![\w.])[-−]?\d(?:[\d,]*\d)?(?:\.\d+)?"
+_NUMBER_TEXT = r"(?<![\w.])[-−+]?\d(?:[\d,]*\d)?(?:\.\d+)?"
 _NUMBER = re.compile(_NUMBER_TEXT + r"(?![\dA-Za-z]|\.\d)")
 _NUMBER_ANY = re.compile(_NUMBER_TEXT + r"(?!\d|\.\d)")
 # "47 billion", "46.7 and 12.9 billion", "7-billion-parameter": numbers in a scale word
