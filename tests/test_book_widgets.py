@@ -160,3 +160,21 @@ def test_calculator_query_names_an_unknown_setting():
     assert web.calculator_query({"t": 4, "sp": True, "d": 1}) == "t=4&sp=1"
     with pytest.raises(ValueError, match="tp"):
         web.calculator_query({"tp": 4})
+
+
+def test_every_position_of_the_bubble_explorer_shows_a_schedule():
+    """Review (issue 33): chapter 13's explorer starts at interleaved, p = 4, m = 8, and the
+    first nudge of p or m gave "not a valid layout" (the interleaved schedule needs m to be a
+    multiple of p). The slider's m is rounded up to one, so every position simulates."""
+    from parmem.book.widgets.pipeline import bubble_microbatches
+    from parmem.pipeline import simulate
+
+    assert bubble_microbatches("interleaved", 5, 8) == (10, True)
+    assert bubble_microbatches("interleaved", 4, 8) == (8, False)
+    assert bubble_microbatches("1f1b", 5, 8) == (8, False)
+    for schedule in ("gpipe", "1f1b", "interleaved"):
+        for p in range(1, 9):  # the sliders' ranges
+            for m in range(1, 33):
+                for v in range(2, 5):
+                    mm, _ = bubble_microbatches(schedule, p, m)
+                    simulate(schedule, p, mm, v if schedule == "interleaved" else 1)

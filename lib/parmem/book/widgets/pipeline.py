@@ -29,6 +29,7 @@ __all__ = [
     "explore_pp_memory",
     "explore_schedules",
     "explore_bubble",
+    "bubble_microbatches",
     "explore_stage_balance",
     "explore_microbatch",
 ]
@@ -122,6 +123,16 @@ def explore_schedules(p: int = 4, m: int = 8, schedules=("gpipe", "1f1b"), stati
     return explorer(controls, render, static=static)
 
 
+def bubble_microbatches(schedule: str, p: int, m: int) -> tuple[int, bool]:
+    """The micro-batches :func:`explore_bubble` simulates for the slider's ``m``: the interleaved
+    schedule needs a multiple of p (Megatron-LM's rule, :func:`parmem.pipeline.simulate`), so
+    ``m`` is rounded up to one, and every position of the sliders shows a schedule; whether it
+    was rounded."""
+    if schedule != "interleaved" or m % p == 0:
+        return m, False
+    return -(-m // p) * p, True
+
+
 def explore_bubble(
     schedule: str = "interleaved", p: int = 4, m: int = 8, v: int = 2, static: bool = True
 ):
@@ -137,13 +148,14 @@ def explore_bubble(
     }
 
     def render(schedule, p, m, v):
+        m, rounded = bubble_microbatches(schedule, p, m)
         try:
             r = simulate(schedule, p, m, v if schedule == "interleaved" else 1)
         except ValueError as e:
             return error_html(e)
         base = simulate("1f1b", p, m)
         title = (
-            f"{schedule}: p={p}, m={m}"
+            f"{schedule}: p={p}, m={m}{' (rounded up to a multiple of p)' if rounded else ''}"
             + (f", v={v}" if r.v > 1 else "")
             + f": bubble {r.bubble_fraction:.1%} (1F1B {base.bubble_fraction:.1%}), "
             f"stage 0 holds {r.peak_in_flight[0]:g} micro-batches "
