@@ -183,6 +183,7 @@ def preset_config(spec: ModelSpec) -> dict[str, Any]:
             "max_position_embeddings": s.max_positions,
             "tie_word_embeddings": s.tied_embeddings,
             "attention_dropout": drop,
+            "rope_theta": s.rope_theta,
         }
         if mtype == "mixtral":
             cfg.update(
