@@ -290,3 +290,21 @@ def test_translations_find_a_message_whose_numbers_changed():
     assert t.lookup("Idle share from 34% to 13%.") == "空闲占比从 34% 降到 13%。"
     assert t.lookup("Busy share from 34% to 13%.") is None  # other words
     assert i18n.Translations.of(catalog(("Why", "原理"), fuzzy=True)["page"]).lookup("Why") is None
+
+
+def test_bold_that_cannot_close_in_chinese_is_found():
+    """CommonMark closes ``**`` only when it is right-flanking: after punctuation it must be
+    followed by a space or punctuation. ``**通信缓冲区。**DDP`` showed its asterisks on the
+    Chinese site (review of issue 33); ``**通信缓冲区**。DDP`` is bold."""
+    assert i18n.unclosed_bold("**通信缓冲区。**DDP 并不") == [8]
+    assert i18n.unclosed_bold("**通信缓冲区**。DDP 并不") == []
+    assert i18n.unclosed_bold("**Communication buffers.** DDP") == []
+    # an opener after punctuation, before a letter, is fine: 。**1F1B** is bold
+    assert i18n.unclosed_bold("值。**1F1B** 让") == []
+    # code spans and roles do not count
+    assert i18n.unclosed_bold("`a**b` and {py:func}`x` **ok**") == []
+    problems = i18n.entry_problems("p", "**Buffers.** DDP", "**缓冲区。**DDP", False)
+    assert [p.what for p in problems] == [
+        "bold that does not close (put the punctuation outside the asterisks)"
+    ]
+    assert i18n.entry_problems("p", "**Buffers.** DDP", "**缓冲区**。DDP", False) == []

@@ -24,6 +24,7 @@ page shows them in English.
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -184,13 +185,48 @@ class Problem:
         return f"{self.domain}: {self.what}: {short!r}"
 
 
+def _punct(c: str) -> bool:
+    return unicodedata.category(c)[0] in "PS"
+
+
+def unclosed_bold(text: str) -> list[int]:
+    """The offsets of the ``**`` delimiters of ``text`` (outside code, roles and math) that
+    cannot do their job, taken in order as opener, closer, opener...: an opener must be
+    left-flanking, a closer right-flanking (CommonMark 0.31, "left-flanking and right-flanking
+    delimiter runs", punctuation being Unicode P and S). In Chinese ``**通信缓冲区。**DDP`` the
+    closer follows 。 and precedes a letter, so it is not right-flanking: the page pairs the
+    asterisks wrongly or shows them."""
+    masked, out = _masked(text), []
+    runs = [m.start() for m in re.finditer(r"(?<!\*)\*\*(?!\*)", masked)]
+    for i, at in enumerate(runs):
+        before = masked[at - 1] if at else " "
+        after = masked[at + 2] if at + 2 < len(masked) else " "
+        if i % 2 == 0:  # opener: left-flanking
+            ok = not after.isspace() and (not _punct(after) or before.isspace() or _punct(before))
+        else:  # closer: right-flanking
+            ok = not before.isspace() and (not _punct(before) or after.isspace() or _punct(after))
+        if not ok:
+            out.append(at)
+    return out
+
+
 def entry_problems(domain: str, msgid: str, msgstr: str, fuzzy: bool) -> list[Problem]:
-    """What is wrong with one message: untranslated, fuzzy, or a number, code span, math,
-    role or link target of ``msgid`` lost in ``msgstr``."""
+    """What is wrong with one message: untranslated, fuzzy, a number, code span, math, role or
+    link target of ``msgid`` lost in ``msgstr``, or bold that closes in ``msgid`` but cannot
+    in ``msgstr`` (:func:`unclosed_bold`)."""
     if not msgstr.strip():
         return [Problem(domain, msgid, "untranslated")]
     found = [Problem(domain, msgid, "fuzzy")] if fuzzy else []
-    return found + [Problem(domain, msgid, f"lost {m}") for m in _keeps(msgid, msgstr)]
+    found += [Problem(domain, msgid, f"lost {m}") for m in _keeps(msgid, msgstr)]
+    if "**" in msgstr and unclosed_bold(msgstr) and not unclosed_bold(msgid):
+        found.append(
+            Problem(
+                domain,
+                msgid,
+                "bold that does not close (put the punctuation outside the asterisks)",
+            )
+        )
+    return found
 
 
 def read_catalogs(locale_dir: Path) -> dict[str, Any]:
