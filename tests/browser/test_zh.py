@@ -178,3 +178,25 @@ def test_every_display_formula_survives_translation(zh_built):
         assert not bad, f"{rel}: empty display formulas in the Chinese edition: {len(bad)}"
         checked += len(en)
     assert checked >= 12  # the book has display formulas on at least nine pages
+
+
+def test_the_switch_keeps_the_query_string_and_the_anchor(browser, origin, zh_built):
+    """Review (issue 33): the calculator keeps its settings in the query string, and the switch
+    dropped them (and any anchor) on the way to the other edition. (The calculator rewrites
+    its query string to the settings that differ from its defaults, so the URL is read as the
+    page left it.)"""
+    visit = PageVisit(browser, origin, "chapters/tools/calculator.html?model=mixtral-8x7b&t=2#x")
+    try:
+        here = visit.page.url
+        tail = here[here.index("?"):]
+        assert "t=2" in tail and tail.endswith("#x")
+        with visit.page.expect_navigation(timeout=30_000):
+            visit.page.locator("a.book-lang-switch").first.click()
+        assert visit.page.url.startswith(f"{origin}/zh/chapters/tools/calculator.html?")
+        assert visit.page.url.endswith("#x") and "t=2" in visit.page.url
+        with visit.page.expect_navigation(timeout=30_000):
+            visit.page.locator("a.book-lang-switch").first.click()
+        assert visit.page.url.startswith(f"{origin}/chapters/tools/calculator.html?")
+        assert visit.page.url.endswith("#x") and "t=2" in visit.page.url
+    finally:
+        visit.close()
