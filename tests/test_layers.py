@@ -21,9 +21,9 @@ same layer may not import each other either, so that a formula cannot drift into
     serving, serving_latency,             serving engines' startup memory; the roofline of
                                           serving (TTFT, TPOT);
     measure, reference                    the torch side
-    bounds, serving_log,                  allocated, reserved and the high bound; serving logs;
-    engine_records, measure_model         recorded engine runs; a reader's own model measured
-    fit                                   the inverse queries (what fits)
+    bounds, serving_log, engine_records   allocated, reserved and the high bound; serving logs;
+                                          recorded engine runs and their named differences
+    fit, measure_model                    the inverse queries (what fits); a reader's model measured
     planner                               search and cost model
     book, distributed                     glue, tables, plots, widgets; the demos
     cli                                   the command line
@@ -52,8 +52,8 @@ LAYERS: list[set[str]] = [
     {"estimate", "inference"},
     {"allocator", "traces", "analyses", "engine_analyses", "measure", "reference",
      "finetune_analyses", "serving", "serving_latency"},
-    {"bounds", "serving_log", "engine_records", "measure_model"},
-    {"fit"},
+    {"bounds", "serving_log", "engine_records"},
+    {"fit", "measure_model"},
     {"planner"},
     {"book", "distributed", "plots", "widgets", "tables"},
     {"cli"},

@@ -45,6 +45,7 @@ __all__ = [
     "record_rows",
     "records_table",
     "records_summary",
+    "hf_table_saved_bytes",
 ]
 
 #: folder of the recorded runs, one ``<engine>.json`` per engine (next to the package in a
@@ -161,6 +162,38 @@ DIFFERENCES: dict[str, Difference] = {
         gpu=False,
         bytes=lambda rec: _cpu_rmsnorm_per_element() * int(rec["facts"]["rmsnorm_elements"]),
     ),
+    # a reader's own model measured by parmem measure (parmem.measure_model): a record there is
+    # {"model", "parallel", "setup", "device"} of the Transformers layers the step ran
+    "cpu-kernels": Difference(
+        "saved tensors whose element size depends on the device's kernels ([devices.cpu] vs "
+        "[devices.cuda] of data/engines.toml: dropout masks in the activation dtype, LayerNorm "
+        "statistics in the input dtype, nn.RMSNorm's fp32 copy and normalised tensor on CPU); "
+        "the hf profile's own tables evaluated on the record's device minus 'cuda'",
+        gpu=False,
+        bytes=lambda rec: (
+            hf_table_saved_bytes(rec, rec.get("device", "cpu")) - hf_table_saved_bytes(rec, "cuda")
+        ),
+    ),
+    "shifted-labels-padding": Difference(
+        "Transformers' ForCausalLMLoss pads the labels by one and keeps "
+        "labels[..., 1:].contiguous() for cross_entropy (transformers/loss/loss_utils.py); at "
+        "micro-batch 1 that slice is already contiguous, so the kept int64 storage is the "
+        "padded (1, s + 1) tensor: 8 bytes more than the hf profile's s x b int64 'shifted "
+        "labels'. The same code runs on a GPU; the profile's table has no entry for it",
+        gpu=True,
+        bytes=lambda rec: 8 if rec["setup"].get("micro_batch", 1) == 1 else 0,
+    ),
+    "repeat-kv-view": Difference(
+        "eager attention with one key/value head at micro-batch 1: repeat_kv expands the head "
+        "(a view), and torch.matmul folds (1, a) into its batch dimension as a view too, so the "
+        "two matmuls keep key and value at one head's width, not repeated to the a query heads "
+        "the hf profile's 'k, v (repeat_kv)' entry counts (transformers "
+        "models/llama/modeling_llama.py repeat_kv, eager_attention_forward): "
+        "-2 x act x (a - 1) x head_dim x s bytes per layer. The same code runs on a GPU; a "
+        "shrink that leaves one key/value head where the model has more makes it",
+        gpu=True,
+        bytes=lambda rec: _repeat_kv_view(rec),
+    ),
     "torchtitan-tp-embedding-mask": Difference(
         "under TP torchtitan's vocab-parallel Embedding (models/common/embedding.py forward) "
         "returns ``out * mask.unsqueeze(-1).to(out.dtype)``, and the multiply keeps the (b, s, "
@@ -245,6 +278,46 @@ DIFFERENCES: dict[str, Difference] = {
         bytes=lambda rec: distopt_shard_split_bytes(rec),
     ),
 }
+
+
+def hf_table_saved_bytes(rec: dict, device: str) -> int:
+    """The bytes the ``hf`` profile's tables say one micro-batch keeps on ``device`` for the
+    record's model, layout and setup: every layer's table, plus the tensors the stage, the first
+    and the last stage keep (one pipeline stage, as :func:`parmem.estimate` sums them)."""
+    from parmem.activations import saved_tensor_bytes
+    from parmem.config import ParallelConfig, TrainingSetup
+    from parmem.layout import layout
+    from parmem.model import ModelSpec
+
+    spec, setup = ModelSpec(**rec["model"]), TrainingSetup(**rec["setup"])
+    lay = layout(spec, ParallelConfig(**rec["parallel"]), setup)
+    parts = saved_tensor_bytes(
+        spec,
+        setup.seq_len,
+        setup.micro_batch,
+        places=("layer", "stage", "first", "last"),
+        flash=lay.flash,
+        dropout=lay.dropout,
+        act_bytes=lay.act_bytes,
+        engine="hf",
+        device=device,
+        autocast=setup.precision == "bf16-autocast",
+    )
+    layer, rest = (sum(n for _, n in p) for p in (parts[0], parts[1] + parts[2] + parts[3]))
+    return spec.layers * layer + rest
+
+
+def _repeat_kv_view(rec: dict) -> int:
+    from parmem.config import ParallelConfig, TrainingSetup
+    from parmem.layout import layout
+    from parmem.model import ModelSpec
+
+    spec, setup = ModelSpec(**rec["model"]), TrainingSetup(**rec["setup"])
+    lay = layout(spec, ParallelConfig(**rec["parallel"]), setup)
+    if setup.micro_batch != 1 or lay.flash or not spec.kv_heads == 1 < spec.heads:
+        return 0
+    per_layer = 2 * lay.act_bytes * (spec.heads - 1) * spec.head_dim * setup.seq_len
+    return -spec.layers * per_layer
 
 
 def _cpu_rmsnorm_per_element(act_bytes: int = 2) -> int:

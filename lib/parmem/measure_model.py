@@ -15,7 +15,7 @@ memory log lines.
   config is read back by :func:`parmem.hfconfig.spec_fields`, so the spec compared is the one
   Transformers built (the worker checks its parameter count).
 * :func:`compare`: per rank and category (:data:`CATEGORIES`), measured = estimate + the named
-  differences (:data:`NAMED`), and what is left over, shown rather than hidden.
+  differences (:data:`parmem.engine_records.DIFFERENCES`, one home with the recorded engine runs), and what is left over, shown rather than hidden.
 * :func:`scaling`: each category is affine in depth (a fixed part and a per-layer part), so two
   depths give both; extrapolated to the full model's depth it stands beside the estimate of the
   full-depth shrunk model.
@@ -35,13 +35,14 @@ from __future__ import annotations
 import math
 import pickle
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from ._check import MAX_LAYERS, integer
 from ._data import load_toml
 from .config import ParallelConfig, TrainingSetup
+from .engine_records import DIFFERENCES, hf_table_saved_bytes
 from .estimate import Estimate, estimate
 from .hfconfig import DROPOUT_KEYS, model_type, with_defaults
 from .model import ModelSpec, read_config
@@ -49,10 +50,8 @@ from .units import GIB
 
 __all__ = [
     "CATEGORIES",
-    "NAMED",
     "DEFAULT_VOCAB",
     "MAX_RANKS",
-    "Named",
     "Shrink",
     "Row",
     "Scaling",
@@ -90,52 +89,6 @@ DEFAULT_EXPERTS = 8
 DEFAULT_MAX_HIDDEN = 256
 #: CPU ranks a measurement may start on this machine
 MAX_RANKS = 8
-
-
-@dataclass(frozen=True)
-class Named:
-    """A difference between a run and the estimate, named: what it is (``doc``, with its
-    source) and whether a GPU run has it too (``gpu``)."""
-
-    doc: str
-    gpu: bool
-
-
-#: the differences :func:`compare` names, each computed from the shapes or the built model
-NAMED: dict[str, Named] = {
-    "adamw-step-counters": Named(
-        "torch.optim.AdamW keeps a 0-d fp32 'step' tensor per parameter tensor "
-        "(torch/optim/adam.py _init_group); on a GPU it is device memory when the optimizer is "
-        "fused or capturable (the Trainer's default optim 'adamw_torch_fused'), host memory "
-        "otherwise. 4 bytes x parameter tensors; the profiles leave it out",
-        gpu=True,
-    ),
-    "shifted-labels-padding": Named(
-        "Transformers' ForCausalLMLoss pads the labels by one and keeps "
-        "labels[..., 1:].contiguous() for cross_entropy (transformers/loss/loss_utils.py); at "
-        "micro-batch 1 that slice is already contiguous, so the kept int64 storage is the "
-        "padded (1, s + 1) tensor: 8 bytes more than the hf profile's s x b int64 'shifted "
-        "labels'. The same code runs on a GPU; the profile's table has no entry for it",
-        gpu=True,
-    ),
-    "repeat-kv-view": Named(
-        "eager attention with one key/value head at micro-batch 1: repeat_kv expands the head "
-        "(a view), and torch.matmul folds (1, a) into its batch dimension as a view too, so the "
-        "two matmuls keep key and value at one head's width, not repeated to the a query heads "
-        "the hf profile's 'k, v (repeat_kv)' entry counts (transformers "
-        "models/llama/modeling_llama.py repeat_kv, eager_attention_forward): "
-        "-2 x act x (a - 1) x head_dim x s bytes per layer. The same code runs on a GPU; a "
-        "shrink that leaves one key/value head where the model has more makes it",
-        gpu=True,
-    ),
-    "cpu-kernels": Named(
-        "saved tensors whose element size depends on the device's kernels ([devices.cpu] vs "
-        "[devices.cuda] of data/engines.toml: dropout masks in the activation dtype, "
-        "LayerNorm statistics in the input dtype, nn.RMSNorm's fp32 copy and normalised "
-        "tensor on CPU); the profile's own tables evaluated on device 'cpu' minus 'cuda'",
-        gpu=False,
-    ),
-}
 
 
 # ---------------------------------------------------------------------------- the model
@@ -575,6 +528,11 @@ class Row:
         return self.measured - self.estimate - self.named_bytes
 
 
+#: the differences of :data:`parmem.engine_records.DIFFERENCES` a measurement may name
+_USED = ("adamw-step-counters", "adamw-fused-step-counters", "shifted-labels-padding",
+         "repeat-kv-view", "cpu-kernels")  # fmt: skip
+
+
 def _est_stage(est: Estimate) -> Any:
     if len(est.stages) != 1:
         raise ValueError("parmem measure compares one pipeline stage")
@@ -589,47 +547,30 @@ def expected(
     adds) for ``spec`` under ``parallel``/``setup`` (model states from ``setup.engine``'s
     profile, saved tensors from the ``hf`` profile). ``param_tensors``: the parameter tensors
     the model has (AdamW's step counters)."""
-    from .activations import saved_tensor_bytes
-    from .layout import layout
-
     st = _est_stage(estimate(spec, parallel, setup))
     hf_par = ParallelConfig(dp=parallel.dp)
     hf = _hf_setup(setup)
     acts = _est_stage(estimate(spec, hf_par, hf))
-    lay = layout(spec, hf_par, hf)
-    sums = {}
-    for dev in ("cuda", device):
-        parts = saved_tensor_bytes(
-            spec,
-            setup.seq_len,
-            setup.micro_batch,
-            places=("layer", "stage", "first", "last"),
-            flash=lay.flash,
-            dropout=lay.dropout,
-            act_bytes=lay.act_bytes,
-            engine="hf",
-            device=dev,
-            autocast=setup.precision == "bf16-autocast",
-        )
-        layer, rest = (sum(n for _, n in p) for p in (parts[0], parts[1] + parts[2] + parts[3]))
-        sums[dev] = spec.layers * layer + rest
-    if sums["cuda"] != acts.activations:  # the tables summed as the estimate sums them
+    rec = {"model": spec.to_dict(), "parallel": {"dp": parallel.dp}, "setup": asdict(hf),
+           "device": device}  # fmt: skip
+    if hf_table_saved_bytes(rec, "cuda") != acts.activations:  # the tables as estimate sums them
         raise ValueError(
-            f"the hf profile's tables sum to {sums['cuda']:,} bytes, the estimate's activations "
-            f"are {acts.activations:,}: this layout is not one parmem measure compares"
+            f"the hf profile's tables sum to {hf_table_saved_bytes(rec, 'cuda'):,} bytes, the "
+            f"estimate's activations are {acts.activations:,}: this layout is not one parmem "
+            "measure compares"
         )
-    saved_named: tuple[tuple[str, int], ...] = ()
-    if device == "cpu":
-        saved_named += (("cpu-kernels", sums[device] - sums["cuda"]),)
-    if setup.micro_batch == 1:
-        saved_named += (("shifted-labels-padding", 8),)
-        if not lay.flash and spec.kv_heads == 1 < spec.heads:
-            per_layer = 2 * lay.act_bytes * (spec.heads - 1) * spec.head_dim * setup.seq_len
-            saved_named += (("repeat-kv-view", -spec.layers * per_layer),)
+    names = ["cpu-kernels"] if device == "cpu" else []
+    names += ["shifted-labels-padding", "repeat-kv-view"]
+    saved_named = tuple(
+        (n, b) for n in names if (b := DIFFERENCES[n].bytes(rec)) or n == "cpu-kernels"
+    )
+    # the CPU run's AdamW keeps its step counters on the host; the GPU path's fused AdamW (the
+    # Trainer's adamw_torch_fused) keeps them in device memory
+    steps = "adamw-fused-step-counters" if device == "cuda" else "adamw-step-counters"
     return {
         "params": (st.params, ()),
         "grads": (st.grads, ()),
-        "optimizer": (st.optimizer, (("adamw-step-counters", 4 * param_tensors),)),
+        "optimizer": (st.optimizer, ((steps, 4 * param_tensors),)),
         "saved": (acts.activations + acts.logits, saved_named),
     }
 
@@ -785,7 +726,7 @@ def report(
             "saved": full_est.activations + full_est.logits,
             "total": full_est.total,
         },
-        "named": {k: {"doc": v.doc, "gpu": v.gpu} for k, v in NAMED.items()},
+        "named": {k: {"doc": v.doc, "gpu": v.gpu} for k, v in DIFFERENCES.items() if k in _USED},
     }
 
 
