@@ -674,3 +674,17 @@ def test_megatron_moe_layer_as_its_router_and_dispatcher_keep_it():
     got = sum(x.bytes for x in terms if x.name in moe)
     assert got == s * (8 * k + 4 * k + E + 2 * E + 8 * k + 2 * h * k + 3 * 2 * f * k + 2 * k)
     assert "expert outputs" not in {x.name for x in terms}
+
+
+def test_deepspeed_zero3_step_gradients_are_one_sub_group_of_deepspeeds_default():
+    """The deepspeed profile caps ZeRO-3's step-only fp32 gradients at one sub-group; the cap is
+    DeepSpeed 0.19.8's own default ``sub_group_size`` (DeepSpeedZeroConfig), read here, and so
+    is the reduction bucket (``reduce_bucket_size``)."""
+    _deepspeed()
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+    cfg = DeepSpeedZeroConfig()
+    prof = engine("deepspeed")
+    (cat,) = [c for c in prof.states if c.name == "grad_partition" and 3 in c.stages]
+    assert cat.phase == "step" and cat.max_elements == int(cfg.sub_group_size)
+    assert prof.buffers.reduce_bucket == int(cfg.reduce_bucket_size)
