@@ -391,3 +391,52 @@ def test_axis_by_axis_ends_at_the_full_estimate_and_each_axis_divides_its_terms(
 def test_axis_by_axis_skips_axes_that_are_not_used():
     steps = axis_by_axis(LLAMA7, ParallelConfig(tp=2), TrainingSetup(seq_len=1024))
     assert list(steps) == ["1 GPU", "+t=2"]
+
+
+def test_dualpipe_pairs_chunks_r_and_p_minus_1_minus_r():
+    """DualPipe (DeepSeek-V3 §3.2.1; deepseek-ai/DualPipe examples/example_dualpipe.py builds
+    ``nn.Sequential(full_modules[rank], full_modules[pp_size - 1 - rank])``): rank r holds chunks
+    r and p-1-r. Llama-2-7B at p = 4 counted by hand: 8 layers of 4h² + 3hf + 2h per stage, the
+    embedding (V·h) on the first, the final norm (h) and the head (V·h) on the last."""
+    from parmem.analyses import dualpipe_ranks
+
+    h, f, v = 4096, 11008, 32000
+    layer = 4 * h * h + 3 * h * f + 2 * h
+    spec = ModelSpec.preset("llama-2-7b")
+    # DeepSeek-V3's recipe (§3.3.4): bf16 weights, fp32 gradients, fp32 master weights and bf16
+    # AdamW moments: 2 + 4 + (4 + 2 + 2) = 14 bytes per parameter, optimizer not sharded (d = 1)
+    setup = TrainingSetup(seq_len=2048, num_microbatches=8, optimizer="adamw-bf16",
+                          grad_dtype="fp32")
+    rows = dualpipe_ranks(estimate(spec, ParallelConfig(pp=4), setup))
+    ends = 16 * layer + 2 * v * h + h       # chunks 0 and 3: both ends of the model
+    middle = 16 * layer                     # chunks 1 and 2
+    assert [r["chunks"] for r in rows] == [(0, 3), (1, 2), (2, 1), (3, 0)]
+    assert [r["num_params"] for r in rows] == [ends, middle, middle, ends]
+    for r in rows:
+        n = r["num_params"]
+        assert (r["params"], r["grads"]) == (2 * n, 4 * n)
+        assert r["optimizer_per_copy"] == 8 * n and r["optimizer"] == 4 * n
+        assert r["model_states"] == 2 * n + 4 * n + 4 * n
+    # two copies of the model over p ranks: twice the parameters of the 1F1B stages
+    assert sum(r["num_params"] for r in rows) == 2 * (32 * layer + 2 * v * h + h)
+
+
+def test_dualpipe_needs_an_even_pipeline():
+    from parmem.analyses import dualpipe_ranks
+
+    spec = ModelSpec.preset("llama-2-7b")
+    est = estimate(spec, ParallelConfig(pp=3), TrainingSetup(seq_len=2048, num_microbatches=6))
+    with pytest.raises(ValueError, match="even number of pipeline stages"):
+        dualpipe_ranks(est)
+
+
+def test_adamw_bf16_moments_are_14_bytes_per_parameter_with_fp32_gradients():
+    """DeepSeek-V3 §3.3.4: BF16 moments, FP32 master weights and gradients: 2 + 4 + 4 + 2·2 = 14
+    bytes per parameter; with fp32 moments the optimizer holds 12 (ZeRO §3.1)."""
+    spec = ModelSpec.preset("llama-2-7b")
+    n = spec.num_params()
+    st = estimate(spec, ParallelConfig(), TrainingSetup(seq_len=2048, optimizer="adamw-bf16",
+                                                        grad_dtype="fp32")).stages[0]
+    assert (st.params, st.grads, st.optimizer) == (2 * n, 4 * n, 8 * n)
+    fp32 = estimate(spec, ParallelConfig(), TrainingSetup(seq_len=2048, grad_dtype="fp32")).stages[0]
+    assert fp32.optimizer == 12 * n

@@ -66,3 +66,23 @@ def test_state_bytes_adam():
     # exp_avg and exp_avg_sq in fp32 (8 bytes/param) plus one 0-d fp32 "step" per parameter
     # tensor (PyTorch keeps step as a tensor)
     assert sb.optimizer == 8 * n + 2 * 4
+
+
+@pytest.mark.parametrize(("tokens", "vocab", "hidden"), [(256, 4096, 32), (96, 1000, 8)])
+def test_loss_peak_is_three_fp32_logits(tokens, vocab, hidden):
+    """Counted by hand from the ops (per logit, bytes alive together): the forward casts the bf16
+    logits (2, freed once cast) to fp32 (4) and log_softmax writes its fp32 output (4, saved for
+    the backward; the fp32 input is then freed, log_softmax's backward needs only its output).
+    The backward makes nll_loss's gradient (4) and log_softmax's input gradient (4) while the
+    saved output still lives: 4 + 4 + 4 = 12 bytes per logit, three times the 4·T·V fp32 logits
+    an estimate keeps, plus the fp32 loss and its gradient (4 + 4 bytes)."""
+    from parmem.measure import loss_peak_bytes
+
+    assert loss_peak_bytes(tokens, vocab, hidden) == 12 * tokens * vocab + 8
+
+
+def test_loss_peak_refuses_bad_sizes():
+    from parmem.measure import loss_peak_bytes
+
+    with pytest.raises(ValueError, match="vocab"):
+        loss_peak_bytes(8, 1)

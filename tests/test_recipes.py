@@ -491,3 +491,50 @@ def test_the_rotary_base_reaches_both_megatron_recipes():
     args = _megatron_deepspeed_args(pl, ParallelConfig(dp=8, tp=2, pp=2), pl.best.setup)
     ds = parse_recorded("megatron_deepspeed_args", args)
     assert ds.rope_theta == 500000  # dest of --rotary-position-embeddings-theta
+
+
+def test_megatron_recipe_keeps_adam_moments_in_bf16_when_planned_so():
+    """DeepSeek-V3's bf16 AdamW moments (§3.3.4) are Megatron-Core's precision-aware optimizer:
+    the recorded parser must read them back as bf16 (optimizer_config.py: exp_avg_dtype)."""
+    spec = ModelSpec.preset("llama-3-8b")
+    pl = plan(spec, Cluster("h100-sxm", 8, 1), 64, 4096, top=1, engine="megatron-core",
+              optimizer="adamw-bf16")
+    a = parse_recorded("megatron_lm_args", list(pl.recipe("megatron").args))
+    assert a.use_precision_aware_optimizer
+    assert (str(a.exp_avg_dtype), str(a.exp_avg_sq_dtype)) in {("bf16", "bf16"),
+                                                                ("torch.bfloat16", "torch.bfloat16")}
+    default = plan(spec, Cluster("h100-sxm", 8, 1), 64, 4096, top=1, engine="megatron-core")
+    assert not parse_recorded("megatron_lm_args",
+                              list(default.recipe("megatron").args)).use_precision_aware_optimizer
+
+
+@pytest.mark.parametrize(("optimizer", "engine", "flag"), [
+    ("lion", "megatron-core", ("--optimizer", "lion")),
+    ("sgd", "megatron-core", ("--sgd-momentum", "0.0")),
+    ("adamw-bf16", "fsdp2", ("--optimizer.implementation", "fused_opt_states_bf16")),
+])
+def test_recipes_run_the_optimizer_that_was_priced(optimizer, engine, flag):
+    """The optimizer the estimate priced is the one the recipe launches: Megatron-LM's
+    --optimizer choices and torchtitan's bf16-moment implementation, read back by their parsers."""
+    spec = ModelSpec.preset("llama-3-8b")
+    pl = plan(spec, Cluster("h100-sxm", 8, 1), 64, 4096, top=1, engine=engine, optimizer=optimizer)
+    emit = "megatron" if engine == "megatron-core" else "torchtitan"
+    args = list(pl.recipe(emit).args)
+    i = args.index(flag[0])
+    assert args[i + 1] == flag[1]
+    if emit == "megatron":
+        a = parse_recorded("megatron_lm_args", args)
+        assert a.optimizer == ("lion" if optimizer == "lion" else "sgd")
+    else:
+        cfg = torchtitan().ConfigManager().parse_args(args)
+        assert cfg.optimizer.implementation == "fused_opt_states_bf16"
+
+
+@pytest.mark.parametrize(("optimizer", "engine"), [("adam-8bit", "megatron-core"),
+                                                   ("adafactor", "fsdp2")])
+def test_an_optimizer_the_engine_lacks_is_refused_by_name(optimizer, engine):
+    spec = ModelSpec.preset("llama-3-8b")
+    zero = 3 if engine == "fsdp2" else 1
+    with pytest.raises(ValueError, match=f"cannot run optimizer='{optimizer}'"):
+        estimate(spec, ParallelConfig(dp=8, zero=zero),
+                 TrainingSetup(seq_len=4096, engine=engine, optimizer=optimizer))

@@ -13,7 +13,9 @@
   (chapter 4);
 * :func:`tp_shard_layout`: which rank holds which slice of every weight matrix (chapter 5);
 * :func:`tp_component_bytes`: one tensor-parallel rank's bytes by model component (chapter 6);
-* :func:`tp_tradeoff`: one GPU's memory and TP traffic for each t (chapter 7).
+* :func:`tp_tradeoff`: one GPU's memory and TP traffic for each t (chapter 7);
+* :func:`dualpipe_ranks`: the model states of each rank when DualPipe pairs two pipeline
+  chunks on it (chapter 15).
 
 The engine comparisons of chapter 22 are in :mod:`parmem.engine_analyses`.
 
@@ -57,6 +59,7 @@ __all__ = [
     "tp_shard_layout",
     "tp_component_bytes",
     "tp_tradeoff",
+    "dualpipe_ranks",
 ]
 
 
@@ -575,4 +578,49 @@ def tp_tradeoff(spec: ModelSpec, setup: TrainingSetup, tps=(1, 2, 4, 8)) -> list
                 "comm_buffer": est.stages[0].comm_buffers,
             }
         )
+    return rows
+
+
+def dualpipe_ranks(est: Estimate) -> list[dict]:
+    """Model states per GPU when a ``p``-stage pipeline of ``est`` runs under DualPipe.
+
+    DualPipe (DeepSeek-AI 2024, DeepSeek-V3 technical report §3.2.1, and the reference code of
+    ``deepseek-ai/DualPipe``, ``examples/example_dualpipe.py``) feeds micro-batches from both
+    ends of the pipeline. Rank ``r`` holds chunk ``r`` for the forward direction and chunk
+    ``p − 1 − r`` for the reverse one, each with its own weights and gradients (the two copies'
+    gradients are summed across ranks ``r`` and ``p − 1 − r`` before the step): "two copies of
+    the model parameters" in all, and the first rank holds both the embedding and the output
+    head. ``p`` must be even. Chunk ``i`` here is stage ``i`` of ``est``: its layers, its
+    embedding or head, its bytes per parameter.
+
+    The optimizer states are not fixed by DualPipe: the two copies of a chunk are replicas, so
+    a ZeRO-1 over both copies' ranks holds half of the two chunks' states (``optimizer``), and
+    one that keeps each copy's states apart holds both (``optimizer_per_copy``).
+    Activations are left out: DualPipe keeps ``p + 1`` micro-batches of one chunk in flight on
+    a rank, against ``p`` for 1F1B's first stage (the reference README's table), and which
+    chunk's activations they are depends on the direction, which :func:`parmem.estimate` does
+    not follow.
+
+    Returns one row per rank: ``rank``, ``chunks`` (the two stage indices), ``num_params``,
+    ``params``, ``grads`` (bytes of both chunks), ``optimizer``, ``optimizer_per_copy`` (bytes,
+    with the profile's fp32 master copy) and ``model_states`` (params + grads + optimizer).
+    """
+    p = len(est.stages)
+    if p < 2 or p % 2:
+        raise ValueError(f"est: DualPipe needs an even number of pipeline stages, got p={p}")
+    rows = []
+    for r in range(p):
+        a, b = est.stages[r], est.stages[p - 1 - r]
+        opt_both = a.optimizer + b.optimizer
+        row = {
+            "rank": r,
+            "chunks": (r, p - 1 - r),
+            "num_params": a.num_params + b.num_params,
+            "params": a.params + b.params,
+            "grads": a.grads + b.grads,
+            "optimizer": opt_both // 2,
+            "optimizer_per_copy": opt_both,
+        }
+        row["model_states"] = row["params"] + row["grads"] + row["optimizer"]
+        rows.append(row)
     return rows

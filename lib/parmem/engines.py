@@ -287,6 +287,16 @@ class EngineProfile:
     dropout_free: tuple[str, ...] = ()
     #: the structural features of parmem.activations.FEATURES the activation table models
     features: tuple[str, ...] = ()
+    #: the optimizer presets the engine can run (``optimizers`` of ``[engines.*]``); empty: all
+    optimizers: tuple[str, ...] = ()
+
+    def check_optimizer(self, optimizer: str) -> None:
+        """Raise ``ValueError``, naming the profile, unless it can run ``optimizer``."""
+        if self.optimizers and optimizer not in self.optimizers:
+            raise ValueError(
+                f"{self.who} cannot run optimizer={optimizer!r}: it offers "
+                f"{', '.join(self.optimizers)}"
+            )
 
     def refusal(self, feature: str) -> str:
         """Why the engine cannot run ``feature`` (one of :data:`FEATURES`), or ``""``."""
@@ -490,6 +500,9 @@ def _profile(name: str, t: dict[str, Any], tables: dict[str, Any]) -> EngineProf
         refuses=tuple(
             (choice(f"{where} refuses", k, FEATURES), str(v))
             for k, v in _get(t, "refuses", where).items()
+        ),
+        optimizers=tuple(
+            choice(f"{where} optimizers", str(o), _optimizers()) for o in t.get("optimizers", ())
         ),
         layer=tuple(_saved(r, aw) for r in _get(acts, "layer", aw)),
         stage=tuple(_saved(r, aw) for r in acts.get("stage", ())),

@@ -114,10 +114,14 @@ def _engine_problems(prof: EngineProfile, par: ParallelConfig, setup: TrainingSe
     """The engine's own rules (``[engines.*]`` and ``[engines.*.refuses]`` of
     ``data/engines.toml``) that ``par`` and ``setup`` break, each naming the engine."""
     out = []
-    try:
-        prof.check(par.zero, par.pp, setup.recompute, setup.offload)
-    except ValueError as e:
-        out.append(str(e))
+    for check in (
+        lambda: prof.check(par.zero, par.pp, setup.recompute, setup.offload),
+        lambda: prof.check_optimizer(setup.optimizer),
+    ):
+        try:
+            check()
+        except ValueError as e:
+            out.append(str(e))
     used = {
         "tp": (par.tp > 1, f"tp={par.tp}"),
         "sp": (par.sp, "sp=True"),

@@ -11,6 +11,9 @@ Three meters, all counting each tensor *storage* once (two views of one buffer a
 * :func:`cuda_peak_bytes` - ``torch.cuda.max_memory_allocated`` on a GPU (the caching
   allocator's high-water mark of live tensors).
 
+And one measured step: :func:`loss_peak_bytes`, the bytes alive at once while the LM head's
+loss runs forward and backward.
+
 torch is imported lazily, so ``import parmem`` works without it.
 """
 
@@ -26,6 +29,7 @@ __all__ = [
     "storage_key_and_bytes",
     "tensor_storage_bytes",
     "cuda_peak_bytes",
+    "loss_peak_bytes",
 ]
 
 
@@ -185,3 +189,41 @@ def cuda_peak_bytes(device=None, reset: bool = False) -> int:
     if reset:
         torch.cuda.reset_peak_memory_stats(device)
     return peak
+
+
+def loss_peak_bytes(tokens: int, vocab: int, hidden: int = 64) -> int:
+    """The peak bytes of the LM head's loss, forward and backward, above the head's weight and
+    its input: ``tokens`` rows of bf16 logits from a bias-free ``hidden`` → ``vocab`` linear
+    layer, cast to fp32 and passed to ``torch.nn.functional.cross_entropy`` (log-softmax, then
+    the negative log-likelihood), then ``backward()``, as a model without a fused loss does
+    (Transformers' ``ForCausalLMLoss`` upcasts the logits to fp32 the same way).
+
+    Measured on the CPU with PyTorch's ``torch.distributed._tools.mem_tracker.MemTracker`` (its
+    peak of live tensor storages), so the caller compares it with ``4·tokens·vocab``, the fp32
+    logits the estimate keeps for the backward pass. The caller's reference to the bf16 logits
+    is dropped after the loss, as a training loop's is.
+    """
+    from ._check import integer
+
+    tokens = integer("tokens", tokens, 1, 1 << 16)
+    vocab = integer("vocab", vocab, 2, 1 << 20)
+    hidden = integer("hidden", hidden, 1, 1 << 12)
+    import torch
+    import torch.nn.functional as F  # noqa: N812
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(tokens, hidden, generator=gen).to(torch.bfloat16).requires_grad_()
+    weight = torch.randn(vocab, hidden, generator=gen).to(torch.bfloat16).requires_grad_()
+    target = torch.randint(0, vocab, (tokens,), generator=gen)
+    held = x.numel() * 2 + weight.numel() * 2 + target.numel() * 8
+    tracker = MemTracker()
+    tracker.track_external(x, weight, target)
+    with tracker:
+        loss = F.cross_entropy(F.linear(x, weight).float(), target)
+        loss.backward()
+    peak = tracker.get_tracker_snapshot("peak")
+    total = max(int(by_type["Total"]) for by_type in peak.values())
+    # the loss scalar, x.grad and weight.grad are counted at their own moments; the returned
+    # bytes are the peak less what existed before the head ran
+    return total - held

@@ -244,10 +244,16 @@ def _training(st: TrainingSetup, global_batch: int, spec: ModelSpec) -> tuple[li
             "Megatron-LM keeps fp32 main weights with --bf16: pure bf16 (no master copy) is "
             "not a flag; the recipe trains bf16-mixed"
         )
-    optimizer = "sgd" if st.optimizer.startswith("sgd") else "adam"
-    if st.optimizer == "adam-8bit":
-        notes.append("Megatron-LM has no 8-bit Adam: the recipe uses --optimizer adam")
+    # the profile admits only what --optimizer offers (engines.toml: optimizers)
+    optimizer = {"sgd-momentum": "sgd", "sgd": "sgd", "lion": "lion"}.get(st.optimizer, "adam")
     args += ["--optimizer", optimizer]
+    if st.optimizer == "sgd":
+        args += ["--sgd-momentum", "0.0"]  # no momentum buffer: the "sgd" preset's 0 states
+    if st.optimizer == "adamw-bf16":
+        # Megatron-Core's precision-aware optimizer keeps the moments in bf16
+        # (megatron/core/optimizer/optimizer_config.py: exp_avg_dtype, exp_avg_sq_dtype)
+        args += ["--use-precision-aware-optimizer", "--exp-avg-dtype", "bf16",
+                 "--exp-avg-sq-dtype", "bf16"]  # fmt: skip
     args += ["--attention-backend", "flash" if st.flash else "unfused"]
     if not st.dropout_for(spec):
         args += ["--attention-dropout", "0.0", "--hidden-dropout", "0.0"]

@@ -152,6 +152,9 @@ def _training(plan: Plan, par: ParallelConfig, st: TrainingSetup) -> list[str]:
         args += ["--training.dtype", "bfloat16"]
     if par.pp > 1 or par.ep > 1:
         args.append("--training.disable_cuda_graphs")
+    if st.optimizer == "adamw-bf16":
+        # AdamW's moments in bf16 (components/optimizer/optimizer.py, implementation)
+        args += ["--optimizer.implementation", "fused_opt_states_bf16"]
     return args
 
 
