@@ -403,8 +403,8 @@ def test_dualpipe_pairs_chunks_r_and_p_minus_1_minus_r():
     h, f, v = 4096, 11008, 32000
     layer = 4 * h * h + 3 * h * f + 2 * h
     spec = ModelSpec.preset("llama-2-7b")
-    # DeepSeek-V3's recipe (§3.3.4): bf16 weights, fp32 gradients, fp32 master weights and bf16
-    # AdamW moments: 2 + 4 + (4 + 2 + 2) = 14 bytes per parameter, optimizer not sharded (d = 1)
+    # DeepSeek-V3's recipe (§3.3.1, §3.3.3): bf16 weights, fp32 gradients, fp32 master weights
+    # and bf16 AdamW moments: 2 + 4 + (4 + 2 + 2) = 14 bytes per parameter, optimizer not sharded (d = 1)
     setup = TrainingSetup(seq_len=2048, num_microbatches=8, optimizer="adamw-bf16",
                           grad_dtype="fp32")
     rows = dualpipe_ranks(estimate(spec, ParallelConfig(pp=4), setup))
@@ -431,8 +431,8 @@ def test_dualpipe_needs_an_even_pipeline():
 
 
 def test_adamw_bf16_moments_are_14_bytes_per_parameter_with_fp32_gradients():
-    """DeepSeek-V3 §3.3.4: BF16 moments, FP32 master weights and gradients: 2 + 4 + 4 + 2·2 = 14
-    bytes per parameter; with fp32 moments the optimizer holds 12 (ZeRO §3.1)."""
+    """DeepSeek-V3 §3.3.1 and §3.3.3: BF16 moments, FP32 master weights and gradients:
+    2 + 4 + 4 + 2·2 = 14 bytes per parameter; with fp32 moments the optimizer holds 12 (ZeRO §3.1)."""
     spec = ModelSpec.preset("llama-2-7b")
     n = spec.num_params()
     st = estimate(spec, ParallelConfig(), TrainingSetup(seq_len=2048, optimizer="adamw-bf16",

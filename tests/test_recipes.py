@@ -494,7 +494,7 @@ def test_the_rotary_base_reaches_both_megatron_recipes():
 
 
 def test_megatron_recipe_keeps_adam_moments_in_bf16_when_planned_so():
-    """DeepSeek-V3's bf16 AdamW moments (§3.3.4) are Megatron-Core's precision-aware optimizer:
+    """DeepSeek-V3's bf16 AdamW moments (§3.3.3) are Megatron-Core's precision-aware optimizer:
     the recorded parser must read them back as bf16 (optimizer_config.py: exp_avg_dtype)."""
     spec = ModelSpec.preset("llama-3-8b")
     pl = plan(spec, Cluster("h100-sxm", 8, 1), 64, 4096, top=1, engine="megatron-core",
@@ -538,3 +538,17 @@ def test_an_optimizer_the_engine_lacks_is_refused_by_name(optimizer, engine):
     with pytest.raises(ValueError, match=f"cannot run optimizer='{optimizer}'"):
         estimate(spec, ParallelConfig(dp=8, zero=zero),
                  TrainingSetup(seq_len=4096, engine=engine, optimizer=optimizer))
+
+
+def test_a_zero3_deepspeed_recipe_says_to_build_the_model_sharded():
+    """Without deepspeed.zero.Init (runtime/zero/partition_parameters.py) each rank builds the
+    whole model before ZeRO-3 shards it: 140 GB of bf16 weights for a 70B model, on every GPU."""
+    spec = ModelSpec.preset("llama-2-70b")
+    pl = plan(spec, Cluster("a100-80gb", 8, 8), 128, 4096, top=1, engine="deepspeed",
+              zero=(3,))
+    recipe = pl.recipe("deepspeed")
+    assert pl.best.parallel.zero == 3
+    assert any("deepspeed.zero.Init" in n for n in recipe.notes)
+    small = plan(ModelSpec.preset("llama-2-7b"), Cluster("a100-80gb", 8, 1), 64, 4096, top=1,
+                 engine="deepspeed", zero=(1,))
+    assert not any("zero.Init" in n for n in small.recipe("deepspeed").notes)

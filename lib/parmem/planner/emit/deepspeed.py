@@ -184,6 +184,15 @@ def _notes(plan: Plan, par: ParallelConfig, st: TrainingSetup, plain: bool) -> l
                 f"{st.recompute} recomputation is in your model code (deepspeed.checkpointing "
                 "or torch.utils.checkpoint per layer): DeepSpeed's JSON has no switch for it"
             )
+        if par.zero == 3:
+            # runtime/zero/partition_parameters.py: zero.Init partitions each parameter as its
+            # module is built; without it every rank first holds the whole model
+            notes.append(
+                "ZeRO-3: build the model inside deepspeed.zero.Init(config_dict_or_path="
+                "'ds_config.json') (with the Trainer, create HfDeepSpeedConfig before "
+                "from_pretrained), else every rank materialises the whole model before it is "
+                "sharded"
+            )
     if par.cp > 1:
         notes.append(
             f"cp={par.cp}: DeepSpeed splits sequences the Ulysses way (all-to-all over heads, "
