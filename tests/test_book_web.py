@@ -130,6 +130,12 @@ def test_plan_layouts_is_plan_and_emit():
     assert [c["peak_bytes"] for c in got["candidates"]] == [c.peak_bytes for c in ref.candidates]
     assert got["recipe"] == ref.emit("deepspeed", 1)
     assert got["world_size"] == 16
+    # the chart's front: the listed layouts no other listed one beats on both time and memory
+    listed = [(c.step_time, c.peak_bytes) for c in ref.candidates]
+    assert got["pareto"] == [
+        rank for rank, (t, m) in enumerate(listed, 1)
+        if not any(u <= t and n <= m and (u, n) != (t, m) for u, n in listed)
+    ]
     # the defaults: Megatron-Core's layouts and its recipe ("auto")
     got = web.plan_layouts(settings)
     ref = plan(spec, cluster, 128, 4096, top=5, engine="megatron-core")

@@ -20,7 +20,7 @@ from parmem.engines import engine
 from parmem.hardware import hardware_preset
 from parmem.papers import narayanan_gpt, table
 from parmem.pipeline import simulate
-from parmem.planner import Assumptions, evaluate
+from parmem.planner import Assumptions, evaluate, pareto_front
 from parmem.planner.search import TIE
 from parmem.units import GIB
 
@@ -156,6 +156,25 @@ def test_pruned_search_finds_the_brute_force_optimum_and_front(name, gpu, gpn, n
             lowest = c.peak_bytes
     assert [(c.peak_bytes, round(c.step_time, 9)) for c in pl.pareto] == front
     assert pl.stats["estimates"] < len(brute)  # the pruning did prune
+
+
+def test_pareto_front_of_a_hand_made_set():
+    """The non-dominated points of eight (step time, peak) pairs, worked out by hand."""
+    points = [
+        (3.0, 50),   # 0: on the front
+        (2.0, 80),   # 1: on the front
+        (4.0, 40),   # 2: on the front (the lightest)
+        (3.5, 60),   # 3: point 0 is faster and lighter
+        (2.0, 90),   # 4: point 1 is as fast and lighter
+        (5.0, 40),   # 5: point 2 is as light and faster
+        (3.0, 50),   # 6: the same as point 0: only the first counts
+        (1.5, 100),  # 7: on the front (the fastest)
+    ]
+    assert pareto_front(points) == [0, 1, 2, 7]
+    # reversed, point 6 comes before point 0 and counts instead: 7 - (7, 6, 2, 1)
+    assert pareto_front(list(reversed(points))) == [0, 1, 5, 6]
+    assert pareto_front([]) == []
+    assert pareto_front([(1.0, 1)]) == [0]
 
 
 def test_uneven_pipeline_split_is_an_option():
@@ -510,8 +529,9 @@ def test_an_engines_gradient_reduction_prices_the_dp_time():
     out, sent = {}, {}
     for profile in ("paper", "megatron-core"):
         st = TrainingSetup(seq_len=4096, micro_batch=1, num_microbatches=8, engine=profile)
-        out[profile] = (evaluate(spec, cluster, par, st, dp_overlap_on=0.05),
-                        evaluate(spec, cluster, par, st, dp_overlap=0.0, dp_overlap_on=0.0))
+        same = {"mfu_hopper_scale": 1.0}  # the engine's kernels as the paper's: same compute
+        out[profile] = (evaluate(spec, cluster, par, st, dp_overlap_on=0.05, **same),
+                        evaluate(spec, cluster, par, st, dp_overlap=0.0, dp_overlap_on=0.0, **same))
         sent[profile] = step_comm(spec, par, st).dp
     # reduce-scatter of the gradients + all-gather of the bf16 weights, 2(d-1)/d·Ψ elements:
     # (4 + 2) bytes per parameter against (2 + 2)

@@ -103,13 +103,13 @@ def browser():
 class PageVisit:
     """One page load with every request, failed response and script error recorded."""
 
-    def __init__(self, browser, origin: str, path: str):
+    def __init__(self, browser, origin: str, path: str, viewport: dict | None = None):
         self.origin = origin
         self.requests: list[str] = []
         self.bad_responses: list[str] = []
         self.errors: list[str] = []
         self.console: list[str] = []
-        self.context = browser.new_context(viewport={"width": 1280, "height": 900})
+        self.context = browser.new_context(viewport=viewport or {"width": 1280, "height": 900})
         self.page = self.context.new_page()
         self.page.on("request", lambda r: self.requests.append(r.url))
         self.page.on("response", self._response)

@@ -259,3 +259,141 @@ def test_calculator_serving_mode(browser, origin):  # noqa: F811 (fixtures)
         assert not visit.errors, visit.errors
     finally:
         visit.close()
+
+
+PHONE = {"width": 390, "height": 844}
+# the planner's rule for near-ties, as planner.md states it (parmem.planner.search.TIE)
+ORDER_RULE = "within 1% of the fastest of them"
+PLAN_ROWS = """rs => rs.map(r => {
+    const col = (k) => r.querySelector(`[data-col=${k}]`).textContent;
+    return {rank: Number(r.dataset.rank), time: Number(r.dataset.stepTime),
+            peak: Number(r.dataset.peakBytes),
+            simple: [['d', 't', 'p', 'cp', 'e'].filter(k => Number(col(k)) > 1).length,
+                     Number(col('v')) > 1 ? 1 : 0, Number(col('v')), Number(col('zero'))]};
+})"""
+
+
+def fits_the_width(page) -> list[str]:
+    """What sticks out of a phone's width: [] when the page does not scroll sideways, else
+    the widest elements, to say what to fix."""
+    return page.evaluate(
+        """() => {
+            if (document.documentElement.scrollWidth <= window.innerWidth) return [];
+            const wide = [...document.querySelectorAll('body *')]
+                .filter(e => e.getBoundingClientRect().right > window.innerWidth + 1)
+                .map(e => `${e.tagName.toLowerCase()}.${e.className} ${e.getBoundingClientRect().right | 0}`);
+            return [`scrollWidth ${document.documentElement.scrollWidth} > ${window.innerWidth}`,
+                    ...wide.slice(-8)];
+        }"""
+    )
+
+
+@pytest.mark.parametrize("path", [
+    "chapters/tools/calculator.html", "chapters/tools/planner.html",
+    "zh/chapters/tools/calculator.html", "zh/chapters/tools/planner.html",
+])
+def test_phone_width(browser, origin, path):  # noqa: F811 (fixtures)
+    """Issue 33: at 390 px the result tables scroll inside their own box; the page itself never
+    scrolls sideways (the serving mode's table too)."""
+    visit = PageVisit(browser, origin, path, viewport=PHONE)
+    page = visit.page
+    try:
+        page.wait_for_function(SETTLED, arg=0, timeout=PYODIDE_START_MS)
+        assert page.locator(".parmem-table tbody tr").count() > 0, path
+        assert fits_the_width(page) == [], path
+        box = page.locator(".parmem-table").first.evaluate(
+            "t => [getComputedStyle(t.parentElement).overflowX, t.scrollWidth,"
+            " t.parentElement.clientWidth]")
+        assert box[0] == "auto" and box[1] > box[2], (path, box)  # it scrolls in its box
+        if "calculator" in path:
+            count = results(page)
+            page.locator('[data-mode="serve"]').click()
+            page.wait_for_function(SETTLED, arg=count, timeout=60_000)
+            assert page.locator(".parmem-serve-table tbody tr").count() > 0
+            assert fits_the_width(page) == [], (path, "serve")
+        else:
+            words = ("单步耗时", "单卡显存峰值", "帕累托前沿", "复制") if path.startswith("zh/") else (
+                "step time (s)", "peak memory per GPU (GiB)", "Pareto front", "Copy")
+            shown = page.locator(".parmem-plan-chart svg").inner_html() + page.locator(
+                "button.parmem-copy").inner_text()
+            assert all(w in shown for w in words), (path, words)
+        visit.screenshot("phone-" + path.replace("/", "-").removesuffix(".html"))
+        assert not visit.errors, visit.errors
+    finally:
+        visit.close()
+
+
+def non_dominated(rows: list[dict]) -> set[int]:
+    """The ranks of the rows that no other row beats on step time and peak memory both."""
+    return {r["rank"] for r in rows if not any(
+        o["time"] <= r["time"] and o["peak"] <= r["peak"]
+        and (o["time"], o["peak"]) != (r["time"], r["peak"]) for o in rows)}
+
+
+def check_order(rows: list[dict]) -> None:
+    """The table's order is the rule planner.md states: each next row is the simplest of the
+    rows left within 1% of the fastest of them (fewest parallel sizes above 1, no
+    interleaving, fewest virtual stages, lowest ZeRO stage), then the faster."""
+    left = list(rows)
+    for row in rows:
+        fastest = min(r["time"] for r in left)
+        near = [r for r in left if r["time"] <= fastest * 1.01]
+        want = min(near, key=lambda r: (r["simple"], r["time"]))
+        assert row["rank"] == want["rank"], (row, want)
+        left.remove(row)
+    for i, row in enumerate(rows):  # so no row is more than 1% slower than one below it
+        assert all(row["time"] <= 1.01 * below["time"] for below in rows[i + 1:]), row
+
+
+def test_planner_chart_order_and_copy(browser, origin):  # noqa: F811 (fixtures)
+    """Issue 33: the chart of the listed layouts (one point each, the Pareto front exactly the
+    non-dominated ones, the picked one marked), the order the page states, and the recipe's
+    copy button (the clipboard read back)."""
+    visit = PageVisit(browser, origin, "chapters/tools/planner.html?pick=2")
+    visit.context.grant_permissions(["clipboard-read", "clipboard-write"], origin=origin)
+    page = visit.page
+    try:
+        page.wait_for_function(SETTLED, arg=0, timeout=PYODIDE_START_MS)
+        assert ORDER_RULE in page.locator("article").inner_text()
+        for i, settings in enumerate(PLANS):
+            if i:
+                submit(page, {**settings, "pick": "3"})
+            rows = page.eval_on_selector_all(".parmem-table tbody tr", PLAN_ROWS)
+            assert 2 <= len(rows) <= int(settings["top"])
+            check_order(rows)
+            chart = page.locator(".parmem-plan-chart svg")
+            text = chart.inner_html()
+            assert "step time (s)" in text and "peak memory per GPU (GiB)" in text
+            points = chart.evaluate("""s => [...s.querySelectorAll('circle[data-front]')].map(c => ({
+                rank: Number(c.dataset.rank), time: Number(c.dataset.stepTime),
+                peak: Number(c.dataset.peakBytes), x: Number(c.getAttribute('cx')),
+                y: Number(c.getAttribute('cy')), front: c.dataset.front === '1'}))""")
+            assert sorted((p["rank"], p["time"], p["peak"]) for p in points) == [
+                (r["rank"], r["time"], r["peak"]) for r in sorted(rows, key=lambda r: r["rank"])]
+            front = non_dominated(rows)
+            assert front and {p["rank"] for p in points if p["front"]} == front
+            line = chart.locator("polyline.parmem-front-line").get_attribute("points").split()
+            assert len(line) == len(front)
+            # slower is further right, heavier is higher up (y grows downwards)
+            for a in points:
+                for b in points:
+                    if a["time"] < b["time"]:
+                        assert a["x"] <= b["x"], (a, b)
+                    if a["peak"] < b["peak"]:
+                        assert a["y"] >= b["y"], (a, b)
+            pick = int(page.locator('[name="pick"]').input_value())
+            assert [int(r) for r in chart.locator(".parmem-picked-mark").evaluate_all(
+                "ms => ms.map(m => m.dataset.pick)")] == [pick]
+
+        recipe = page.locator("pre.parmem-recipe").inner_text()
+        button = page.locator("button.parmem-copy")
+        assert button.inner_text() == "Copy" and recipe.strip()
+        button.click()
+        page.wait_for_function(
+            "() => document.querySelector('button.parmem-copy').textContent === 'Copied'")
+        assert page.evaluate("() => navigator.clipboard.readText()") == page.locator(
+            "pre.parmem-recipe").evaluate("p => p.textContent")
+        assert not visit.external(), visit.external()
+        assert not visit.errors, visit.errors
+    finally:
+        visit.close()

@@ -115,7 +115,7 @@ from ..estimate import Estimate, MemoryBreakdown, estimate
 from ..fit import fits, max_micro_batch, max_seq_len
 from ..hardware import hardware_preset, hardware_presets
 from ..model import ModelSpec, presets
-from ..planner import ENGINES, Assumptions, Cluster, Plan, plan
+from ..planner import ENGINES, Assumptions, Cluster, Plan, pareto_front, plan
 from ..planner.emit import EMITTER_OF, PROFILES
 from ..serving import DTYPES as SERVE_DTYPES
 from ..serving import ENGINES as SERVE_ENGINES
@@ -637,7 +637,9 @@ def _plan(
 
 def plan_layouts(settings: Mapping[str, Any]) -> dict[str, Any]:
     """The planner's ranked layouts for ``settings`` (see the module docstring), with the
-    launch recipe of the picked one (``Plan.emit``)."""
+    launch recipe of the picked one (``Plan.emit``) and, as ``pareto``, the ranks of the listed
+    layouts on the Pareto front of step time against peak memory
+    (:func:`~parmem.planner.pareto_front`), which the page's chart draws."""
 
     def work() -> dict[str, Any]:
         values = _settings(settings, PLAN_FIELDS)
@@ -667,6 +669,10 @@ def plan_layouts(settings: Mapping[str, Any]) -> dict[str, Any]:
             "world_size": result.cluster.world_size,
             "usable_gib": f"{result.usable_bytes / GIB:.1f}",
             "candidates": rows,
+            "pareto": [
+                i + 1
+                for i in pareto_front([(c.step_time, c.peak_bytes) for c in result.candidates])
+            ],
             "message": result.message or "",
             "rejected": dict(result.rejected),
             "engine": engine,

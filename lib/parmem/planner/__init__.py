@@ -17,7 +17,8 @@ The package, from the bottom up:
 * :mod:`parmem.planner.result`: :class:`Candidate` and :class:`Plan` and their tables;
 * :mod:`parmem.planner.families`: the request checked and the families of layouts enumerated;
 * :mod:`parmem.planner.search`: :func:`plan` (validate, enumerate the families, search each,
-  rank with ties of 1% going to the simpler layout, the Pareto front) and :func:`evaluate`;
+  rank with ties of 1% going to the simpler layout, the Pareto front: :func:`pareto_front`) and
+  :func:`evaluate`;
 * :mod:`parmem.planner.calibration`: the published runs of ``data/published_runs.toml`` ranked
   and modelled; the defaults of :class:`Assumptions` are fitted to them.
 
@@ -40,6 +41,16 @@ from .cost import StepTime
 from .emit import ENGINES
 from .inputs import Assumptions, Cluster
 from .result import Candidate, Plan
-from .search import evaluate, plan
+from .search import evaluate, pareto_front, plan
 
-__all__ = ["Assumptions", "Candidate", "Cluster", "Plan", "StepTime", "evaluate", "plan", "ENGINES"]
+__all__ = [
+    "Assumptions",
+    "Candidate",
+    "Cluster",
+    "Plan",
+    "StepTime",
+    "evaluate",
+    "pareto_front",
+    "plan",
+    "ENGINES",
+]

@@ -17,7 +17,8 @@ exact communication of their own ``b`` and ``m``
 
 :func:`plan` runs it in steps: validate the request (``check_inputs``, ``check_setup``,
 ``search_space``), enumerate the families (``Families``), search each (``_search_family``), rank
-(``_rank``: fastest first, ties within 1% to the simpler layout), take the Pareto front (``_pareto``). :func:`evaluate` models one given layout the
+(``_rank``: fastest first, ties within 1% to the simpler layout), take the Pareto front (``_pareto``,
+:func:`pareto_front`). :func:`evaluate` models one given layout the
 same way.
 
 Sources: Narayanan et al. 2021 §3 (the layouts), Rajbhandari et al. 2020 (ZeRO) §7; DeepSpeed's
@@ -27,7 +28,7 @@ rule that pipeline parallelism does not combine with ZeRO-2/3 (``deepspeed.runti
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from itertools import product
 from typing import NamedTuple, Unpack
 
@@ -45,7 +46,7 @@ from .families import Families, Family, check_inputs, check_setup, search_space
 from .inputs import AssumptionOptions, Assumptions, Cluster, SetupOptions
 from .result import Candidate, Plan, PlanStats
 
-__all__ = ["TIE", "evaluate", "plan", "rank_candidates", "simplicity"]
+__all__ = ["TIE", "evaluate", "pareto_front", "plan", "rank_candidates", "simplicity"]
 
 
 class _Point(NamedTuple):
@@ -231,15 +232,28 @@ def _rank(model: CostModel, feasible: list[_Point], top: int) -> list[Candidate]
     return rank_candidates(head)
 
 
+def pareto_front(points: Sequence[tuple[float, int]]) -> list[int]:
+    """The indices, in order, of the ``points`` (step time, peak bytes) on the Pareto front of
+    time against memory: those that no other point dominates (another at most as slow and at
+    most as heavy, and faster or lighter); of identical points only the first counts.
+
+    Sorted by (time, memory), a point is on the front exactly when it is lighter than every
+    point before it: the two-dimensional case of Kung, Luccio and Preparata 1975 ("On finding
+    the maxima of a set of vectors", J. ACM 22(4)), with both objectives minimised."""
+    order = sorted(range(len(points)), key=lambda i: (points[i][0], points[i][1], i))
+    front: list[int] = []
+    lightest: int | None = None
+    for i in order:
+        if lightest is None or points[i][1] < lightest:
+            front.append(i)
+            lightest = points[i][1]
+    return sorted(front)
+
+
 def _pareto(model: CostModel, feasible: list[_Point], head: list[Candidate]) -> list[Candidate]:
-    """The layouts of ``feasible`` (sorted by time) that no faster one beats on memory, exactly
-    timed (reusing those of ``head``)."""
-    front: list[_Point] = []
-    best_mem: int | None = None
-    for x in feasible:
-        if best_mem is None or x.peak < best_mem:
-            front.append(x)
-            best_mem = x.peak
+    """The layouts of ``feasible`` (sorted by time) that no faster one beats on memory
+    (:func:`pareto_front`), exactly timed (reusing those of ``head``)."""
+    front = [feasible[i] for i in pareto_front([(x.time, x.peak) for x in feasible])]
     exact_by_key = {(c.parallel, c.setup): c for c in head}
     out = []
     for x in front:
@@ -382,6 +396,7 @@ def plan(
         lora_rank=lora_rank,
         lora_targets=lora_targets,
         base_quant=base_quant,
+        grad_dtype=None,
     )
     TrainingSetup(seq_len=seq_len, **setup_kw)  # validates every setup field, each by name
     check_setup(precision, optimizer)
@@ -473,6 +488,7 @@ def evaluate(
         lora_rank=setup.lora_rank,
         lora_targets=setup.lora_targets,
         base_quant=setup.base_quant,
+        grad_dtype=setup.grad_dtype,
     )
     model = CostModel(spec, cluster, G, setup.seq_len, a, setup_kw)
     est = estimate(spec, parallel, setup, layers_per_stage=list(lps))

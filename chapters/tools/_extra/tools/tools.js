@@ -1,6 +1,6 @@
 // Glue between the calculator and planner pages and parmem (parmem.book.web, in worker.js):
 // builds the form from the field lists parmem returns, sends the settings, shows the answer.
-// Every number shown comes from parmem; nothing is computed here.
+// Every number shown comes from parmem; this file only lays it out (the planner chart's axes too).
 const root = document.querySelector("[data-parmem-tool]");
 // what is asked: "calculate" or "plan" (the page's), or "serve" (the calculator's serving mode,
 // chosen by its mode switch or by mode=serve in the address)
@@ -52,6 +52,21 @@ const SERVE_CHOICES = {
   kv: (o) => o.serve.kv_dtypes,
 };
 const FLAGS = new Set(["sp", "offload_act"]);
+// the words this file draws, in the page's language (the zh/ edition's pages say lang="zh-CN")
+const WORDS = {
+  en: {
+    time: "step time (s)", peak: "peak memory per GPU (GiB)", front: "Pareto front",
+    layout: "listed layout", picked: "picked layout", copy: "Copy", copied: "Copied",
+    chart: "Modelled step time against peak memory per GPU of the listed layouts",
+  },
+  zh: {
+    time: "单步耗时（秒）", peak: "单卡显存峰值（GiB）", front: "帕累托前沿",
+    layout: "列出的配置", picked: "选中的配置", copy: "复制", copied: "已复制",
+    chart: "所列配置的建模单步耗时与单卡显存峰值",
+  },
+};
+const T = WORDS[document.documentElement.lang.startsWith("zh") ? "zh" : "en"];
+const SVG = "http://www.w3.org/2000/svg";
 // settings that are not form fields: the serving mode's "mode" is the mode switch
 const HIDDEN = new Set(["mode"]);
 
@@ -132,6 +147,100 @@ function showErrors(errors) {
   }
 }
 
+function svg(tag, attrs = {}, text = "") {
+  const node = document.createElementNS(SVG, tag);
+  for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, v);
+  if (text) node.textContent = text;
+  return node;
+}
+
+// Round tick values (steps of 1, 2 or 5 × 10^k, at most six) over lo..hi with a margin
+function ticks(lo, hi) {
+  const pad = hi > lo ? (hi - lo) * 0.08 : Math.abs(hi) * 0.05 || 1;
+  lo -= pad; hi += pad;
+  let step = 10 ** Math.floor(Math.log10((hi - lo) / 5));
+  for (const f of [2, 2.5, 2]) if ((hi - lo) / step > 6) step *= f;
+  const digits = Math.max(0, -Math.floor(Math.log10(step) + 1e-9));
+  const values = [];
+  for (let k = Math.ceil(lo / step); k * step <= hi; k++) values.push(k * step);
+  return { lo, hi, values, label: (v) => v.toFixed(digits) };
+}
+
+// The planner's chart: each listed layout at (modelled step time, peak memory per GPU), the
+// Pareto front parmem found (plan_layouts' "pareto": parmem.planner.pareto_front) joined by a
+// line, the picked layout ringed. Clicking a point picks its layout, as its row does.
+function planChart(r, pick) {
+  const W = 640, H = 300, L = 64, R = 16, TOP = 24, B = 44;
+  const front = new Set(r.pareto);
+  const x = ticks(Math.min(...r.candidates.map((c) => c.step_time_s)), Math.max(...r.candidates.map((c) => c.step_time_s)));
+  const gib = (c) => c.peak_bytes / 2 ** 30;
+  const y = ticks(Math.min(...r.candidates.map(gib)), Math.max(...r.candidates.map(gib)));
+  const px = (v) => (L + (v - x.lo) / (x.hi - x.lo) * (W - L - R)).toFixed(1);
+  const py = (v) => (H - B - (v - y.lo) / (y.hi - y.lo) * (H - B - TOP)).toFixed(1);
+  const chart = svg("svg", { viewBox: `0 0 ${W} ${H}`, width: W, height: H, role: "img", "aria-label": T.chart,
+    "font-family": "sans-serif", "font-size": "11" });
+  for (const v of x.values) {
+    chart.append(svg("line", { x1: px(v), x2: px(v), y1: TOP, y2: H - B, stroke: "#ddd" }),
+      svg("text", { x: px(v), y: H - B + 14, "text-anchor": "middle" }, x.label(v)));
+  }
+  for (const v of y.values) {
+    chart.append(svg("line", { x1: L, x2: W - R, y1: py(v), y2: py(v), stroke: "#ddd" }),
+      svg("text", { x: L - 6, y: Number(py(v)) + 4, "text-anchor": "end" }, y.label(v)));
+  }
+  chart.append(svg("text", { x: (L + W - R) / 2, y: H - 8, "text-anchor": "middle" }, T.time),
+    svg("text", { x: 14, y: (TOP + H - B) / 2, "text-anchor": "middle",
+      transform: `rotate(-90 14 ${(TOP + H - B) / 2})` }, T.peak));
+  const onFront = r.candidates.filter((c) => front.has(c.rank)).sort((a, b) => a.step_time_s - b.step_time_s);
+  chart.append(svg("polyline", { class: "parmem-front-line", fill: "none", stroke: "#C44E52", "stroke-width": "1.5",
+    points: onFront.map((c) => `${px(c.step_time_s)},${py(gib(c))}`).join(" ") }));
+  for (const c of r.candidates) {
+    const dot = svg("circle", { cx: px(c.step_time_s), cy: py(gib(c)), r: front.has(c.rank) ? 4.5 : 3.5,
+      fill: front.has(c.rank) ? "#C44E52" : "#4C72B0", "data-rank": c.rank, "data-step-time": c.step_time_s,
+      "data-peak-bytes": c.peak_bytes, "data-front": front.has(c.rank) ? "1" : "0" });
+    dot.append(svg("title", {}, `${c.rank}. ${c.label}: ${c.step_s} s, ${c.peak_gib} GiB`));
+    dot.addEventListener("click", () => pickLayout(c.rank));
+    chart.append(dot);
+    if (c.rank === pick) {
+      chart.append(svg("circle", { class: "parmem-picked-mark", cx: px(c.step_time_s), cy: py(gib(c)), r: 8,
+        fill: "none", stroke: "#000", "stroke-width": "1.5", "data-pick": c.rank }));
+    }
+  }
+  // the legend, along the top
+  const items = [[T.layout, "#4C72B0"], [T.front, "#C44E52"]];
+  let lx = L;
+  for (const [name, colour] of items) {
+    chart.append(svg("circle", { cx: lx + 4, cy: 10, r: 4, fill: colour }), svg("text", { x: lx + 12, y: 14 }, name));
+    lx += 24 + [...name].reduce((w, ch) => w + (ch.charCodeAt(0) > 255 ? 11 : 6.5), 0);
+  }
+  chart.append(svg("circle", { cx: lx + 4, cy: 10, r: 6, fill: "none", stroke: "#000", "stroke-width": "1.5" }),
+    svg("text", { x: lx + 14, y: 14 }, T.picked));
+  return chart;
+}
+
+function pickLayout(rank) {
+  root.querySelector('[name="pick"]').value = String(rank);
+  update();
+}
+
+// A "Copy" button before each launch recipe: the clipboard, or (where the page may not write
+// it) the text selected for the reader to copy
+function addCopyButtons() {
+  for (const pre of root.querySelectorAll("pre.parmem-recipe")) {
+    const button = el("button", { type: "button", class: "parmem-copy" }, T.copy);
+    button.addEventListener("click", async () => {
+      try {
+        await navigator.clipboard.writeText(pre.textContent);
+      } catch {
+        getSelection().selectAllChildren(pre);
+        if (!document.execCommand("copy")) return;
+      }
+      button.textContent = T.copied;
+      setTimeout(() => { button.textContent = T.copy; }, 2000);
+    });
+    pre.before(button);
+  }
+}
+
 function cell(row, text, attrs = {}) {
   row.append(el("td", attrs, String(text)));
 }
@@ -197,17 +306,17 @@ function renderPlan(r) {
   const body = table.appendChild(el("tbody"));
   const pick = Number(root.querySelector('[name="pick"]').value);
   for (const c of r.candidates) {
-    const row = el("tr", { "data-rank": String(c.rank), "data-label": c.label, "data-peak-bytes": String(c.peak_bytes) });
+    const row = el("tr", { "data-rank": String(c.rank), "data-label": c.label, "data-peak-bytes": String(c.peak_bytes),
+      "data-step-time": String(c.step_time_s) });
     if (c.rank === pick) row.classList.add("parmem-picked");
     for (const k of cols) cell(row, k === "sp" ? (c.sp ? "yes" : "no") : c[k], { "data-col": k });
-    row.addEventListener("click", () => {
-      root.querySelector('[name="pick"]').value = String(c.rank);
-      update();
-    });
+    row.addEventListener("click", () => pickLayout(c.rank));
     body.append(row);
   }
   out.querySelector(".parmem-table-box").replaceChildren(table);
+  out.querySelector(".parmem-plan-chart").replaceChildren(...(r.candidates.length ? [planChart(r, pick)] : []));
   out.querySelector(".parmem-recipe").textContent = r.recipe;
+  for (const button of out.querySelectorAll(".parmem-copy")) button.hidden = !r.recipe;
   renderBand(out, r.band);
 }
 
@@ -337,6 +446,7 @@ function showMode(k, params) {
       update();
     });
   }
+  addCopyButtons();
   status.textContent = "";
   root.dataset.parmemReady = "1";
   await update();
