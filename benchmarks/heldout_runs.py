@@ -1,8 +1,9 @@
 """The planner's step time on the held-out measured runs of data/measured_runs.toml (issue 29):
 each row's measured and modelled step time, the mean and worst |error| per organisation, and
 how they move with the DP overlap (dp_overlap, 0.05, is the paper profile's, from 2021
-software; dp_overlap_on that of the engines that overlap), and the leave-one-organisation-out fit. Not part of
-`make bench`:
+software; dp_overlap_on that of the engines that overlap), and the leave-one-organisation-out
+fits: dp_overlap_on, the engines' kernel scales by GPU generation (mfu_ampere_scale,
+mfu_hopper_scale), and those with attention_efficiency. Not part of `make bench`:
 
     PYTHONPATH=lib python benchmarks/heldout_runs.py [--rows]
 """
@@ -36,11 +37,30 @@ def main(rows: bool = False) -> None:
             print(f"{'':>18}{org:<20}{n:>4}  mean {mean:6.1%}  worst {worst:6.1%}")
 
 
-    print("leave one organisation out, dp_overlap_on fitted on the others (grid 0, 0.05 .. 1):")
-    for f in leave_one_out("dp_overlap_on", tuple(i / 20 for i in range(21))):
-        print(f"  {f.held_out:<20} fitted {f.value:.2f}  train {f.train_mean:6.1%}  "
-              f"held out {f.held_out_mean:6.1%} (worst {f.held_out_worst:6.1%}, "
-              f"{f.held_out_rows} rows)")
+    neutral = summary(score(mfu_ampere_scale=1.0, mfu_hopper_scale=1.0))
+    print(f"{'scales = 1':>16}: {neutral['scored']} scored, mean |error| "
+          f"{neutral['mean |error|']:.1%}, worst {neutral['worst |error|']:.1%} (no kernel scale "
+          "by engine and GPU generation)")
+
+    def folds(title: str, fs: list) -> None:
+        rows = sum(f.held_out_rows for f in fs)
+        pooled = sum(f.held_out_mean * f.held_out_rows for f in fs) / rows
+        print(f"leave one organisation out, {title}: pooled held-out mean |error| {pooled:.1%}, "
+              f"worst {max(f.held_out_worst for f in fs):.1%}")
+        for f in fs:
+            print(f"  {f.held_out:<20} fitted {f.value}  train {f.train_mean:6.1%}  "
+                  f"held out {f.held_out_mean:6.1%} (worst {f.held_out_worst:6.1%}, "
+                  f"{f.held_out_rows} rows)")
+
+    folds("dp_overlap_on fitted on the others (grid 0, 0.05 .. 1)",
+          leave_one_out("dp_overlap_on", tuple(i / 20 for i in range(21))))
+    scales = (tuple(round(0.9 + 0.05 * i, 2) for i in range(13)),  # mfu_ampere_scale 0.9 .. 1.5
+              tuple(round(0.7 + 0.05 * i, 2) for i in range(9)))  # mfu_hopper_scale 0.7 .. 1.1
+    names = ("mfu_ampere_scale", "mfu_hopper_scale")
+    folds("the two kernel scales fitted on the others", leave_one_out(names, scales))
+    folds("the scales and attention_efficiency fitted on the others",
+          leave_one_out((*names, "attention_efficiency"),
+                        (*scales, (0.6, 0.7, 0.8, 0.9, 1.0, 1.2, 1.4))))
 
 
 if __name__ == "__main__":

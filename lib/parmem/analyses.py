@@ -608,19 +608,21 @@ def dualpipe_ranks(est: Estimate) -> list[dict]:
     p = len(est.stages)
     if p < 2 or p % 2:
         raise ValueError(f"est: DualPipe needs an even number of pipeline stages, got p={p}")
-    rows = []
+    rows: list[dict] = []
     for r in range(p):
         a, b = est.stages[r], est.stages[p - 1 - r]
         opt_both = a.optimizer + b.optimizer
-        row = {
-            "rank": r,
-            "chunks": (r, p - 1 - r),
-            "num_params": a.num_params + b.num_params,
-            "params": a.params + b.params,
-            "grads": a.grads + b.grads,
-            "optimizer": opt_both // 2,
-            "optimizer_per_copy": opt_both,
-        }
-        row["model_states"] = row["params"] + row["grads"] + row["optimizer"]
-        rows.append(row)
+        params, grads = a.params + b.params, a.grads + b.grads
+        rows.append(
+            {
+                "rank": r,
+                "chunks": (r, p - 1 - r),
+                "num_params": a.num_params + b.num_params,
+                "params": params,
+                "grads": grads,
+                "optimizer": opt_both // 2,
+                "optimizer_per_copy": opt_both,
+                "model_states": params + grads + opt_both // 2,
+            }
+        )
     return rows

@@ -115,6 +115,10 @@ class Hardware:
         memory_bandwidth: HBM bandwidth, bytes/s (the datasheet's "GPU Memory Bandwidth";
             keyword-only; 0, the default, means unknown: memory sizing needs none, and the
             serving roofline refuses such a GPU by name).
+        generation: the GPU architecture, ``"ampere"`` (A100) or ``"hopper"`` (H100, H200), from
+            ``data/hardware.toml`` (keyword-only; ``""``: not stated). The planner's time model
+            reads it for the fraction of the peak the kernels sustain
+            (:attr:`parmem.planner.Assumptions.mfu_hopper_scale`).
     """
 
     name: str
@@ -126,6 +130,7 @@ class Hardware:
     description: str = ""
     source: str = ""
     memory_bandwidth: float = dataclass_field(default=0.0, kw_only=True)
+    generation: str = dataclass_field(default="", kw_only=True)
 
     def __post_init__(self) -> None:
         if (
@@ -232,6 +237,7 @@ def hardware_preset(name: str) -> Hardware:
         memory_bytes=mib * 2**20,
         peak_flops_bf16=_number(entry, "peak_flops_bf16", where),
         memory_bandwidth=_number(entry, "memory_bandwidth", where),
+        generation=str(entry.get("generation", "")),
         description=str(entry.get("description", "")),
         source=" ".join(str(entry.get("source", "")).split()),
         **links,

@@ -7,7 +7,9 @@ on one GPU::
     t_i = compute_i + recompute_i + exposed TP/SP + exposed CP + exposed EP + exposed PP
 
 * **compute**: forward FLOPs times 3 (forward + backward, Narayanan et al. 2021 §5.1: the
-  backward pass costs two forwards) divided by ``peak_flops_bf16 · mfu``. Forward FLOPs of one
+  backward pass costs two forwards) divided by ``peak_flops_bf16 · mfu`` (times the engine's
+  and GPU generation's :func:`kernel_scale`; the attention core's FLOPs weigh
+  ``1/attention_efficiency``). Forward FLOPs of one
   sequence through one layer are ``2·s·W + 4·s²·(a·d_head)``: every weight matrix ``W`` (Q, K, V,
   output, MLP; the routed ``top_k`` experts for MoE) does a multiply-add per token, and attention
   scores and the weighted sum of values each cost ``2·s²`` per query width. The last stage adds
@@ -74,6 +76,7 @@ from .inputs import Assumptions, Cluster, SetupOptions
 
 __all__ = [
     "busy_fraction",
+    "kernel_scale",
     "CostModel",
     "StageComm",
     "StepTime",
@@ -117,15 +120,30 @@ class StepTime:
 
 
 # ---------------------------------------------------------------------------- the model
-def busy_fraction(a: Assumptions, hidden: int, tp: int = 1) -> float:
+def busy_fraction(a: Assumptions, hidden: int, tp: int = 1, scale: float = 1.0) -> float:
     """Fraction of the dense BF16 peak the training kernels sustain for a model of hidden size
-    ``h`` split ``t`` ways: ``mfu · w/(w + mfu_half_width) · h/(h + mfu_half_hidden)`` with
-    ``w = h/t`` the width of each GPU's matrix multiplications. Narrow GEMMs run further from
-    peak, and a smaller model does more elementwise work (norms, activations, softmax) per
-    FLOP. The form and its parameters are fitted to published runs
-    (:mod:`parmem.planner.calibration`)."""
+    ``h`` split ``t`` ways: ``scale · mfu · w/(w + mfu_half_width) · h/(h + mfu_half_hidden)``
+    with ``w = h/t`` the width of each GPU's matrix multiplications and ``scale`` the engine's
+    and GPU generation's (:func:`kernel_scale`). Narrow GEMMs run further from peak, and a
+    smaller model does more elementwise work (norms, activations, softmax) per FLOP. The form
+    and its parameters are fitted to published runs (:mod:`parmem.planner.calibration`), the
+    scales to measured ones (:mod:`parmem.planner.heldout`)."""
     w = hidden / tp
-    return a.mfu * w / (w + a.mfu_half_width) * hidden / (hidden + a.mfu_half_hidden)
+    return scale * a.mfu * w / (w + a.mfu_half_width) * hidden / (hidden + a.mfu_half_hidden)
+
+
+def kernel_scale(a: Assumptions, generation: str, engine: str) -> float:
+    """The factor on ``mfu`` of a run of profile ``engine`` on a GPU of ``generation``
+    (:attr:`parmem.hardware.Hardware.generation`): 1 for the ``paper`` profile (the published
+    runs ``mfu`` is fitted to) and a GPU of no stated generation, else ``mfu_ampere_scale`` or
+    ``mfu_hopper_scale``."""
+    if engine == "paper":
+        return 1.0
+    if generation == "ampere":
+        return a.mfu_ampere_scale
+    if generation == "hopper":
+        return a.mfu_hopper_scale
+    return 1.0
 
 
 class StageComm:
@@ -202,7 +220,7 @@ class CostModel:
         (:func:`~parmem.states.reduced_grad_itemsize`: Megatron-Core reduces its fp32 main
         gradients, DeepSpeed and the papers 16-bit ones)."""
         kw = self.setup_kw
-        return reduced_grad_itemsize(kw["engine"], kw["precision"], zero, None, None)
+        return reduced_grad_itemsize(kw["engine"], kw["precision"], zero, kw.get("grad_dtype"))
 
     # ------------------------------------------------------------------ pieces
     def setup(self, b: int, m: int, recompute: str, v: int) -> TrainingSetup:
@@ -408,18 +426,22 @@ class StepTimer:
         self.zero = par.zero
         # engine-aware: the engine (as parmem's recipe launches it) overlaps DP collectives or not
         self.dp_overlap = a.dp_overlap_on if lay.engine.defaults.dp_overlap else a.dp_overlap
-        split_rate = par.tp * par.cp * model.peak * busy_fraction(a, model.spec.hidden, par.tp)
+        scale = kernel_scale(a, model.hw.generation, lay.engine.name)
+        busy = busy_fraction(a, model.spec.hidden, par.tp, scale)
+        split_rate = par.tp * par.cp * model.peak * busy
         ad = model.f_adapter / model.spec.layers  # the adapters' forward per layer
-        rc_flops = {"none": 0, "selective": model.f_core, "full": model.f_layer + ad}[recompute]
+        # the attention core at attention_efficiency of the GEMM rate: its FLOPs weigh 1/eff
+        core = model.f_core / a.attention_efficiency
+        f_layer = model.f_layer - model.f_core + core
+        rc_flops = {"none": 0, "selective": core, "full": f_layer + ad}[recompute]
         self.groups = []
         for st, count in lay.distinct_stages():
             n = st.layers
             head = model.f_head if st.last else 0
-            fwd = (n * (model.f_layer + ad) + head) / split_rate
+            fwd = (n * (f_layer + ad) + head) / split_rate
             bwd = 2 * fwd
             if model.frozen:  # input gradients only, but the attention core and adapters twice
-                core = model.f_core
-                bwd = (n * (model.f_layer - core + 2 * core + 2 * ad) + head) / split_rate
+                bwd = (n * (f_layer - core + 2 * core + 2 * ad) + head) / split_rate
             frac = min(1.0, a.dp_bucket_params / max(st.params, 1))
             self.groups.append(
                 _StageGroup(
@@ -428,7 +450,7 @@ class StepTimer:
                     fwd,
                     bwd,
                     n * rc_flops / split_rate,
-                    3 * n * model.f_core / split_rate,
+                    3 * n * core / split_rate,
                     comm(lay, st),
                     frac,
                 )

@@ -10,8 +10,12 @@ global batch over the tokens per second of all GPUs. :func:`score` models the sa
 returns the modelled step time beside the measured one. Each source names the engine profile
 whose time models it (``profile``: FSDP as ``fsdp2``, Megatron-Core as ``megatron-core``), so the
 time is engine-aware: those engines overlap their data-parallel collectives (``dp_overlap_on``),
-the paper profile does not. :func:`leave_one_out` fits an assumption with one organisation's
-rows left out at a time and scores it on them.
+the paper profile does not; where a source's code states the dtype in which it reduces
+gradients (``grad_reduce``: Composer's ``PURE`` mixed precision, fms-fsdp's ``bfSixteen``, both
+bf16), the run reduces in it; where its training loop runs one forward and backward per step
+(``grad_accum = 1``: torchtitan's 2024 loop, fms-fsdp's), the per-rank batch is the micro-batch.
+:func:`leave_one_out` fits one or several assumptions with one
+organisation's rows left out at a time and scores them on them.
 
 What is scored and what is not is decided row by row, and said: FP8 rows (the time model has no
 FP8 GEMM rate), rows that give a utilisation only (their step time depends on the source's own
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from itertools import product
 from typing import Any, Unpack
 
 from .._data import load_toml
@@ -119,6 +124,16 @@ def _why_not(group: dict[str, Any], row: dict[str, Any]) -> str | None:
     return None
 
 
+def _grad_reduce(group: dict[str, Any], row: dict[str, Any]) -> str | None:
+    """The dtype the source's code reduces gradients in (``grad_reduce``, a table keyed by the
+    row's ``mp_mode`` where it depends on it), or None where the source does not say (the
+    profile's own reduction is timed)."""
+    g = row.get("grad_reduce", group.get("grad_reduce"))
+    if isinstance(g, dict):
+        g = g.get(row.get("mp_mode", ""))
+    return None if g is None else str(g)
+
+
 def _batch(row: dict[str, Any], d: int) -> int | None:
     if "batch" in row:
         return int(row["batch"])
@@ -143,7 +158,9 @@ def _run(name: str, group: dict[str, Any], row: dict[str, Any]) -> MeasuredRun:
     if batch is None:
         raise ValueError(f"{name}: no global batch")
     seq = int(row["seq_len"])
-    b = int(row.get("micro_batch", 1))
+    # a loop without gradient accumulation (grad_accum = 1) runs the rank's whole batch at once
+    whole = group.get("grad_accum") == 1 and "batch_per_dp" in row
+    b = int(row.get("micro_batch", row["batch_per_dp"] if whole else 1))
     if batch % (d * b):
         b = 1
     v = int(row.get("v", 1))
@@ -153,6 +170,7 @@ def _run(name: str, group: dict[str, Any], row: dict[str, Any]) -> MeasuredRun:
     )
     par = ParallelConfig(dp=d, tp=t, pp=p, cp=cp, ep=e, sp=t > 1, zero=zero, vpp=v)
     setup = TrainingSetup(
+        grad_dtype=_grad_reduce(group, row),
         seq_len=seq,
         micro_batch=b,
         num_microbatches=max(batch // (d * b), 1),
@@ -244,10 +262,11 @@ def summary(scored: list[Scored | tuple[MeasuredRun, str]]) -> dict[str, Any]:
 @dataclass(frozen=True)
 class Fold:
     """One fold of :func:`leave_one_out`: the organisation held out, the value fitted on the
-    others, and the mean and worst absolute error on each side."""
+    others (a dict of name to value when several are fitted), and the mean and worst absolute
+    error on each side."""
 
     held_out: str
-    value: float
+    value: Any
     train_mean: float
     held_out_mean: float
     held_out_worst: float
@@ -255,25 +274,34 @@ class Fold:
 
 
 def leave_one_out(
-    name: str, grid: tuple[float, ...], runs: list[MeasuredRun] | None = None
+    name: str | tuple[str, ...],
+    grid: tuple[Any, ...],
+    runs: list[MeasuredRun] | None = None,
+    **fixed: Any,
 ) -> list[Fold]:
-    """Fit one assumption (``name``, e.g. ``"dp_overlap_on"``) by the smallest mean absolute
-    step-time error over ``grid``, once per organisation with that organisation's rows left
-    out, and score it on them. The fit never sees the rows it is scored on: the split is by
-    organisation (:data:`ORGS`), not by row."""
+    """Fit one assumption (``name``, e.g. ``"dp_overlap_on"``, over the values of ``grid``) or
+    several (``name`` a tuple of names, ``grid`` a tuple of value tuples in the same order: every
+    combination is tried) by the smallest mean absolute step-time error, once per organisation
+    with that organisation's rows left out, and score it on them; ``fixed`` assumptions hold
+    in every trial. The fit never sees the rows it is scored on: the split is by organisation
+    (:data:`ORGS`), not by row."""
     runs = measured_runs() if runs is None else runs
+    names = (name,) if isinstance(name, str) else tuple(name)
+    points: list[Any] = list(grid) if isinstance(name, str) else list(product(*grid))
     errors = {}
-    for v in grid:
-        kw: dict[str, Any] = {name: v}
+    for v in points:
+        kw: dict[str, Any] = dict(fixed, **dict(zip(names, (v,) if isinstance(name, str) else v,
+                                                    strict=True)))  # fmt: skip
         errors[v] = [(s.run.org, abs(s.error)) for s in score(runs, **kw) if isinstance(s, Scored)]
-    orgs = sorted({o for o, _ in errors[grid[0]]})
+    orgs = sorted({o for o, _ in errors[points[0]]})
 
-    def mean(v: float, org: str, inside: bool) -> tuple[float, float, int]:
+    def mean(v: Any, org: str, inside: bool) -> tuple[float, float, int]:
         e = [x for o, x in errors[v] if (o == org) == inside]
         return sum(e) / len(e), max(e), len(e)
 
     folds = []
     for org in orgs:
-        best = min(grid, key=lambda v: mean(v, org, False)[0])  # noqa: B023 (used at once)
-        folds.append(Fold(org, best, mean(best, org, False)[0], *mean(best, org, True)))
+        best = min(points, key=lambda v: mean(v, org, False)[0])  # noqa: B023 (used at once)
+        value = best if isinstance(name, str) else dict(zip(names, best, strict=True))
+        folds.append(Fold(org, value, mean(best, org, False)[0], *mean(best, org, True)))
     return folds

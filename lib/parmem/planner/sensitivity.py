@@ -28,9 +28,12 @@ __all__ = ["Flip", "FITTED", "SENSITIVITY_POOL", "sensitivity", "format_sensitiv
 SENSITIVITY_POOL = 50
 
 #: The fitted assumptions and the range each is moved over (lower, upper bound). ``dp_overlap``
-#: applies to the paper profile, ``dp_overlap_on`` to engines that overlap DP collectives.
+#: applies to the paper profile, ``dp_overlap_on`` to engines that overlap DP collectives;
+#: ``mfu_ampere_scale`` and ``mfu_hopper_scale`` to an engine profile on a GPU of that generation.
 FITTED: dict[str, tuple[float, float]] = {
     "mfu": (0.2, 1.0),
+    "mfu_ampere_scale": (0.5, 2.0),
+    "mfu_hopper_scale": (0.5, 2.0),
     "mfu_half_width": (0.0, 1000.0),
     "mfu_half_hidden": (0.0, 10000.0),
     "tp_overlap": (0.0, 1.0),
@@ -109,14 +112,17 @@ def _edge(
 def sensitivity(
     plan: Plan, names: tuple[str, ...] | None = None, grid: int = 8, tol: float = 0.005
 ) -> list[Flip]:
-    """One :class:`Flip` per fitted assumption the plan's engine uses (``names``: those only):
-    where, moving it alone, the fastest of the plan's listed layouts changes. Raises
+    """One :class:`Flip` per fitted assumption the plan's engine and GPU use (``names``: those
+    only): where, moving it alone, the fastest of the plan's listed layouts changes. Raises
     ``ValueError`` for a plan without layouts or an unknown name."""
     if plan.best is None:
         raise ValueError(f"plan: nothing fits ({plan.message}), so no ranking to test")
     if names is None:
         overlaps = engine(plan.engine).defaults.dp_overlap
-        names = tuple(n for n in FITTED if n != ("dp_overlap" if overlaps else "dp_overlap_on"))
+        gen = plan.cluster.hardware.generation if plan.engine != "paper" else ""
+        unused = {"dp_overlap" if overlaps else "dp_overlap_on"}
+        unused |= {f"mfu_{g}_scale" for g in ("ampere", "hopper") if g != gen}
+        names = tuple(n for n in FITTED if n not in unused)
     out = []
     for name in names:
         if name not in FITTED:
