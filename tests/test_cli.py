@@ -260,3 +260,20 @@ def test_cli_plan_new_preset_and_config(tmp_path, capsys):
                      "--global-batch", "64", "--seq", "4096", "--top", "2", "--json"])
         assert code in (0, 1)
         capsys.readouterr()
+
+
+def test_cli_plan_takes_the_kernel_scales(capsys):
+    """--mfu-hopper-scale and friends reach parmem.planner.Assumptions: the JSON's best step time
+    is the library's with the same assumption."""
+    args = ["plan", "--model", "llama-3-8b", "--gpu", "h100-sxm", "--nodes", "1",
+            "--global-batch", "64", "--seq", "4096", "--top", "1", "--engine", "megatron-core",
+            "--json"]
+    spec, cluster = ModelSpec.preset("llama-3-8b"), Cluster("h100-sxm", 8, 1)
+    for flag, name in (("--mfu-hopper-scale", "mfu_hopper_scale"),
+                       ("--attention-efficiency", "attention_efficiency")):
+        assert main([*args, flag, "0.5"]) == 0
+        got = json.loads(capsys.readouterr().out)["candidates"][0]["step_time_s"]
+        ref = plan(spec, cluster, 64, 4096, top=1, engine="megatron-core", **{name: 0.5})
+        assert got == pytest.approx(ref.best.step_time)
+        assert got > plan(spec, cluster, 64, 4096, top=1, engine="megatron-core").best.step_time
+    assert main([*args, "--mfu-ampere-scale", "2.5"]) == 2

@@ -585,7 +585,8 @@ def _cmd_plan(args) -> int:
         value = getattr(args, name)
         if value is not None:
             opts[name] = value
-    for name in ("mfu", "headroom", "tp_overlap", "dp_overlap", "dp_overlap_on", "pp_overlap"):
+    for name in ("mfu", "headroom", "tp_overlap", "dp_overlap", "dp_overlap_on", "pp_overlap",
+                 "mfu_ampere_scale", "mfu_hopper_scale", "attention_efficiency"):  # fmt: skip
         value = getattr(args, name)
         if value is not None:
             opts[name] = value
@@ -942,6 +943,17 @@ def build_parser() -> argparse.ArgumentParser:
             type=_real(0, 1),
             default=None,
             help=f"{what} (default: parmem.planner.Assumptions)",
+        )
+    for flag, what in (
+        ("mfu-ampere-scale", "engines' kernel efficiency on A100s, times --mfu"),
+        ("mfu-hopper-scale", "engines' kernel efficiency on H100s and H200s, times --mfu"),
+        ("attention-efficiency", "attention kernels' rate relative to the GEMMs'"),
+    ):
+        p.add_argument(
+            f"--{flag}",
+            type=_real(0, 2),
+            default=None,
+            help=f"{what}, above 0 and at most 2 (default: parmem.planner.Assumptions)",
         )
     p.set_defaults(func=_cmd_plan)
     return ap
