@@ -48,6 +48,10 @@ BROWSER ?= 1
 export PARMEM_WORLD_SIZE ?= 2
 export OMP_NUM_THREADS ?= 1
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
+# A kernel that a Jupyter server started has JPY_SESSION_NAME; parmem.book.prose then writes
+# citations as author-year text for a live reader. The build and the tests keep the roles, even
+# when `make` itself runs from a notebook's terminal or a `!make` cell.
+unexport JPY_SESSION_NAME
 
 # pytest exits 5 when it collected no test: say so, and fail (a stage that tests nothing is broken)
 no_tests = { rc=$$?; [ $$rc -ne 5 ] || echo "$(1): pytest collected no tests (exit 5); the stage must run tests" >&2; exit $$rc; }

@@ -16,6 +16,10 @@ Both are built from the same notebooks and the same execution cache by
 * translates the part captions of the table of contents (:class:`TranslateTocCaptions`), and
   the display formulas itself (Sphinx's Locale transform turns a translated one into ``::``
   under MyST, :func:`_translate_math_blocks`);
+* translates the labels of the computed outputs, which come from the one English execution:
+  the captions, headers and notes of the tables and the descriptions of the Explore controls
+  (:class:`TranslateOutputs`, with the small catalog of
+  :data:`parmem.book.i18n.OUTPUT_LABELS`);
 * and warns (an error under ``-W``) for every message of a page that its catalog does not
   translate: a changed English sentence cannot slip into the Chinese edition in English. API
   docstrings are left in English on purpose and are not checked.
@@ -24,6 +28,7 @@ Both are built from the same notebooks and the same execution cache by
 from __future__ import annotations
 
 import gettext
+import json
 import re
 from pathlib import Path
 
@@ -38,7 +43,7 @@ from sphinx.util import logging
 from sphinx.util.i18n import docname_to_domain
 from sphinx.util.nodes import extract_messages, is_translatable
 
-from parmem.book.i18n import Translations
+from parmem.book.i18n import OUTPUT_LABELS, OutputLabels, Translations, compact
 
 logger = logging.getLogger(__name__)
 
@@ -210,6 +215,52 @@ class TranslateTocCaptions(SphinxTransform):
                 toctree["caption"] = found
 
 
+class TranslateOutputs(SphinxTransform):
+    """In the Chinese edition, the labels of the chapters' computed outputs, which myst-nb takes
+    from the English execution: each table of :class:`parmem.book.tables.Table` or
+    :class:`parmem.estimate.Estimate` (a raw HTML node) gets its caption, headers and notes in
+    Chinese (:meth:`parmem.book.i18n.OutputLabels.table_html`), and the page's saved widget
+    state (the controls the static site draws) its descriptions. A label the catalog lacks
+    stays in English (``tests/browser/test_zh_outputs.py`` lists them). The catalog is a
+    dependency of every page that has outputs: editing it re-reads them."""
+
+    default_priority = 22
+
+    def apply(self, **kwargs) -> None:
+        if not is_zh(self.config):
+            return
+        tables = [n for n in self.document.findall(nodes.raw)
+                  if "html" in n.get("format", "").split() and "<table>" in n.astext()]
+        js_files = getattr(self.env, "nb_metadata", {}).get(self.env.docname, {}).get("js_files")
+        state = (js_files or {}).get("ipywidgets_state")
+        if not tables and not state:
+            return
+        self.env.note_dependency(str(OUTPUT_LABELS))
+        labels = _output_labels()
+        for node in tables:
+            text = labels.table_html(node.astext())
+            if text != node.astext():
+                node.replace(node[0], nodes.Text(text))
+        if state:
+            uri, attributes = state
+            body = attributes.get("body", "")
+            saved = json.loads(body.replace("<\\/script>", "</script>"))
+            if saved.get("state"):
+                translated = json.dumps(labels.widget_state(saved), ensure_ascii=False)
+                js_files["ipywidgets_state"] = (
+                    uri, {**attributes, "body": translated.replace("</script>", "<\\/script>")})
+
+
+_labels: list[OutputLabels] = []
+
+
+def _output_labels() -> OutputLabels:
+    """:class:`~parmem.book.i18n.OutputLabels`, read once per build process."""
+    if not _labels:
+        _labels.append(OutputLabels.read(OUTPUT_LABELS))
+    return _labels[0]
+
+
 def _in_api_entry(node: nodes.Node) -> bool:
     """Whether ``node`` is part of an autodoc entry (a docstring, or the field labels Sphinx
     translates itself: "Parameters" is "参数" already)."""
@@ -237,19 +288,44 @@ def _catalog(app: Sphinx, docname: str) -> Catalog:
 class ChineseSearch(SearchChinese):
     """Sphinx's Chinese search (jieba), with its record of Latin terms as a set: Sphinx 7.4
     keeps a list that grows with every text it splits and searches it for every word it
-    stems, which took 81 of the Chinese build's 256 s (profiled); the index is the same."""
+    stems, which took 81 of the Chinese build's 256 s (profiled); the index is the same.
+
+    And every word of the book's dictionary (``html_search_options["dict"]``: the glossary's
+    terms and their parts, ``parmem.book.i18n.search_words``) is a search term of each text
+    that holds it, however jieba cuts the text there. jieba's ``cut_for_search`` adds only the
+    two- and three-character words inside a longer word, so 混合精度 inside 混合精度训练 or
+    词表并行 inside 词表并行嵌入 was no term of that page; and Sphinx's search tries the
+    partial matches of a query only when no page has it as a term. The text is read without
+    the spaces between Latin letters and Chinese, so "KV 缓存" holds the dictionary's KV缓存,
+    which a reader may type.
+
+    A one-letter word (the k of "Top-k 路由", the α of "α-β 模型") is a term too: Sphinx's
+    Chinese search indexes no one-character word, but its query asks for every word, so such a
+    query found no page by its text. One-character Chinese words stay out, as before."""
 
     def init(self, options: dict[str, str]) -> None:
         if JIEBA:
             zh_search.jieba.setLogLevel(30)  # not its "Building prefix dict" lines on stderr
         super().init(options)
         self.latin_terms: set[str] = set()  # type: ignore[assignment]
+        path = options.get("dict")
+        found = path and Path(path).is_file()
+        lines = Path(path).read_text(encoding="utf-8").splitlines() if found else []
+        self.book_words = [line.split()[0] for line in lines if line.strip()]
 
     def split(self, input: str) -> list[str]:  # noqa: A002 (Sphinx's name)
         chinese = list(zh_search.jieba.cut_for_search(input)) if JIEBA else []
+        joined = compact(input)  # "KV 缓存" holds the dictionary's KV缓存
+        chinese += [word for word in self.book_words if word in joined]
         latin = [term.strip() for term in self.latin1_letters.findall(input)]
         self.latin_terms.update(latin)
         return chinese + latin
+
+    def word_filter(self, stemmed_word: str) -> bool:
+        if len(stemmed_word) == 1:
+            return stemmed_word.isalpha() and not _CJK.search(stemmed_word) and (
+                stemmed_word.lower() not in self.stopwords)
+        return super().word_filter(stemmed_word)
 
 
 def _switch_context(app: Sphinx, pagename: str, templatename, context, doctree) -> None:
@@ -281,6 +357,7 @@ def setup(app: Sphinx) -> dict:
     app.add_transform(UseCatalog)
     app.add_transform(FlagUntranslated)
     app.add_transform(TranslateTocCaptions)
+    app.add_transform(TranslateOutputs)
     app.connect("config-inited", _configure)
     app.connect("html-page-context", _switch_context)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

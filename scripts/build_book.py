@@ -47,14 +47,18 @@ sys.modules.setdefault("rfc3987_syntax", None)
 
 
 def write_search_dict() -> Path:
-    """The glossary's Chinese terms as jieba's user dictionary (the Chinese search's words)."""
+    """The glossary's Chinese terms, the parts of them the Chinese edition uses on their own,
+    and ``SEARCH_EXTRA`` as jieba's user dictionary (the Chinese search's words; ``search_words``
+    of ``parmem.book.i18n``)."""
     sys.path.insert(0, str(ROOT / "lib"))
-    from parmem.book.i18n import glossary_terms, search_words
+    from parmem.book.i18n import glossary_terms, read_catalogs, search_words
 
     terms = glossary_terms((ROOT / "chapters" / "glossary.md").read_text(encoding="utf-8"))
+    catalogs = read_catalogs(ROOT / LOCALES / ZH / "LC_MESSAGES")
+    texts = [str(m.string) for c in catalogs.values() for m in c if m.id and m.string]
     path = BUILD / "zh-search-words.txt"
     path.parent.mkdir(parents=True, exist_ok=True)
-    text = "".join(f"{word} 1000\n" for word in search_words(terms))
+    text = "".join(f"{word} 1000\n" for word in search_words(terms, texts))
     if not path.is_file() or path.read_text(encoding="utf-8") != text:
         path.write_text(text, encoding="utf-8")
     return path

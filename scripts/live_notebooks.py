@@ -10,7 +10,19 @@ exit 1 if a chapter would change; tests/book/test_live_cells.py runs that check)
    (``{glue:text}`name:fmt```) becomes a hidden-input code cell ``prose(r\"\"\"...\"\"\")``
    (tag ``remove-input``, ``jupyter.source_hidden``): its Markdown output carries the text with
    the numbers, on the site (myst-nb) and in JupyterLab (jupyterlab-myst) alike. Headings and
-   blocks without numbers stay Markdown cells, so the chapter's sections are unchanged.
+   blocks without numbers or citations stay Markdown cells, so the chapter's sections are
+   unchanged.
+3. **Prose with citations.** A block that cites (``{cite:t}`key```, ``{cite:p}`key```) becomes
+   a prose cell too: the site shows the role as a link into the bibliography, but JupyterLab,
+   Binder and Colab have no bibliography and would show the bare key, so in a reader's kernel
+   ``prose`` writes it as author-year text (:func:`parmem.book.prose.cite_text`).
+4. **The citation table** ``data/citations.toml``: each entry of the book's BibTeX files
+   (``bibtex_bibfiles`` of ``_config.yml``) as the authors and year that the site's
+   ``author_year`` citations show, read with pybtex (sphinxcontrib-bibtex's own parser), so
+   that ``prose`` needs neither pybtex nor the ``.bib`` file in a reader's kernel.
+
+Usage: python scripts/live_notebooks.py [--check] [NOTEBOOK ...]  (no notebook: every chapter,
+and the citation table)
 """
 
 from __future__ import annotations
@@ -29,6 +41,8 @@ PROSE_CALL = re.compile(r'^prose\(r"""\n(.*)\n"""\)$', re.S)
 HEADING = re.compile(r"^#{1,6}\s")
 OPEN = re.compile(r"^\s*(:::+|```+)\{")
 GLUE = "{glue:text}`"
+CITE = "{cite"
+CITATIONS = ROOT / "data" / "citations.toml"
 
 
 def repository_url() -> str:
@@ -69,12 +83,18 @@ def blocks(source: str) -> list[str]:
     return ["\n".join(b) for b in out if b]
 
 
+def needs_prose(text: str) -> bool:
+    """Whether Markdown ``text`` shows something only the site can: a glued number or a
+    citation."""
+    return GLUE in text or CITE in text
+
+
 def split_cell(source: str) -> list[tuple[str, str]]:
     """(kind, text) pieces of a Markdown cell: "prose" for runs of blocks that quote a glued
-    number (headings excluded), "markdown" for the rest, in order."""
+    number or cite (headings excluded), "markdown" for the rest, in order."""
     pieces: list[tuple[str, list[str]]] = []
     for block in blocks(source):
-        kind = "prose" if GLUE in block and not HEADING.match(block) else "markdown"
+        kind = "prose" if needs_prose(block) and not HEADING.match(block) else "markdown"
         if pieces and pieces[-1][0] == kind:
             pieces[-1][1].append(block)
         else:
@@ -103,7 +123,7 @@ def convert(nb, url: str):
     cells = [c for c in nb.cells if SETUP_TAG not in c.metadata.get("tags", [])]
     out = [setup_cell(url)]
     for cell in cells:
-        if cell.cell_type != "markdown" or GLUE not in cell.source:
+        if cell.cell_type != "markdown" or not needs_prose(cell.source):
             out.append(cell)
             continue
         keep_id = cell.get("id")  # the first Markdown piece keeps the cell's id (easier merges)
@@ -123,6 +143,67 @@ def chapters() -> list[Path]:
     return sorted((ROOT / "chapters").glob("p*/ch*.ipynb"))
 
 
+def bib_files() -> list[Path]:
+    """The book's BibTeX files: ``bibtex_bibfiles`` of ``_config.yml``."""
+    config = yaml.safe_load((ROOT / "_config.yml").read_text())
+    return [ROOT / name for name in config["bibtex_bibfiles"]]
+
+
+def bib_style() -> str:
+    """The bibliography's pybtex style: ``bibtex_default_style`` of ``_config.yml``."""
+    config = yaml.safe_load((ROOT / "_config.yml").read_text())
+    return str(config["sphinx"]["config"].get("bibtex_default_style", "alpha"))
+
+
+def _family(person) -> str:
+    """A person as sphinxcontrib-bibtex's ``last`` name style writes them: the von part and the
+    last names (``sphinxcontrib.bibtex.style.names.last``), LaTeX braces and accents resolved."""
+    parts = [*person.rich_prelast_names, *person.rich_last_names]
+    return " ".join(part.render_as("text") for part in parts)
+
+
+def authors_label(names: list[str]) -> str:
+    """Authors as sphinxcontrib-bibtex's ``author_year`` style cites them: one family name,
+    two joined by "and", three or more as the first one "et al." (its ``PersonStyle``: sep2
+    " and ", ``other`` "et al.")."""
+    if len(names) <= 2:
+        return " and ".join(names)
+    return f"{names[0]} et al."
+
+
+def citation_table(paths: list[Path]) -> str:
+    """``data/citations.toml``'s text: one table per BibTeX entry, its ``authors`` (the author
+    list, else the editors, as :func:`authors_label` gives them) and ``year`` ("n.d." without
+    one, as sphinxcontrib-bibtex writes it), in the bibliography's order: the sort of its pybtex
+    style (:func:`bib_style`; ``plain`` sorts by author, year, title), the order in
+    which the site lists the keys of one citation."""
+    import json
+
+    import pybtex.plugin
+    from pybtex.database import parse_file
+
+    entries = [entry for path in paths for entry in parse_file(str(path)).entries.values()]
+    style = pybtex.plugin.find_plugin("pybtex.style.formatting", bib_style())()
+    lines = [
+        "# Generated by scripts/live_notebooks.py from the book's BibTeX files: do not edit.",
+        "# Each entry's authors and year as the site's author_year citations show them, in the",
+        "# bibliography's order, for parmem.book.prose.cite_text (a live notebook's citations).",
+    ]
+    for entry in style.sort(entries):
+        persons = entry.persons.get("author") or entry.persons.get("editor") or []
+        if not persons:
+            raise SystemExit(f"{entry.key} has no author or editor")
+        authors = authors_label([_family(p) for p in persons])
+        year = str(entry.fields.get("year", "n.d."))
+        lines += [
+            "",
+            f"[{json.dumps(entry.key)}]",
+            f"authors = {json.dumps(authors, ensure_ascii=False)}",
+            f"year = {json.dumps(year)}",
+        ]
+    return "\n".join(lines) + "\n"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if stale")
@@ -130,6 +211,12 @@ def main() -> int:
     args = parser.parse_args()
     url = repository_url()
     stale = []
+    if not args.notebooks:  # every chapter: the citation table too
+        table = citation_table(bib_files())
+        if not CITATIONS.is_file() or CITATIONS.read_text(encoding="utf-8") != table:
+            stale.append(CITATIONS)
+            if not args.check:
+                CITATIONS.write_text(table, encoding="utf-8")
     for path in [p.resolve() for p in args.notebooks] or chapters():
         before = path.read_text(encoding="utf-8")
         nb = convert(nbformat.reads(before, as_version=4), url)
@@ -141,7 +228,7 @@ def main() -> int:
                 path.write_text(after, encoding="utf-8")
     verb = "would change" if args.check else "changed"
     for path in stale:
-        print(f"{verb}: {path.relative_to(ROOT)}")
+        print(f"{verb}: {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
     return 1 if args.check and stale else 0
 
 

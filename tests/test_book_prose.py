@@ -37,10 +37,73 @@ def test_record_updates_a_waiting_paragraph(monkeypatch):
 
 
 def test_to_commonmark_turns_myst_into_plain_markdown():
-    src = ":::{admonition} Short answer\n:class: tip\n2{sup}`30` bytes, {cite:t}`a, b`\n:::\nafter"
+    src = (":::{admonition} Short answer\n:class: tip\n2{sup}`30` bytes, "
+           "{cite:t}`shazeer2019fast`\n:::\nafter")
     out = P.to_commonmark(src)
-    assert out == "> **Short answer**\n>\n> 2<sup>30</sup> bytes, [a, b]\nafter"
+    assert out == "> **Short answer**\n>\n> 2<sup>30</sup> bytes, Shazeer [2019]\nafter"
     assert "{" not in out
+
+
+# Written by hand from references.bib (author family names and year), in the form the site's
+# sphinxcontrib-bibtex author_year style prints: textual "A et al. [year]", parenthetical
+# "[A et al., year]"; one author alone, two joined by "and", an organisation (a braced name) as
+# written; several keys in the bibliography's order (by author), joined by commas.
+CITES = [
+    # Rajbhandari, Rasley, Ruwase, He; 2020
+    ("{cite:t}`rajbhandari2020zero`", "Rajbhandari et al. [2020]"),
+    ("{cite:p}`rajbhandari2020zero`", "[Rajbhandari et al., 2020]"),
+    ("{cite}`rajbhandari2020zero`", "[Rajbhandari et al., 2020]"),
+    # Noam Shazeer alone; 2019
+    ("{cite:t}`shazeer2019fast`", "Shazeer [2019]"),
+    # Patarasuk and Yuan; 2009
+    ("{cite:p}`patarasuk2009bandwidth`", "[Patarasuk and Yuan, 2009]"),
+    # author = {{NVIDIA}}; 2024
+    ("{cite:t}`nvidia2024nccl`", "NVIDIA [2024]"),
+    # Dettmers and {bitsandbytes contributors}; 2024
+    ("{cite:t}`bitsandbytes2024`", "Dettmers and bitsandbytes contributors [2024]"),
+    # Zhao et al. 2023 (PyTorch FSDP) and Liang et al. 2024 (torchtitan): Liang sorts first
+    ("{cite:p}`zhao2023pytorch,liang2024torchtitan`", "[Liang et al., 2024, Zhao et al., 2023]"),
+    ("{cite:t}`huang2019gpipe, narayanan2021efficient`",
+     "Huang et al. [2019], Narayanan et al. [2021]"),
+]
+
+
+@pytest.mark.parametrize(("role", "text"), CITES, ids=[c[0] for c in CITES])
+def test_cite_text_writes_author_year(role, text):
+    assert P.cite_text(f"as {role} shows.") == f"as {text} shows."
+
+
+def test_cite_text_leaves_other_text_and_shows_an_unknown_key():
+    src = "{glue:text}`x:.1f` GiB, {sup}`2`, `{cite:t}` in code"
+    assert P.cite_text(src) == src
+    assert P.cite_text("{cite:p}`nosuchkey2099`") == "[nosuchkey2099]"
+
+
+def test_every_bib_entry_has_authors_and_a_year():
+    import re
+    from pathlib import Path
+
+    bib = (Path(__file__).resolve().parents[1] / "references.bib").read_text()
+    keys = set(re.findall(r"^@\w+\{([^,\s]+),", bib, re.M))
+    table = P.citations()
+    assert set(table) == keys
+    assert all(authors and re.fullmatch(r"\d{4}", year) for authors, year in table.values())
+
+
+@pytest.mark.parametrize("live", [False, True], ids=["build", "jupyter-server"])
+def test_prose_writes_citations_only_in_a_readers_kernel(monkeypatch, live):
+    """A kernel that a Jupyter server started (JupyterLab, Binder) has JPY_SESSION_NAME: there
+    the citation is author-year text; the build's kernels (nbclient, nbval) have none, and the
+    output keeps the role for the site's bibliography."""
+    monkeypatch.delitem(__import__("sys").modules, "google.colab", raising=False)
+    if live:
+        monkeypatch.setenv("JPY_SESSION_NAME", "/home/reader/ch03.ipynb")
+    else:
+        monkeypatch.delenv("JPY_SESSION_NAME", raising=False)
+    monkeypatch.setattr(P, "_values", {"n": 16})
+    bundle = P._bundle("{glue:text}`n` bytes {cite:p}`rajbhandari2020zero`")
+    expected = "[Rajbhandari et al., 2020]" if live else "{cite:p}`rajbhandari2020zero`"
+    assert bundle["text/markdown"] == f"16 bytes {expected}"
 
 
 def test_explorer_leaves_one_figure_and_redraws_in_place(monkeypatch):

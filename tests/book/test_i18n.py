@@ -15,6 +15,7 @@ Chinese build itself: ``_ext/booki18n.py`` warns for each message a page's catal
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -168,8 +169,53 @@ def test_terms_are_translated_as_the_glossary_says(msgid, msgstr, flagged):
 
 def test_search_words_are_the_glossarys_chinese_terms():
     words = i18n.search_words(i18n.glossary_terms(GLOSSARY_SAMPLE))
+    # the glossary's Chinese forms without Latin letters or spaces; "3D 并行" as a reader may
+    # type it, without the space; and the extra words the review asked for (issue 33), which no
+    # glossary row names
     assert words == sorted(["流水线并行", "三维并行", "激活值", "激活重计算", "梯度检查点",
-                            "零冗余优化器", "进程序号"])
+                            "零冗余优化器", "进程序号", "3D并行",
+                            "在途", "规划器", "气泡率", "单卡显存"])
+
+
+@pytest.mark.parametrize(("text", "joined"), [
+    ("KV 缓存", "KV缓存"),
+    ("交错式 1F1B 调度", "交错式1F1B调度"),
+    ("用 KV 缓存换掉了梯度", "用KV缓存换掉了梯度"),
+    ("KV cache 与 Top-k 路由", "KV cache与Top-k路由"),  # spaces between Latin words stay
+    ("α-β 模型", "α-β 模型"),  # Greek is not Latin
+])
+def test_compact_drops_the_spaces_between_latin_and_chinese(text, joined):
+    assert i18n.compact(text) == joined
+
+
+# jieba's own dictionary cuts 激活重计算 as 激活 | 重 | 计算, 混合精度训练 as 混合 | 精度 | 训练,
+# 显存不均衡 as 显存 | 不 | 均衡, 一阶矩与二阶矩 as 一 | 阶 | 矩 | 与 | 二阶 | 矩
+@pytest.mark.parametrize(("word", "text", "parts"), [
+    # 重计算 on its own; 激活重 never; 计算 and 激活 are jieba's words already
+    ("激活重计算", "激活重计算与选择性重计算都是重计算。", ["重计算"]),
+    # only inside the longer terms: nothing to add
+    ("激活重计算", "激活重计算与选择性重计算。", []),
+    ("混合精度训练", "混合精度训练里，混合精度的权重有两份。", ["混合精度"]),
+    # 显存不 (in 显存不足) ends with a negation; 不均衡 is a part
+    ("显存不均衡", "显存不足；显存不均衡；各卡不均衡。", ["不均衡"]),
+    # 一阶 is single characters (第一阶段 holds it too); 二阶矩 is a part
+    ("一阶矩与二阶矩", "第一阶段只存二阶矩。", ["二阶矩"]),
+    # 与二阶矩 (in 动量与二阶矩) starts with a conjunction: 二阶矩 only
+    ("一阶矩与二阶矩", "一阶矩与二阶矩；动量与二阶矩。", ["二阶矩"]),
+    # KV | 缓存: KV is no Chinese part, 缓存 one of jieba's words
+    ("KV缓存", "KV 头；缓存。", []),
+])
+def test_sub_terms_are_parts_the_book_uses_on_their_own(word, text, parts):
+    known = {"激活重计算", "选择性重计算", "混合精度训练", "显存不均衡", "一阶矩与二阶矩"}
+    assert i18n.sub_terms(word, known, text) == parts
+
+
+def test_search_words_hold_the_sub_terms_the_texts_use():
+    terms = i18n.glossary_terms(GLOSSARY_SAMPLE)
+    words = i18n.search_words(terms, ["先做重计算。", "流水线的并行度", "激活重计算"])
+    assert "重计算" in words  # of 激活重计算, used on its own
+    assert "流水线" not in words  # one of jieba's own words: it finds it without help
+    assert set(i18n.search_words(terms)) == set(words) - {"重计算"}
 
 
 # ---------------------------------------------------------------------------- the real catalogs
@@ -196,10 +242,20 @@ def test_every_glossary_term_is_translated_one_way(catalogs):
         map(str, problems[:20]))
 
 
-def test_each_subtitle_is_the_english_title_in_italics(catalogs):
-    """Under each title the English edition has the question in Chinese (one emphasis); the
-    Chinese edition shows the English title there instead (locales/README.md)."""
-    wrong = []
+# The chapters that answer one of the seed's twenty questions (TOPICS.md, questions 1-20)
+SEED_CHAPTERS = range(2, 22)
+
+
+def _chapter_number(domain: str) -> int | None:
+    m = re.search(r"/ch(\d\d)_", domain)
+    return int(m.group(1)) if m else None
+
+
+def test_each_subtitle_is_the_original_question_or_the_english_title(catalogs):
+    """Under each title the English edition has the question in Chinese (one emphasis). The
+    Chinese edition shows it as the reader's original question (原问题：…) on the twenty seed
+    chapters, and the English title in italics on every other page (locales/README.md)."""
+    wrong, seen = [], set()
     for domain, cat in catalogs.items():
         messages = [m for m in cat if m.id]
         for before, m in zip(messages, messages[1:], strict=False):
@@ -207,9 +263,14 @@ def test_each_subtitle_is_the_english_title_in_italics(catalogs):
             if mid.startswith("*") and mid.endswith("*") and i18n.has_cjk(mid) and (
                     m.locations and before.locations
                     and m.locations[0][1] == before.locations[0][1] + 2):
-                if str(m.string) != f"*{before.id}*":
-                    wrong.append(f"{domain}: {m.string!r} under {before.id!r}")
+                seed = _chapter_number(domain) in SEED_CHAPTERS
+                want = f"*原问题：{mid[1:-1]}*" if seed else f"*{before.id}*"
+                if seed:
+                    seen.add(domain)
+                if str(m.string) != want:
+                    wrong.append(f"{domain}: {m.string!r}, want {want!r}")
     assert not wrong, "\n".join(wrong)
+    assert len(seen) == len(SEED_CHAPTERS), sorted(seen)
 
 
 def test_the_term_check_catches_a_planted_inconsistency(catalogs):
@@ -308,3 +369,18 @@ def test_bold_that_cannot_close_in_chinese_is_found():
         "bold that does not close (put the punctuation outside the asterisks)"
     ]
     assert i18n.entry_problems("p", "**Buffers.** DDP", "**缓冲区**。DDP", False) == []
+
+
+def test_chinese_chapter_titles_carry_their_number(catalogs):
+    """The Chinese prose refers to chapters by number (第 10 章): each chapter's title, which the
+    table of contents and the page heading show, starts with that number, the file's."""
+    wrong, checked = [], 0
+    for domain, cat in catalogs.items():
+        number = _chapter_number(domain)
+        if number is None:
+            continue
+        title = next(m for m in cat if m.id)
+        checked += 1
+        if not str(title.string).startswith(f"第 {number} 章 "):
+            wrong.append(f"{domain}: {title.string!r}")
+    assert checked == len(list(ROOT.glob("chapters/p*/ch*.ipynb"))) and not wrong, wrong

@@ -203,3 +203,21 @@ def test_bibliography_parses_strictly_and_has_every_cited_key():
     assert cited, "no citation found: the pattern no longer matches the book's cite roles"
     missing = sorted(f"{where}: {key}" for where, key in cited if key not in entries)
     assert not missing, "cited keys missing from references.bib:\n" + "\n".join(missing)
+
+
+#: a glued number at the start of a prose line, followed by ". " or ") ": once the number is
+#: filled in ("1. Read the difference"), CommonMark may read the line as an ordered list item
+#: and split the paragraph (a list starting at 1 interrupts a paragraph; the catalog then holds
+#: two messages, and the page shows a list)
+_GLUE_AT_LINE_START = re.compile(r"^\s*\{glue:text\}`[^`]*`[.)](\s|$)", re.M)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=rel)
+def test_no_glued_number_starts_a_prose_line_as_a_list_marker(path):
+    nb = nbformat.read(path, as_version=4)
+    bad = [
+        (i, m.group(0).strip())
+        for i, cell in enumerate(nb.cells)
+        for m in _GLUE_AT_LINE_START.finditer(cell.source)
+    ]
+    assert not bad, f"{rel(path)}: move these to the middle of a line: {bad}"

@@ -312,7 +312,7 @@ def test_phone_width(browser, origin, path):  # noqa: F811 (fixtures)
             assert page.locator(".parmem-serve-table tbody tr").count() > 0
             assert fits_the_width(page) == [], (path, "serve")
         else:
-            words = ("单步耗时", "单卡显存峰值", "帕累托前沿", "复制") if path.startswith("zh/") else (
+            words = ("单步耗时", "单卡峰值显存", "帕累托前沿", "复制") if path.startswith("zh/") else (
                 "step time (s)", "peak memory per GPU (GiB)", "Pareto front", "Copy")
             shown = page.locator(".parmem-plan-chart svg").inner_html() + page.locator(
                 "button.parmem-copy").inner_text()

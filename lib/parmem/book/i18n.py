@@ -19,13 +19,22 @@ would make the Chinese edition wrong or out of date:
 Messages that exist only in API docstrings (autodoc on ``chapters/api.md``) are not the book's
 prose; :func:`is_docstring_only` names them, ``extract`` leaves them out, and the Chinese API
 page shows them in English.
+
+The computed outputs are not messages: the tables of :class:`parmem.book.tables.Table` and the
+controls of :mod:`parmem.book.widgets` come from the one English execution, labels included.
+Their labels (a table's caption, column headers and note, a control's description) have their
+own small catalog, ``output_labels_zh.toml`` beside this module (:class:`OutputLabels`), which
+the Chinese build applies to the cached outputs (``_ext/booki18n.py``); :func:`output_labels`
+lists the labels of an executed chapter, so a test can check that the catalog has them all.
+Figures are PNG images, drawn once in English: their titles, axis labels and legends stay so.
 """
 
 from __future__ import annotations
 
+import html
 import re
 import unicodedata
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,9 +51,17 @@ __all__ = [
     "is_docstring_only",
     "has_cjk",
     "search_words",
+    "sub_terms",
+    "compact",
+    "SEARCH_EXTRA",
     "number_template",
     "renumber",
+    "renumber_in_order",
     "Translations",
+    "OUTPUT_LABELS",
+    "OutputLabels",
+    "output_labels",
+    "needs_label",
 ]
 
 _CJK = re.compile(r"[\u3400-\u9fff\uf900-\ufaff]")
@@ -381,11 +398,92 @@ def term_problems(
     return out
 
 
-def search_words(terms: list[Term]) -> list[str]:
-    """The glossary's Chinese terms, for the Chinese search's word segmentation (jieba's user
-    dictionary: one word per line), so that "张量并行" is indexed as a word as well as its parts."""
+#: Words of the Chinese edition that readers search for although no glossary row names them
+#: (the review of issue 33): each goes into the Chinese search's dictionary with the glossary's
+#: terms. "KV Cache" and "KV 缓存" are not here: a dictionary word cannot hold a space (jieba
+#: cuts the text at spaces), and Sphinx's search splits a query at spaces too, so a search for
+#: "KV 缓存" asks for the pages that have both "KV" and "缓存", and one for "KV Cache" for
+#: those with "KV" and "cache"; "KV缓存", without the space, is the dictionary's (see
+#: :func:`search_words`).
+SEARCH_EXTRA = ("在途", "规划器", "气泡率", "单卡显存")
+
+# a sub-term does not start or end with a conjunction, nor end with a negation (显存不)
+_JOINERS = frozenset("与和及或的")
+
+
+def _segments(word: str) -> list[str]:
+    """``word`` cut by jieba's own dictionary (no HMM guesses, no user words)."""
+    import jieba  # type: ignore[import-untyped]  # no stubs; the Chinese build installs it
+
+    global _TOKENIZER
+    if _TOKENIZER is None:
+        jieba.setLogLevel(30)  # not its "Building prefix dict" lines on stderr
+        _TOKENIZER = jieba.Tokenizer()
+    return list(_TOKENIZER.cut(word, HMM=False))
+
+
+_TOKENIZER: Any = None
+
+
+def sub_terms(word: str, known: Iterable[str], text: str) -> list[str]:
+    """The parts of the term ``word`` that the book also uses on their own: each beginning or
+    end of ``word`` on a boundary of its jieba words (激活 | 重 | 计算 gives 激活重 and 重计算;
+    混合 | 精度 | 训练 gives 混合精度 and 精度训练), at least two characters, Chinese, not one of
+    jieba's own words (those it finds already), not single characters only (一阶 of 一阶矩 is
+    as much a part of 第一阶段) and not starting or ending with a conjunction, that occurs in
+    ``text`` outside the ``known`` words that contain it (重计算 outside 激活重计算,
+    选择性重计算 and 完全重计算). Searching for such a part must find the pages that use it
+    only inside the longer term too: Sphinx's search looks for a query's partial matches only
+    when no page has it as a word of its own (``performTermsSearch`` of its
+    ``searchtools.js``)."""
+    cuts = _segments(word)
+    ends = [sum(len(c) for c in cuts[:i]) for i in range(1, len(cuts))]
+    out = []
+    for part, pieces in [
+        *[(word[:e], cuts[:i]) for i, e in enumerate(ends, 1)],
+        *[(word[e:], cuts[i:]) for i, e in enumerate(ends, 1)],
+    ]:
+        if len(part) < 2 or not has_cjk(part) or (len(pieces) == 1 and _TOKENIZER.FREQ.get(part)):
+            continue
+        if all(len(p) == 1 for p in pieces):  # 一阶 of 一阶矩: as much in 第一阶段
+            continue
+        if part[0] in _JOINERS or part[-1] in _JOINERS | {"不"}:
+            continue
+        rest = text
+        for longer in sorted((k for k in known if part in k and k != part), key=len, reverse=True):
+            rest = rest.replace(longer, "\0")
+        if part in rest:
+            out.append(part)
+    return out
+
+
+_SCRIPT_GAP = re.compile(
+    r"(?<=[A-Za-z0-9]) +(?=[\u3400-\u9fff])|(?<=[\u3400-\u9fff]) +(?=[A-Za-z0-9])"
+)
+
+
+def compact(text: str) -> str:
+    """``text`` without the spaces between Latin letters or digits and Chinese ("KV 缓存" →
+    "KV缓存"), the form a reader may type."""
+    return _SCRIPT_GAP.sub("", text)
+
+
+def search_words(terms: list[Term], texts: Iterable[str] = ()) -> list[str]:
+    """The Chinese search's dictionary (jieba's user dictionary, one word per line): the
+    glossary's Chinese terms, so that "张量并行" is indexed as a word as well as its parts; the
+    :func:`sub_terms` of each that the Chinese edition's ``texts`` (its catalogs' translations)
+    use on their own (重计算 of 激活重计算, 混合精度 of 混合精度训练); :data:`SEARCH_EXTRA`;
+    and the glossary's terms written with Latin letters and a space ("KV 缓存", "3D 并行") in
+    their :func:`compact` form: Sphinx's search takes "KV缓存" as one word, which only a
+    dictionary word can give it ("KV 缓存" it takes as two, KV and 缓存)."""
     words = {c for t in terms for c in t.chinese if " " not in c and not _WORD.search(c)}
-    return sorted(w for w in words if has_cjk(w) and len(w) >= 2)
+    words = {w for w in words if has_cjk(w) and len(w) >= 2} | set(SEARCH_EXTRA)
+    mixed = {compact(c) for t in terms for c in t.chinese if " " in c}
+    words |= {w for w in mixed if has_cjk(w) and re.fullmatch(r"\w+", w)}
+    text = "\n".join(texts)
+    if text:
+        words |= {part for w in sorted(words) for part in sub_terms(w, words, text)}
+    return sorted(words)
 
 
 # ------------------------------------------------------------------- numbers that change later
@@ -434,6 +532,28 @@ def renumber(msgstr: str, old: tuple[str, ...], new: tuple[str, ...]) -> str | N
     return "".join([*out, msgstr[last:]])
 
 
+def renumber_in_order(msgstr: str, old: tuple[str, ...], new: tuple[str, ...]) -> str | None:
+    """Like :func:`renumber`, for a short label whose translation gives each number of the
+    English as often as the English does (``old``): the k-th time a number appears in
+    ``msgstr`` it becomes the value of its k-th appearance in the English now (``new``). Equal
+    numbers are taken to keep their order in the translation. None when a number of ``old``
+    does not appear in ``msgstr`` as often as in ``old``."""
+    if len(old) != len(new):
+        return None
+    queues: dict[str, list[str]] = {}
+    for o, n in zip(old, new, strict=True):
+        queues.setdefault(o, []).append(n)
+    masked = _masked(msgstr)
+    found = [m for m in _NUMBER_ANY.finditer(masked) if m.group(0) in queues]
+    if any(sum(m.group(0) == o for m in found) != len(q) for o, q in queues.items()):
+        return None
+    out, last = [], 0
+    for m in found:
+        out += [msgstr[last : m.start()], queues[m.group(0)].pop(0)]
+        last = m.end()
+    return "".join([*out, msgstr[last:]])
+
+
 class Translations:
     """The translations of one catalog (``msgid`` → ``msgstr``), which also translate a message
     whose words are those of a translated one but whose numbers changed since: a prose cell's
@@ -463,3 +583,164 @@ class Translations:
             if found is not None:
                 return found
         return None
+
+
+# ------------------------------------------------------------- the labels of computed outputs
+#: The Chinese of the labels that the chapters' computed outputs show (TOML): ``keep`` lists
+#: those that read the same in both editions (names, code, abbreviations), ``[zh]`` translates
+#: the others (a table's caption, column headers and note, a control's description),
+#: ``[cells]`` the whole cells of a table body that read otherwise (``yes``, ``no``) and
+#: ``[options]`` the options of a control (a memory term). A label with numbers is matched with
+#: new numbers too (:meth:`OutputLabels.lookup`).
+OUTPUT_LABELS = Path(__file__).with_name("output_labels_zh.toml")
+
+# the labels of a table output: what parmem.book.tables.Table._repr_html_ writes (the caption,
+# each header, the note, a cell) and the paragraphs around Estimate._repr_html_'s table
+_TABLE_PART = re.compile(
+    r"<caption>(?P<caption>.*?)</caption>|<th>(?P<header>.*?)</th>"
+    r"|<p><small>(?P<note>.*?)</small></p>|<p>(?P<paragraph>.*?)</p>"
+    r'|<td style="text-align:right">(?P<cell>[^<]*)</td>',
+    re.S,
+)
+_CODE_ONLY = re.compile(r"\s*<code>[^<]*</code>\s*")
+
+
+def _table_output(text: str) -> bool:
+    """Whether an HTML output is a table of the library's (:class:`parmem.book.tables.Table`,
+    :class:`parmem.estimate.Estimate`): one that starts with its table or a ``<div>`` and holds
+    one."""
+    return text.startswith("<table>") or (text.startswith("<div>") and "<table>" in text)
+
+
+def _label(m: re.Match[str]) -> tuple[str, str] | None:
+    """(kind, text) of a label found by ``_TABLE_PART``: text unescaped, except a paragraph's,
+    which is its HTML (``2<sup>30</sup>``); None for a cell and a paragraph that is code."""
+    kind = m.lastgroup or ""
+    if kind == "cell" or (kind == "paragraph" and _CODE_ONLY.fullmatch(m.group(kind))):
+        return None
+    return kind, m.group(kind) if kind == "paragraph" else html.unescape(m.group(kind))
+
+
+# units are not words to translate: "S (MiB)" reads the same in Chinese
+_UNITS = re.compile(r"(?<![A-Za-z])(?:[KMGT]iB|GB|TFLOP)(?![A-Za-z])")
+
+
+def needs_label(text: str) -> bool:
+    """Whether a label of a computed output has words to translate (:func:`needs_translation`,
+    units such as GiB aside): "sent per GPU (MiB)" has, "S (MiB)", "Ψ/t (B)" and "4K" have not."""
+    return needs_translation(_UNITS.sub(" ", text))
+
+
+class OutputLabels:
+    """The Chinese of the labels of the chapters' computed outputs (:data:`OUTPUT_LABELS`).
+
+    The chapters run once, in English, and both editions render that one execution; the
+    Chinese build rewrites the labels of its outputs with this catalog: a label is translated
+    when its whole text is an entry (or an entry with other numbers), and left as it is
+    otherwise."""
+
+    def __init__(
+        self,
+        labels: Mapping[str, str],
+        cells: Mapping[str, str] | None = None,
+        keep: Iterable[str] = (),
+        options: Mapping[str, str] | None = None,
+    ) -> None:
+        self.keep = frozenset(keep)
+        self.labels = Translations(labels.items())
+        self.cells: dict[str, str] = dict(cells or {})
+        self.options: dict[str, str] = dict(options or {})
+
+    @classmethod
+    def read(cls, path: Path | None = None) -> OutputLabels:
+        """The catalog in ``path`` (TOML: ``keep``, ``[zh]``, ``[cells]``, ``[options]``), by
+        default the book's (:data:`OUTPUT_LABELS`)."""
+        import tomllib
+
+        data = tomllib.loads(Path(path or OUTPUT_LABELS).read_text(encoding="utf-8"))
+        return cls(
+            data.get("zh", {}), data.get("cells", {}), data.get("keep", ()), data.get("options")
+        )
+
+    def lookup(self, label: str) -> str | None:
+        """The Chinese of ``label``: itself if it is kept, None if the catalog lacks it.
+
+        A label whose numbers differ from an entry's is renumbered (:func:`renumber`), or, where
+        one number of the entry became two ("rank 0 of 2 (b=2)" run on 4 ranks: "rank 0 of 4
+        (b=2)"), by :func:`renumber_in_order`."""
+        if label in self.keep:
+            return label
+        found = self.labels.lookup(label)
+        if found is not None:
+            return found
+        template, numbers = number_template(label)
+        for old, msgstr in self.labels.templates.get(template, []):
+            found = renumber_in_order(msgstr, old, numbers)
+            if found is not None:
+                return found
+        return None
+
+    def table_html(self, text: str) -> str:
+        """A table as :class:`parmem.book.tables.Table` writes it (``<table><caption>...``) or
+        :class:`parmem.estimate.Estimate` (``<div>...<table>``), with its caption, headers,
+        note and paragraphs translated (a paragraph as HTML: an entry may hold ``<sup>``), and
+        each cell that is one of the ``[cells]`` words; any other HTML is returned as it is."""
+        if not _table_output(text):
+            return text
+
+        def one(m: re.Match[str]) -> str:
+            kind, inner = m.lastgroup or "", m.group(m.lastgroup or 0)
+            if kind == "cell":
+                found = self.cells.get(html.unescape(inner))
+            else:
+                label = _label(m)
+                found = self.lookup(label[1]) if label else None
+            if found is None:
+                return m.group(0)
+            new = found if kind == "paragraph" else html.escape(found)
+            start, end = m.span(kind)
+            return m.group(0)[: start - m.start()] + new + m.group(0)[end - m.start() :]
+
+        return _TABLE_PART.sub(one, text)
+
+    def widget_state(self, state: Mapping[str, Any]) -> dict[str, Any]:
+        """A copy of a notebook's widget state (``application/vnd.jupyter.widget-state+json``:
+        ``{"state": {model id: {"state": {...}}}}``) with each control's description translated,
+        and each option label that is one of the ``[options]``."""
+        import copy
+
+        out = copy.deepcopy(dict(state))
+        for model in out.get("state", {}).values():
+            fields = model.get("state", {})
+            description = fields.get("description")
+            if description:
+                fields["description"] = self.lookup(description) or description
+            if "_options_labels" in fields:
+                fields["_options_labels"] = [
+                    self.options.get(o, o) for o in fields["_options_labels"]
+                ]
+        return out
+
+
+#: the mime type of a notebook's widget state (ipywidgets' "embed" format)
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+
+
+def output_labels(notebook: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The labels an executed notebook's outputs show, as (kind, text): each ``caption``,
+    ``header``, ``note`` and ``paragraph`` of a table output (:meth:`OutputLabels.table_html`),
+    and each ``control`` description of its saved widget state. Only those that
+    :func:`needs_label`."""
+    found: list[tuple[str, str]] = []
+    for cell in notebook.get("cells", []):
+        for output in cell.get("outputs", []):
+            text = output.get("data", {}).get("text/html", "")
+            text = "".join(text) if isinstance(text, list) else text
+            if _table_output(text):
+                found += [x for x in map(_label, _TABLE_PART.finditer(text)) if x]
+    widgets = notebook.get("metadata", {}).get("widgets", {}).get(WIDGET_STATE, {})
+    for model in widgets.get("state", {}).values():
+        description = model.get("state", {}).get("description")
+        if description:
+            found.append(("control", description))
+    return [(kind, text) for kind, text in found if needs_label(text)]

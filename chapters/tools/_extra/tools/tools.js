@@ -60,9 +60,9 @@ const WORDS = {
     chart: "Modelled step time against peak memory per GPU of the listed layouts",
   },
   zh: {
-    time: "单步耗时（秒）", peak: "单卡显存峰值（GiB）", front: "帕累托前沿",
+    time: "单步耗时（秒）", peak: "单卡峰值显存（GiB）", front: "帕累托前沿",
     layout: "列出的配置", picked: "选中的配置", copy: "复制", copied: "已复制",
-    chart: "所列配置的建模单步耗时与单卡显存峰值",
+    chart: "所列配置的建模单步耗时与单卡峰值显存",
   },
 };
 const T = WORDS[document.documentElement.lang.startsWith("zh") ? "zh" : "en"];
