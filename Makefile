@@ -59,7 +59,7 @@ no_tests = { rc=$$?; [ $$rc -ne 5 ] || echo "$(1): pytest collected no tests (ex
 # Append "stage seconds" to $(BUILD)/stage-times.txt while running a stage: $(call timed,NAME) CMD
 timed = bash -c 's=$$SECONDS; "$$@"; rc=$$?; printf "  %-22s %5d s\n" "$(1)" $$((SECONDS - s)) >> $(BUILD)/stage-times.txt; exit $$rc' _
 
-.PHONY: help setup book execute build-html i18n test lint ruff unit notebooks nbval browser-check browser live lab bench engines clean distclean
+.PHONY: help setup book execute build-html i18n test lint unit notebooks nbval browser-check browser live lab bench engines clean distclean
 
 help:
 	@sed -n 's/^#   //p' Makefile
@@ -128,12 +128,10 @@ book: execute
 	@$(MAKE) --no-print-directory build-html
 
 # ----------------------------------------------------------------------------------------- test
-lint: ruff
-	$(BIN)/mypy
-
-ruff: setup
+lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check lib/parmem
+	$(BIN)/mypy
 
 unit: setup
 	$(PY) -m pytest tests -m "not browser and not chapters" -n $(JOBS) --dist loadfile -q --durations=15 \
@@ -188,14 +186,8 @@ endif
 
 test: setup browser-check
 	@mkdir -p $(BUILD) && : > $(BUILD)/stage-times.txt && date +%s > $(BUILD)/.stages-start
-	@echo "== lint (ruff; mypy runs beside the unit tests)" && $(call timed,lint (ruff)) $(MAKE) --no-print-directory ruff
-	@# mypy is one process for ~30 s; the unit tests often wait on their ranks: run them together
-	@echo "== unit tests, and beside them mypy"; \
-	  $(call timed,mypy) $(BIN)/mypy > $(BUILD)/mypy.log 2>&1 & mypy=$$!; \
-	  unit=0; $(call timed,unit tests) $(MAKE) --no-print-directory unit || unit=$$?; \
-	  m=0; wait $$mypy || m=$$?; echo "-- mypy:"; cat $(BUILD)/mypy.log; \
-	  if [ $$m -ne 0 ]; then echo "mypy failed (exit $$m)" >&2; exit $$m; fi; \
-	  exit $$unit
+	@echo "== lint" && $(call timed,lint (ruff)) $(MAKE) --no-print-directory lint
+	@echo "== unit tests" && $(call timed,unit tests) $(MAKE) --no-print-directory unit
 	@echo "== chapters" && $(call timed,chapters) $(MAKE) --no-print-directory notebooks
 	@# Sphinx builds on one core: the live-notebook test (JupyterLab, no site needed) runs beside it
 	@echo "== book (execute + both editions with -W), and beside it the live notebooks in JupyterLab"
