@@ -930,30 +930,22 @@ def build_parser() -> argparse.ArgumentParser:
     _flash_flags(p)
     p.add_argument("--no-dropout", action="store_true")
     _adapter_flags(p, step=False)
-    for flag, what in (
-        ("mfu", "busy fraction of peak FLOP/s"),
-        ("headroom", "fraction of GPU memory kept free"),
-        ("tp-overlap", "fraction of TP comm hidden"),
-        ("dp-overlap", "fraction of the DP overlap window used (engine paper)"),
-        ("dp-overlap-on", "the same, for engines whose recipe overlaps DP comm"),
-        ("pp-overlap", "fraction of PP comm hidden"),
+    for flag, what, hi in (
+        ("mfu", "busy fraction of peak FLOP/s", 1),
+        ("headroom", "fraction of GPU memory kept free", 1),
+        ("tp-overlap", "fraction of TP comm hidden", 1),
+        ("dp-overlap", "fraction of the DP overlap window used (engine paper)", 1),
+        ("dp-overlap-on", "the same, for engines whose recipe overlaps DP comm", 1),
+        ("pp-overlap", "fraction of PP comm hidden", 1),
+        ("mfu-ampere-scale", "engines' kernel efficiency on A100s, times --mfu", 2),
+        ("mfu-hopper-scale", "engines' kernel efficiency on H100s and H200s, times --mfu", 2),
+        ("attention-efficiency", "attention kernels' rate relative to the GEMMs'", 2),
     ):
         p.add_argument(
             f"--{flag}",
-            type=_real(0, 1),
+            type=_real(0, hi),
             default=None,
-            help=f"{what} (default: parmem.planner.Assumptions)",
-        )
-    for flag, what in (
-        ("mfu-ampere-scale", "engines' kernel efficiency on A100s, times --mfu"),
-        ("mfu-hopper-scale", "engines' kernel efficiency on H100s and H200s, times --mfu"),
-        ("attention-efficiency", "attention kernels' rate relative to the GEMMs'"),
-    ):
-        p.add_argument(
-            f"--{flag}",
-            type=_real(0, 2),
-            default=None,
-            help=f"{what}, above 0 and at most 2 (default: parmem.planner.Assumptions)",
+            help=f"{what}, 0..{hi} (default: parmem.planner.Assumptions)",
         )
     p.set_defaults(func=_cmd_plan)
     return ap
