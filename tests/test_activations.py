@@ -276,3 +276,17 @@ def test_the_paper_counts_soft_capping_and_the_gated_shared_expert():
     moe = replace(base, num_experts=4, top_k=2, expert_ffn_hidden=40, shared_experts=1)
     gated = replace(moe, shared_expert_gate=True)
     assert total(gated) - total(moe) == 2 * s * b + 2 * s * b * h
+
+
+def test_autocast_weight_casts_are_two_bytes_per_layer_matmul_weight():
+    """Llama-2-7B by hand (Touvron et al. 2023): one layer's matmuls hold 4h² (q, k, v, o) + 3hf
+    (gate, up, down) weights, h = 4096, f = 11008; autocast keeps a bf16 cast of each (2 bytes),
+    32 layers, split over t under tensor parallelism."""
+    from parmem.activations import autocast_weight_cast_bytes
+
+    h, f = 4096, 11008
+    spec = ModelSpec.preset("llama-2-7b")
+    assert autocast_weight_cast_bytes(spec) == 2 * 32 * (4 * h * h + 3 * h * f)
+    assert autocast_weight_cast_bytes(spec, tp=4) == 2 * 32 * (4 * h * h + 3 * h * f) // 4
+    with pytest.raises(ValueError, match="spec"):
+        autocast_weight_cast_bytes("llama-2-7b")

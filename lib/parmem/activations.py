@@ -48,6 +48,7 @@ __all__ = [
     "FEATURES",
     "norm_statistics",
     "Term",
+    "autocast_weight_cast_bytes",
 ]
 
 
@@ -175,6 +176,20 @@ def _linear_weights(spec: ModelSpec) -> int:
         for x in layer_tensors(spec)
         if x.kind == "linear" and x.place == "layer" and not x.expert
     )
+
+
+def autocast_weight_cast_bytes(spec: ModelSpec, tp: int = 1) -> int:
+    """Bytes of the bf16 copies of the transformer layers' matmul weights that ``torch.autocast``
+    makes in the forward pass and the matmuls save for backward (PyTorch's autocast op list:
+    ``linear`` runs in the lower precision, casting an fp32 weight; the cast is what autograd
+    keeps): 2 bytes per weight of every layer's attention and MLP projections, on one
+    tensor-parallel rank. All of them are alive when the backward pass starts; the backward
+    frees them layer by layer. The embedding (a lookup, not cast) and the output layer are not
+    counted."""
+    if not isinstance(spec, ModelSpec):
+        raise ValueError(f"spec must be a ModelSpec, got {type(spec).__name__}")
+    tp = integer("tp", tp)
+    return 2 * spec.layers * (_linear_weights(spec) // tp)
 
 
 @lru_cache(maxsize=256)
