@@ -257,24 +257,43 @@ def test_ctrl_c_while_the_first_start_imports_torch_leaves_the_pool_usable():
     assert proc.stdout.split("\n")[:2] == ["interrupted True False", "0"], proc.stdout
 
 
-def test_ctrl_c_while_the_ranks_are_spawned_stops_every_one(monkeypatch, sigint_raises):
+@pytest.mark.parametrize("start", ["spawn", "fork"])
+def test_ctrl_c_while_the_ranks_are_spawned_stops_every_one(monkeypatch, sigint_raises, start):
     """Ctrl-C right after the first rank's process was created, before the pool recorded it:
-    that process was left running. Now the spawn finishes, then the start is torn down."""
-    real_popen = subprocess.Popen
-    started: list = []
+    that process was left running. Now the spawn finishes, then the start is torn down. Both
+    ways a rank starts: a fresh interpreter (``spawn``) and a fork of the rank template."""
+    from parmem.distributed import launcher
 
-    def popen(*args, **kwargs):
-        p = real_popen(*args, **kwargs)
-        started.append(p)
-        if len(started) == 1:
-            _sigint_self()
-        return p
+    started: list = []
+    monkeypatch.setenv(launcher.RANK_START_ENV, start)
+    if start == "spawn":
+        real_popen = subprocess.Popen
+
+        def popen(*args, **kwargs):
+            p = real_popen(*args, **kwargs)
+            started.append(p)
+            if len(started) == 1:
+                _sigint_self()
+            return p
+
+        patch = (subprocess, "Popen", popen)
+    else:
+        real_fork = launcher._Template.fork
+
+        def fork(self, *args, **kwargs):
+            p = real_fork(self, *args, **kwargs)
+            started.append(p)
+            if len(started) == 1:
+                _sigint_self()
+            return p
+
+        patch = (launcher._Template, "fork", fork)
 
     p = Pool(world_size=1)  # one rank: the interrupt comes before it is recorded
-    monkeypatch.setattr(subprocess, "Popen", popen)
+    monkeypatch.setattr(*patch)
     with pytest.raises(KeyboardInterrupt):
         p.start()
-    monkeypatch.undo()
+    monkeypatch.setattr(patch[0], patch[1], real_popen if start == "spawn" else real_fork)
     assert len(started) == 1 and started[0].poll() is not None  # stopped, not left running
     assert not p._procs and not p.alive
     try:

@@ -100,6 +100,8 @@ __all__ = [
     "set_state",
     "rank_main",
     "die_with_parent",
+    "template_main",
+    "RANK_START_ENV",
     "MAX_WORLD_SIZE",
     "MAX_TIMEOUT_S",
     "BACKENDS",
@@ -258,8 +260,15 @@ def rank_main() -> None:
     import sys
     from multiprocessing.connection import Connection
 
-    conn = Connection(int(sys.argv[1]))
-    die_with_parent(int(sys.argv[2]), sys.argv[3] == "1")
+    _rank_body(Connection(int(sys.argv[1])), int(sys.argv[2]), sys.argv[3] == "1")
+
+
+def _rank_body(conn: Any, parent: int, death_signal: bool) -> None:
+    """A rank's life from its socket on (a spawned rank's and a forked one's): arrange to die
+    with ``parent``, read the set-up, join the group, run tasks, exit."""
+    import sys
+
+    die_with_parent(parent, death_signal)
     rank_, ws, host, port, backend_, pg_timeout, path = conn.recv()
     sys.path[:] = path
     _worker(rank_, ws, host, port, backend_, pg_timeout, conn)
@@ -268,6 +277,273 @@ def rank_main() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+# ----------------------------------------------------------------------- the rank template
+class _Forked:
+    """A rank forked by the template and re-parented to this process (a child subreaper): the
+    part of ``subprocess.Popen`` a pool uses (``pid``, ``poll``, ``wait``, ``terminate``,
+    ``kill``, ``returncode``), on ``os.waitpid``. A lock makes the reaping of the exit status
+    happen once when two threads ask (:meth:`Pool.close` from another thread)."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self.returncode: int | None = None
+        self._lock = threading.Lock()
+
+    def poll(self) -> int | None:
+        with self._lock:
+            if self.returncode is None:
+                try:
+                    pid, status = os.waitpid(self.pid, os.WNOHANG)
+                except ChildProcessError:  # reaped elsewhere: its status is lost
+                    self.returncode = -255
+                else:
+                    if pid:
+                        self.returncode = os.waitstatus_to_exitcode(status)
+            return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        import subprocess
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay = 0.0005
+        while (code := self.poll()) is None:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise subprocess.TimeoutExpired(f"rank pid {self.pid}", timeout or 0.0)
+            time.sleep(min(delay, 0.05) if left is None else max(0.0, min(delay, left, 0.05)))
+            delay *= 2
+        return code
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def terminate(self) -> None:
+        import signal
+
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        import signal
+
+        self.send_signal(signal.SIGKILL)
+
+
+class _Template:
+    """A child process that has imported torch once and forks ranks on request, so a pool's
+    (re)start costs a ``fork`` per rank instead of a fresh interpreter importing torch (2 s of
+    CPU per rank on the machines the book is tested on; the chapters' fault tests restart pools
+    dozens of times). One per process, started with the first pool, in its own session, and
+    exiting with this process (:func:`die_with_parent`).
+
+    A rank must stay this process's child, so that its exit status can be read (a
+    :class:`WorkerDied` names it): this process makes itself a child subreaper
+    (``prctl(PR_SET_CHILD_SUBREAPER)``, Linux 3.4, proc(5)/prctl(2)), the template forks an
+    intermediate process that forks the rank and exits at once, and the orphaned rank is
+    re-parented to the nearest subreaper above it: this process. The template answers with the
+    rank's pid only once the intermediate process is reaped, so the rank is this process's child
+    by then. The rank then runs in a new session, with the environment and ``sys.path`` the
+    pool sends it, exactly as a spawned rank does. Where any of this is unavailable (not Linux,
+    ``$PARMEM_RANK_START=spawn``, the template failing to start) ranks are spawned as fresh
+    interpreters. A side effect to know: orphans of other descendants of this process are
+    re-parented to it too (and stay zombies unless it waits for them)."""
+
+    def __init__(self, proc: Any, conn: Any):
+        self.proc, self.conn, self.owner = proc, conn, os.getpid()
+        self.is_ready = False
+
+    @classmethod
+    def start(cls, env: dict[str, str], main: str) -> _Template:
+        import ctypes
+        import subprocess
+        import sys
+        from multiprocessing import Pipe
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
+        parent, child = Pipe()
+        cmd = [sys.executable, "-c",
+               "from parmem.distributed.launcher import template_main; template_main()",
+               str(child.fileno()), str(os.getpid()), main]  # fmt: skip
+        try:
+            proc = subprocess.Popen(cmd, pass_fds=(child.fileno(),), env=env,
+                                    start_new_session=True)  # fmt: skip
+        finally:
+            child.close()
+        return cls(proc, parent)
+
+    def ready(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` s for the template to have imported torch."""
+        try:
+            self.is_ready = bool(self.conn.poll(timeout)) and self.conn.recv() == "ready"
+        except (EOFError, OSError):
+            self.is_ready = False
+        return self.is_ready
+
+    def alive(self) -> bool:
+        return self.owner == os.getpid() and self.proc.poll() is None and not self.conn.closed
+
+    def fork(self, child: Any, env: dict[str, str], main: str) -> _Forked:
+        """A rank forked with the socket ``child`` as its end of the pool's pair; ``OSError``
+        when the template does not answer within :data:`TEMPLATE_TIMEOUT_S`."""
+        from multiprocessing.reduction import send_handle
+
+        try:
+            self.conn.send((os.getpid(), main, env))
+            send_handle(self.conn, child.fileno(), self.proc.pid)
+            if not self.conn.poll(TEMPLATE_TIMEOUT_S):
+                raise OSError("the rank template did not answer")
+            pid = self.conn.recv()
+        except (EOFError, OSError, ValueError) as e:
+            self.close()
+            raise OSError(f"the rank template failed: {e}") from None
+        if not isinstance(pid, int):
+            self.close()
+            raise OSError(f"the rank template failed: {pid}")
+        return _Forked(pid)
+
+    def close(self) -> None:
+        self.conn.close()
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(5)
+
+
+#: this process's rank template (:class:`_Template`), once started
+_TEMPLATE: dict[str, Any] = {"template": None}
+#: ``$PARMEM_RANK_START``: ``fork`` (from the template, the default on Linux) or ``spawn``
+RANK_START_ENV = "PARMEM_RANK_START"
+_PR_SET_CHILD_SUBREAPER = 36  # from <linux/prctl.h>
+#: seconds the rank template may take to import torch, and to answer a fork (a pool's own
+#: ``start_timeout`` bounds the ranks' joining; the template is started once per process)
+TEMPLATE_TIMEOUT_S = 120.0
+
+
+def _template(begin_only: bool = False) -> _Template | None:
+    """This process's rank template, started if need be (``begin_only``: without waiting for it
+    to be ready, so that it imports torch while this process does too); ``None`` where ranks
+    are spawned."""
+    import sys
+
+    if os.environ.get(RANK_START_ENV, "fork") != "fork" or not sys.platform.startswith("linux"):
+        return None
+    t = _TEMPLATE["template"]
+    if t is None or not t.alive():
+        if t is not None and t.owner == os.getpid():
+            t.close()
+        _TEMPLATE["template"] = None
+        try:
+            t = _Template.start(_rank_env(), _main_flag())
+        except OSError:
+            return None
+        _TEMPLATE["template"] = t
+    if begin_only or t.is_ready:
+        return t
+    if not t.ready(TEMPLATE_TIMEOUT_S):
+        t.close()
+        _TEMPLATE["template"] = None
+        return None
+    return t
+
+
+def _rank_env() -> dict[str, str]:
+    """The environment of a rank: this process's, one BLAS thread unless it says otherwise, and
+    parmem importable (a source checkout need not be installed)."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return {
+        **os.environ,
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+        "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])),
+    }
+
+
+def _main_flag() -> str:
+    """``"1"`` when called from the main thread: the parent-death signal follows the thread that
+    starts a process, so it is only asked for from the main thread, which lives as long as this
+    process."""
+    return "1" if threading.current_thread() is threading.main_thread() else "0"
+
+
+def template_main() -> None:
+    """Entry point of the rank template (``python -c ... FD PARENT_PID DEATH_SIGNAL``): import
+    torch once, then fork one rank per request until the parent closes the socket."""
+    import sys
+    from multiprocessing.connection import Connection
+    from multiprocessing.reduction import recv_handle
+
+    conn = Connection(int(sys.argv[1]))
+    parent = int(sys.argv[2])
+    die_with_parent(parent, sys.argv[3] == "1")
+    import torch  # noqa: F401  (what the ranks share)
+    import torch.distributed  # noqa: F401
+
+    conn.send("ready")
+    while True:
+        try:
+            owner, main, env = conn.recv()
+            fd = recv_handle(conn)
+        except (EOFError, OSError):
+            os._exit(0)
+        try:
+            conn.send(_fork_rank(conn, fd, owner, main == "1", env))
+        except Exception as e:  # the parent reads the reason: no pid
+            conn.send(f"{type(e).__name__}: {e}")
+        finally:
+            os.close(fd)
+
+
+def _fork_rank(conn: Any, fd: int, owner: int, death_signal: bool, env: dict[str, str]) -> int:
+    """In the template: fork an intermediate process that forks the rank and exits; the rank's
+    pid once the intermediate is reaped (the rank is then re-parented to ``owner``)."""
+    r, w = os.pipe()
+    middle = os.fork()
+    if middle == 0:  # the intermediate process
+        try:
+            os.close(r)
+            pid = os.fork()
+            if pid == 0:  # the rank
+                os.close(w)
+                _forked_rank(conn, fd, owner, death_signal, env)
+            os.write(w, str(pid).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        text = f.read()
+    os.waitpid(middle, 0)
+    if not text:
+        raise OSError("the intermediate process did not fork the rank")
+    return int(text)
+
+
+def _forked_rank(conn: Any, fd: int, owner: int, death_signal: bool, env: dict[str, str]) -> None:
+    """A forked rank: wait to be re-parented to the pool's process, take the pool's environment,
+    lead a new session, then live as a spawned rank does (:func:`_rank_body`); never returns."""
+    from multiprocessing.connection import Connection
+
+    try:
+        conn.close()  # the template's socket is not the rank's
+        deadline = time.monotonic() + 10.0
+        while os.getppid() != owner:  # the intermediate process is exiting
+            if time.monotonic() > deadline:
+                os._exit(1)
+            time.sleep(0.001)
+        os.setsid()
+        os.environ.clear()
+        os.environ.update(env)
+        import sys
+
+        # the command line of a spawned rank (rank_main's): FD PARENT_PID DEATH_SIGNAL
+        sys.argv[1:] = [str(fd), str(owner), "1" if death_signal else "0"]
+        _rank_body(Connection(fd), owner, death_signal)
+    finally:
+        os._exit(1)
 
 
 def _kill_group_members() -> None:
@@ -540,6 +816,7 @@ class Pool:
             self.start_seconds = 0.0
             return self
         with _sigint_deferred():  # an interrupted import of torch cannot be retried
+            _template(begin_only=True)  # it imports torch while this process does
             import torch
             import torch.distributed  # noqa: F401
 
@@ -564,7 +841,6 @@ class Pool:
         """Start the store and one process per rank, each in its own session."""
         import subprocess
         import sys
-        import threading
         from datetime import timedelta
         from multiprocessing import Pipe
 
@@ -578,16 +854,9 @@ class Pool:
             timeout=timedelta(seconds=self.pg_timeout),
             wait_for_workers=False,
         )
-        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        env = {
-            **os.environ,
-            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
-            # parmem importable in the rank even when it is not installed (a source checkout)
-            "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])),
-        }
-        # the parent-death signal follows the thread that starts the process: only ask for it
-        # from the main thread, which lives as long as this process
-        main = "1" if threading.current_thread() is threading.main_thread() else "0"
+        env = _rank_env()
+        main = _main_flag()
+        template = _template()
         for r in range(self.world_size):
             parent, child = Pipe()  # a socket pair on POSIX
             cmd = [
@@ -599,9 +868,16 @@ class Pool:
                 main,
             ]
             try:
-                p = subprocess.Popen(
-                    cmd, pass_fds=(child.fileno(),), env=env, start_new_session=True
-                )
+                p: Any = None
+                if template is not None:
+                    try:
+                        p = template.fork(child, env, main)
+                    except OSError:
+                        template = None  # spawned from here on; a new template next start
+                if p is None:
+                    p = subprocess.Popen(
+                        cmd, pass_fds=(child.fileno(),), env=env, start_new_session=True
+                    )
             finally:
                 child.close()
             self._procs.append(p)
