@@ -9,10 +9,13 @@ seconds per rank on two cores), so a chapter starts its ranks once::
 How it works:
 
 * ``world_size`` defaults to ``$PARMEM_WORLD_SIZE``, else 2 when ``$CI`` is true, else 4.
-* Ranks are fresh Python processes (like ``spawn``: ``fork`` after torch has started threads is
-  unsafe), started with ``subprocess`` and talking to the parent over a socket pair, so the
-  caller's ``__main__`` is never re-imported (scripts need no ``if __name__ == "__main__"``
-  guard; POSIX only). Each sets ``torch.set_num_threads(1)`` and joins a gloo (CPU) or NCCL (GPU) process
+* Ranks are never forked from the caller (``fork`` after torch has started threads is unsafe)
+  and talk to it over a socket pair, so the caller's ``__main__`` is never re-imported (scripts
+  need no ``if __name__ == "__main__"`` guard; POSIX only). On Linux they are forked from a
+  *rank template*, a child process that imported torch once and does nothing else
+  (:class:`_Template`): a pool's restart costs milliseconds instead of an interpreter importing
+  torch per rank; elsewhere, or with ``$PARMEM_RANK_START=spawn``, each rank is a fresh
+  interpreter started with ``subprocess``. Each sets ``torch.set_num_threads(1)`` and joins a gloo (CPU) or NCCL (GPU) process
   group through a ``TCPStore`` that the parent owns on port 0 (the OS picks a free port), so
   any number of pools, notebooks and tests can run at once without port collisions.
 * Every process group has a timeout (``pg_timeout``, 60 s); every ``run`` has a deadline too,
