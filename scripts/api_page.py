@@ -72,6 +72,8 @@ ORDER = [
     "parmem.planner.emit.torchtitan",
     "parmem.planner.calibration",
     "parmem.planner.heldout",
+    "parmem.planner.logs",
+    "parmem.planner.own_runs",
     "parmem.hardware",
     "parmem.units",
     "parmem.papers",

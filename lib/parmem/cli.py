@@ -14,6 +14,7 @@
         [--engine fsdp2 --zero 3] [--json]
     parmem measure --model llama-2-7b --dp 8 --seq 4096 --engine megatron-core \
         (--log train.log | --snapshot snapshot.pickle) [--gpu h100-sxm]
+    parmem calibrate train.log --model mixtral-8x7b --gpu h100-sxm [--fit mfu] [--plan]
 
 ``--model`` takes a preset name or the path of a Hugging Face ``config.json`` (or its folder);
 a preset wins over a folder of the same name unless the argument has a ``/`` or ends in
@@ -35,6 +36,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from ._check import (
     MAX_BATCH,
@@ -585,11 +587,7 @@ def _cmd_plan(args) -> int:
         value = getattr(args, name)
         if value is not None:
             opts[name] = value
-    for name in ("mfu", "headroom", "tp_overlap", "dp_overlap", "dp_overlap_on", "pp_overlap",
-                 "mfu_ampere_scale", "mfu_hopper_scale", "attention_efficiency"):  # fmt: skip
-        value = getattr(args, name)
-        if value is not None:
-            opts[name] = value
+    opts.update(_assumptions(args))
     if args.no_sp:
         opts["sp"] = (False,)
     kw = dict(
@@ -622,6 +620,143 @@ def _cmd_plan(args) -> int:
         write_err(f"parmem: {result.message}")
         return 1
     return 0
+
+
+#: The planner's assumption flags of ``plan`` and ``calibrate``: (flag, help, upper bound)
+ASSUMPTION_FLAGS = (
+    ("mfu", "busy fraction of peak FLOP/s", 1),
+    ("headroom", "fraction of GPU memory kept free", 1),
+    ("tp-overlap", "fraction of TP comm hidden", 1),
+    ("dp-overlap", "fraction of the DP overlap window used (engine paper)", 1),
+    ("dp-overlap-on", "the same, for engines whose recipe overlaps DP comm", 1),
+    ("pp-overlap", "fraction of PP comm hidden", 1),
+    ("ep-overlap", "fraction of EP all-to-all hidden", 1),
+    ("mfu-ampere-scale", "engines' kernel efficiency on A100s, times --mfu", 2),
+    ("mfu-hopper-scale", "engines' kernel efficiency on H100s and H200s, times --mfu", 2),
+    ("attention-efficiency", "attention kernels' rate relative to the GEMMs'", 2),
+)
+
+
+def _assumption_flags(p: argparse.ArgumentParser) -> None:
+    for flag, what, hi in ASSUMPTION_FLAGS:
+        p.add_argument(
+            f"--{flag}",
+            type=_real(0, hi),
+            default=None,
+            help=f"{what}, 0..{hi} (default: parmem.planner.Assumptions)",
+        )
+
+
+def _assumptions(args: argparse.Namespace) -> dict[str, float]:
+    """The assumption flags given (:data:`ASSUMPTION_FLAGS`), by their planner names."""
+    out = {}
+    for flag, _, _ in ASSUMPTION_FLAGS:
+        value = getattr(args, flag.replace("-", "_"))
+        if value is not None:
+            out[flag.replace("-", "_")] = value
+    return out
+
+
+def _log_run(args: argparse.Namespace, path: str) -> Any:
+    """``parmem calibrate``'s run from one training log and the layout flags."""
+    from .planner.logs import read_log_file
+    from .planner.own_runs import run_from_log
+
+    if args.model is None:
+        raise ValueError("--model is required with a training log: the model the run trained")
+    if args.gpu is None:
+        raise ValueError("--gpu is required with a training log: the GPUs the run used")
+    try:
+        log = read_log_file(path, warmup=args.warmup)
+    except OSError as e:
+        raise ValueError(f"{path}: {e.strerror or e}") from None
+    return run_from_log(
+        log, _model(args.model), args.gpu, gpus_per_node=args.gpus_per_node, nodes=args.nodes,
+        engine=args.engine, t=args.tp, p=args.pp, cp=args.cp, e=args.ep, v=args.vpp,
+        zero=args.zero, sp=args.sp, b=args.micro_batch, G=args.global_batch, s=args.seq,
+        recompute=args.recompute,
+    )  # fmt: skip
+
+
+def _cmd_calibrate(args) -> int:
+    """``parmem calibrate``: fit the planner's assumptions to the reader's measured steps."""
+    from .planner import Cluster
+    from .planner.own_runs import FITTABLE, calibrate, runs_from_toml
+
+    if not args.logs and not args.runs:
+        raise ValueError("give at least one training log, or --runs FILE.toml")
+    names = tuple(dict.fromkeys(args.fit))
+    for n in names:
+        if n not in FITTABLE:
+            raise ValueError(f"--fit {n!r}: choose from {', '.join(FITTABLE)}")
+    runs = [_log_run(args, path) for path in args.logs]
+    if args.runs:
+        try:
+            runs += runs_from_toml(args.runs)
+        except OSError as e:
+            raise ValueError(f"--runs {args.runs}: {e.strerror or e}") from None
+    start: Any = _assumptions(args)  # AssumptionOptions: names checked by the parser
+    result = calibrate(runs, fit=names, **start)
+    if args.json:
+        write_out(strict_json(result.to_dict()))
+        return 0
+    write_out(result)
+    if args.plan:
+        first = runs[0].run
+        c = first.cluster
+        replanned = result.plan(first.spec, Cluster(c.hardware, c.gpus_per_node, c.nodes),
+                                first.parallel.dp * first.setup.micro_batch
+                                * first.setup.num_microbatches,
+                                first.setup.seq_len, top=args.top, engine=first.setup.engine)  # fmt: skip
+        write_out("")
+        write_out(replanned)
+        if replanned.best is None:
+            write_err(f"parmem: {replanned.message}")
+            return 1
+    return 0
+
+
+def _calibrate_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "calibrate",
+        help="fit the planner's time assumptions to your own training logs, then plan with them",
+    )
+    p.add_argument(
+        "logs", nargs="*", help="training logs: Megatron-LM, torchtitan, a profiler trace (.json)"
+    )
+    p.add_argument("--runs", default=None, help="more runs, as rows of data/measured_runs.toml")
+    p.add_argument("--model", default=None, help="preset name or path to a config.json")
+    p.add_argument("--gpu", default=None, help="hardware preset of the run's GPUs")
+    p.add_argument("--gpus-per-node", type=_int(1, 1024), default=8)
+    p.add_argument(
+        "--nodes", type=_int(), default=None, help="default: the log's world size / per node"
+    )
+    p.add_argument(
+        "--engine",
+        default=None,
+        choices=tuple(engines()),
+        help="engine profile (default: megatron-core for Megatron logs, fsdp2 for torchtitan)",
+    )
+    for flag, hi in (("tp", MAX_GPUS), ("pp", MAX_LAYERS), ("cp", MAX_GPUS), ("ep", MAX_GPUS),
+                     ("vpp", MAX_LAYERS)):  # fmt: skip
+        p.add_argument(f"--{flag}", type=_int(1, hi), default=None, help="if the log does not say")
+    p.add_argument("--zero", type=_int(0, 3), default=None, choices=(0, 1, 2, 3))
+    p.add_argument("--sp", action="store_true", default=None, help="sequence parallelism")
+    p.add_argument("--micro-batch", type=_int(1, MAX_BATCH), default=None)
+    p.add_argument("--global-batch", type=_int(1, MAX_BATCH), default=None, help="sequences")
+    p.add_argument("--seq", type=_int(1, MAX_SEQ_LEN), default=None, help="sequence length s")
+    p.add_argument("--recompute", default=None, choices=RECOMPUTE)
+    p.add_argument(
+        "--fit", type=_names, default=("mfu",), help="assumptions to fit, e.g. mfu,dp_overlap_on"
+    )
+    p.add_argument(
+        "--warmup", type=_int(0, 10**6), default=None, help="logged steps to leave out first"
+    )
+    p.add_argument("--plan", action="store_true", help="then plan the run's cluster with the fit")
+    p.add_argument("--top", type=_int(1, 10**6), default=5, help="layouts to list with --plan")
+    p.add_argument("--json", action="store_true", help="the calibration as JSON")
+    _assumption_flags(p)
+    p.set_defaults(func=_cmd_calibrate)
 
 
 def _flash_flags(p: argparse.ArgumentParser) -> None:
@@ -930,24 +1065,9 @@ def build_parser() -> argparse.ArgumentParser:
     _flash_flags(p)
     p.add_argument("--no-dropout", action="store_true")
     _adapter_flags(p, step=False)
-    for flag, what, hi in (
-        ("mfu", "busy fraction of peak FLOP/s", 1),
-        ("headroom", "fraction of GPU memory kept free", 1),
-        ("tp-overlap", "fraction of TP comm hidden", 1),
-        ("dp-overlap", "fraction of the DP overlap window used (engine paper)", 1),
-        ("dp-overlap-on", "the same, for engines whose recipe overlaps DP comm", 1),
-        ("pp-overlap", "fraction of PP comm hidden", 1),
-        ("mfu-ampere-scale", "engines' kernel efficiency on A100s, times --mfu", 2),
-        ("mfu-hopper-scale", "engines' kernel efficiency on H100s and H200s, times --mfu", 2),
-        ("attention-efficiency", "attention kernels' rate relative to the GEMMs'", 2),
-    ):
-        p.add_argument(
-            f"--{flag}",
-            type=_real(0, hi),
-            default=None,
-            help=f"{what}, 0..{hi} (default: parmem.planner.Assumptions)",
-        )
+    _assumption_flags(p)
     p.set_defaults(func=_cmd_plan)
+    _calibrate_parser(sub)
     return ap
 
 

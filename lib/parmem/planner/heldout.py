@@ -41,6 +41,7 @@ __all__ = [
     "Scored",
     "Fold",
     "measured_runs",
+    "run_from_row",
     "skipped",
     "score",
     "summary",
@@ -144,7 +145,25 @@ def _batch(row: dict[str, Any], d: int) -> int | None:
     return None
 
 
-def _run(name: str, group: dict[str, Any], row: dict[str, Any]) -> MeasuredRun:
+def run_from_row(
+    name: str, group: dict[str, Any], row: dict[str, Any], org: str | None = None
+) -> MeasuredRun:
+    """One row in the schema of ``data/measured_runs.toml`` (``group``: its table) as a
+    :class:`MeasuredRun`; ``org``: the organisation (default: :data:`ORGS`' for ``name``). A row
+    that cannot be scored is a ``ValueError`` giving the reason (:func:`skipped`'s)."""
+    if "metric" not in group:  # a reader's file: what the row gives
+        group = {**group, "metric": "step_time" if "step_time_s" in row else "tokens_per_s"}
+    why = _why_not(group, row)
+    if why is None and "gpus" not in row:
+        why = "no gpus"
+    if why is not None:
+        raise ValueError(f"{name}: {why}")
+    return _run(name, group, row, org)
+
+
+def _run(
+    name: str, group: dict[str, Any], row: dict[str, Any], org: str | None = None
+) -> MeasuredRun:
     spec = _spec(group, row)
     if spec.position == "learned" and name.startswith("llmfoundry"):
         # llm-foundry's benchmark sets the model's max_seq_len to the run's sequence length
@@ -185,7 +204,7 @@ def _run(name: str, group: dict[str, Any], row: dict[str, Any]) -> MeasuredRun:
     else:
         step = batch * seq / (float(row["tokens_per_s_per_gpu"]) * gpus)
     key = f"{name} {spec.name} {gpus} GPUs t{t} p{p} cp{cp} e{e} d{d} z{zero} b{b} s{seq}"
-    return MeasuredRun(key, name, _org(name), spec,
+    return MeasuredRun(key, name, org or _org(name), spec,
                        Cluster(row.get("gpu", group.get("gpu", "h100-sxm")), per_node,
                                max(gpus // per_node, 1)),
                        par, setup, step)  # fmt: skip

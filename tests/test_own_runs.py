@@ -1,0 +1,198 @@
+"""``parmem calibrate``'s fit (:mod:`parmem.planner.own_runs`): what a fit to the reader's own runs
+must do, checked by relations derived by hand rather than by numbers the code printed."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from parmem.cli import main
+from parmem.config import ParallelConfig, TrainingSetup
+from parmem.model import ModelSpec
+from parmem.planner import Cluster, evaluate
+from parmem.planner.heldout import MeasuredRun
+from parmem.planner.logs import read_log_file
+from parmem.planner.own_runs import OwnRun, calibrate, run_from_log, runs_from_toml
+
+
+def _run(name, gpus=1, d=1, t=1, step=None, mfu=0.6, measured_factor=1.0, **setup):
+    spec = ModelSpec.preset("llama-2-7b")
+    cluster = Cluster("h100-sxm", min(gpus, 8), max(gpus // 8, 1))
+    par = ParallelConfig(dp=d, tp=t, sp=t > 1)
+    su = TrainingSetup(seq_len=4096, micro_batch=1, num_microbatches=8, engine="megatron-core",
+                       flash_attention=True, dropout=False, **setup)  # fmt: skip
+    if step is None:
+        step = evaluate(spec, cluster, par, su, mfu=mfu).step_time * measured_factor
+    return OwnRun(name, MeasuredRun(name, "own", "own", spec, cluster, par, su, step))
+
+
+def test_one_gpu_step_time_is_inverse_in_mfu_so_the_fit_divides_it():
+    """On one GPU the modelled step is compute and recompute only, both FLOPs over
+    (peak x busy fraction), and the busy fraction is linear in mfu (busy_fraction's formula): a
+    run measured at twice the step modelled at mfu 0.6 fits mfu 0.3."""
+    run = _run("one", mfu=0.6, measured_factor=2.0)
+    cal = calibrate([run], fit=("mfu",))
+    assert cal.fitted["mfu"] == pytest.approx(0.3, abs=1e-3)
+    assert abs(cal.errors("after")[0]) < 1e-3
+    assert cal.held_out == (None,) and math.isnan(cal.mean_error("held_out"))
+    # from the default mfu, 0.64: modelled T(0.6) x 0.6/0.64 against 2 x T(0.6) measured
+    assert cal.errors("before")[0] == pytest.approx(0.6 / (0.64 * 2) - 1, rel=1e-6)
+    assert "--mfu 0.300" in cal.flags()
+
+
+def test_an_assumption_the_runs_do_not_depend_on_is_reported_and_kept():
+    """Without data parallelism no gradient is reduced: dp_overlap_on cannot be fitted."""
+    cal = calibrate([_run("one", measured_factor=1.5), _run("two", measured_factor=1.4)],
+                    fit=("mfu", "dp_overlap_on"))  # fmt: skip
+    assert cal.undetermined == ("dp_overlap_on",)
+    assert cal.fitted["dp_overlap_on"] == 1.0  # the default, kept
+    assert "dp_overlap_on" not in cal.flags() and "dp_overlap_on" not in {
+        k for k, v in cal.options.items() if v != 1.0
+    }
+    assert "not determined" in str(cal)
+
+
+def test_leaving_a_run_out_predicts_it_with_the_others_fit():
+    """Three one-GPU runs measured at 1.5x the step at mfu 0.6, and one at 3x: fitted to the
+    three alike, the odd one is predicted 50 % too fast (1.5/3 - 1); each of the three, predicted
+    from the other three (two alike and the odd one), lies between."""
+    runs = [_run(f"r{i}", measured_factor=1.5) for i in range(3)]
+    runs.append(_run("odd", measured_factor=3.0))
+    cal = calibrate(runs, fit=("mfu",))
+    held = cal.errors("held_out")
+    assert held[3] == pytest.approx(1.5 / 3.0 - 1, abs=2e-3)
+    # the median-like minimum of the mean |error| sits at the majority's value
+    assert cal.fitted["mfu"] == pytest.approx(0.6 / 1.5, abs=2e-3)
+    assert all(abs(h) < 1e-2 for h in held[:3])
+
+
+def test_a_run_fixed_assumption_holds_whatever_is_fitted():
+    """A run that did not overlap its gradient reduction keeps the non-overlapping value."""
+    base = _run("dp", gpus=8, d=8, measured_factor=1.0)
+    fixed = replace(base, fixed={"dp_overlap_on": 0.0})
+    a = calibrate([fixed, replace(fixed, name="again")], fit=("mfu", "dp_overlap_on"))
+    assert a.undetermined == ("dp_overlap_on",)  # fixed for every run: nothing to fit
+
+
+def test_bad_requests_name_the_field():
+    run = _run("one")
+    with pytest.raises(ValueError, match="fit: 'headroom' cannot be fitted"):
+        calibrate([run], fit=("headroom",))
+    with pytest.raises(ValueError, match="2 assumptions cannot be determined by 1 run;"):
+        calibrate([run], fit=("mfu", "tp_overlap"))
+    with pytest.raises(ValueError, match="runs: give at least one"):
+        calibrate([], fit=("mfu",))
+    with pytest.raises(ValueError, match="unknown option 'mfuu'"):
+        calibrate([run], fit=("mfu",), mfuu=0.3)
+
+
+def test_runs_in_the_measured_runs_schema(tmp_path):
+    """A reader's file in data/measured_runs.toml's schema: a row's tokens per second per GPU
+    become the step time tokens-of-a-batch / (GPUs x that): 64 x 8192 / (64 x 2904) s."""
+    f = tmp_path / "mine.toml"
+    f.write_text(
+        '[my_cluster]\ngpu = "a100-80gb"\ngpus_per_node = 8\nprofile = "fsdp2"\n'
+        'rows = [{model = "llama-3-8b", gpus = 64, zero = 3, batch = 64, seq_len = 8192, '
+        'recompute = "selective", tokens_per_s_per_gpu = 2904}]\n'
+    )
+    (r,) = runs_from_toml(f)
+    assert r.run.step_time == pytest.approx(64 * 8192 / (64 * 2904))
+    assert r.run.cluster.world_size == 64 and r.run.parallel.dp == 64
+    assert r.run.setup.engine == "fsdp2"
+    f.write_text('[x]\nrows = [{model = "llama-3-8b", gpus = 8, batch = 8, seq_len = 4096}]\n')
+    with pytest.raises(ValueError, match="utilisation only|no global|tokens"):
+        runs_from_toml(f)
+    f.write_text("not toml [")
+    with pytest.raises(ValueError, match="not TOML"):
+        runs_from_toml(f)
+
+
+# ------------------------------------------------------------------- from a training log
+HAND = Path(__file__).parent / "fixtures" / "logs" / "megatron_hand_written_llama2_7b.log"
+
+
+def test_a_megatron_log_gives_the_layout_and_the_median_step():
+    """The hand-written log's arguments: 8 GPUs, t = 2 (so d = 4), the distributed optimizer
+    (ZeRO-1), sequence parallelism, selective recomputation, b = 1 of a 64-sequence batch at
+    4,096 tokens (m = 64 / (4 x 1) = 16); steps after the warm-up: 4.1, 4.0, 3.9 s (median
+    4.0); no overlapped gradient reduction, so that run keeps the non-overlapping value."""
+    log = read_log_file(HAND)
+    r = run_from_log(log, ModelSpec.preset("llama-2-7b"), "h100-sxm")
+    p, s = r.run.parallel, r.run.setup
+    assert (p.tp, p.pp, p.dp, p.cp, p.ep, p.zero, p.sp) == (2, 1, 4, 1, 1, 1, True)
+    assert (s.micro_batch, s.num_microbatches, s.seq_len, s.recompute) == (1, 16, 4096, "selective")
+    assert s.engine == "megatron-core" and r.run.cluster.world_size == 8
+    assert r.run.step_time == pytest.approx(4.0)
+    assert r.fixed == {"dp_overlap_on": 0.05}
+
+
+def test_a_log_of_another_model_or_a_contradicting_flag_is_refused():
+    log = read_log_file(HAND)
+    with pytest.raises(ValueError, match="num_layers = 32 is not the model's"):
+        run_from_log(log, ModelSpec.preset("llama-2-13b"), "h100-sxm")
+    with pytest.raises(ValueError, match="the log says t = 2, the flags 4"):
+        run_from_log(log, ModelSpec.preset("llama-2-7b"), "h100-sxm", t=4)
+    with pytest.raises(ValueError, match="world_size is 8"):
+        run_from_log(log, ModelSpec.preset("llama-2-7b"), "h100-sxm", nodes=2)
+    fp8 = replace(log, settings={**log.settings, "fp8": "hybrid"})
+    with pytest.raises(ValueError, match="FP8 GEMMs are not modelled"):
+        run_from_log(fp8, ModelSpec.preset("llama-2-7b"), "h100-sxm")
+
+
+def test_a_torchtitan_log_needs_the_layout_and_takes_its_tokens_per_second():
+    """torchtitan prints no layout: the flags give it; its tps (tokens per second per GPU) makes
+    the step G x s / (GPUs x tps)."""
+    log = read_log_file(Path(HAND).parent / "torchtitan_3393_rank0.log")
+    with pytest.raises(ValueError, match="give --nodes"):
+        run_from_log(log, ModelSpec.preset("llama-3-8b"), "h100-sxm", G=8, s=2048)
+    r = run_from_log(log, ModelSpec.preset("llama-3-8b"), "h100-sxm", nodes=1, G=8, s=2048)
+    assert r.run.setup.engine == "fsdp2" and r.run.parallel.zero == 3
+    assert r.run.step_time == pytest.approx(8 * 2048 / (8 * log.tokens_per_s_per_gpu))
+
+
+def test_the_link_factor_fits_a_network_bound_run():
+    """A run whose modelled step is all network (ZeRO-3 over 16 nodes, a tiny batch) measured
+    at half the modelled time fits a faster inter-node link, and the plan uses it."""
+    spec = ModelSpec.preset("llama-2-7b")
+    cluster = Cluster("h100-sxm", 8, 16)
+    par = ParallelConfig(dp=128, zero=3)
+    su = TrainingSetup(seq_len=512, micro_batch=1, num_microbatches=1, engine="fsdp2",
+                       flash_attention=True, dropout=False)  # fmt: skip
+    t = evaluate(spec, cluster, par, su).step_time
+    run = OwnRun("net", MeasuredRun("net", "own", "own", spec, cluster, par, su, t / 2))
+    cal = calibrate([run], fit=("inter_node_scale",))
+    assert cal.fitted["inter_node_scale"] > 1.5 and abs(cal.errors("after")[0]) < 0.02
+    faster = cal.cluster(cluster).hardware.inter_node.bandwidth
+    assert faster == pytest.approx(cluster.hardware.inter_node.bandwidth
+                                   * cal.fitted["inter_node_scale"])  # fmt: skip
+    assert "inter_node bandwidth x" in str(cal) and "--inter-node" not in cal.flags()
+
+
+# --------------------------------------------------------------------------------- the CLI
+def test_cli_calibrate_prints_the_fit_and_plans_with_it(capsys):
+    assert main(["calibrate", str(HAND), "--model", "llama-2-7b", "--gpu", "h100-sxm",
+                 "--plan", "--top", "2"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert "fitted: mfu = " in out and "plan with: parmem plan ... --mfu " in out
+    assert "one run: the fit is exact" in out
+    assert "dp_overlap = 0.05 whatever is fitted" in out
+    assert "8 x H100" in out or "1 x 8" in out  # the re-plan of the run's cluster
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["calibrate"], "give at least one training log"),
+    (["calibrate", str(HAND), "--gpu", "h100-sxm"], "--model is required"),
+    (["calibrate", str(HAND), "--model", "llama-2-7b"], "--gpu is required"),
+    (["calibrate", str(HAND), "--model", "llama-2-13b", "--gpu", "h100-sxm"], "num_layers"),
+    (["calibrate", str(HAND), "--model", "llama-2-7b", "--gpu", "h100-sxm", "--fit", "headroom"],
+     "--fit 'headroom'"),
+    (["calibrate", "/nonexistent.log", "--model", "llama-2-7b", "--gpu", "h100-sxm"],
+     "/nonexistent.log"),
+])  # fmt: skip
+def test_cli_calibrate_errors_are_one_line_and_exit_2(argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
