@@ -3,9 +3,12 @@ each row's measured and modelled step time, the mean and worst |error| per organ
 how they move with the DP overlap (dp_overlap, 0.05, is the paper profile's, from 2021
 software; dp_overlap_on that of the engines that overlap), and the leave-one-organisation-out
 fits: dp_overlap_on, the engines' kernel scales by GPU generation (mfu_ampere_scale,
-mfu_hopper_scale), and those with attention_efficiency. Not part of `make bench`:
+mfu_hopper_scale), and those with attention_efficiency. With --per-cluster instead: what
+`parmem calibrate` does for a reader with one cluster's runs: each source's table on one GPU
+preset is calibrated on its own (mfu; then mfu and the inter-node bandwidth factor), every run
+predicted from the others of its cluster. Not part of `make bench` (minutes):
 
-    PYTHONPATH=lib python benchmarks/heldout_runs.py [--rows]
+    PYTHONPATH=lib python benchmarks/heldout_runs.py [--rows | --per-cluster]
 """
 
 from __future__ import annotations
@@ -63,5 +66,35 @@ def main(rows: bool = False) -> None:
                         (*scales, (0.6, 0.7, 0.8, 0.9, 1.0, 1.2, 1.4))))
 
 
+def per_cluster() -> None:
+    """Each (source table, GPU) with three runs or more calibrated on its own runs."""
+    from parmem.planner.heldout import measured_runs
+    from parmem.planner.own_runs import calibrate, group_runs
+
+    clusters = sorted({(r.group, r.cluster.hardware.name) for r in measured_runs()})
+    for fit in (("mfu",), ("mfu", "inter_node_scale")):
+        errs: list[float] = []
+        print(f"fitted per cluster: {', '.join(fit)}; each run predicted from its cluster's others")
+        for group, gpu in clusters:
+            try:
+                cal = calibrate(group_runs(group, gpu), fit=fit)
+            except ValueError as e:
+                print(f"  {group:<32}{gpu:<11} not modelled: {e}")
+                continue
+            if len(cal.runs) < 3:
+                continue
+            held = [abs(x) for x in cal.errors("held_out")]
+            errs += held
+            fitted = ", ".join(f"{k} {v:.3f}" for k, v in cal.fitted.items())
+            print(f"  {group:<32}{gpu:<11}{len(cal.runs):>3} runs  defaults "
+                  f"{cal.mean_error('before'):6.1%}  held out {cal.mean_error('held_out'):6.1%}"
+                  f" (worst {max(held):6.1%})  {fitted}")
+        print(f"  pooled over {len(errs)} runs: held-out mean |error| {sum(errs) / len(errs):.1%},"
+              f" median {sorted(errs)[len(errs) // 2]:.1%}, worst {max(errs):.1%}")
+
+
 if __name__ == "__main__":
-    main("--rows" in sys.argv)
+    if "--per-cluster" in sys.argv:
+        per_cluster()
+    else:
+        main("--rows" in sys.argv)

@@ -56,6 +56,7 @@ __all__ = [
     "megatron_layout",
     "scaled_cluster",
     "calibrate",
+    "group_runs",
     "LINK_SCALES",
 ]
 
@@ -80,8 +81,8 @@ FITTABLE: dict[str, tuple[float, float]] = {
 LINK_SCALES = {"inter_node_scale": "inter_node", "intra_node_scale": "intra_node"}
 
 _GRID = 11
-_GOLDEN_STEPS = 18
-_ROUNDS = 4
+_GOLDEN_STEPS = 10
+_ROUNDS = 6
 
 
 @dataclass(frozen=True)
@@ -151,25 +152,31 @@ def _fit(
     values = {n: float(kw.get(n, 1.0)) if n in LINK_SCALES else float(getattr(base, n))
               for n in names}  # fmt: skip
     flat: set[str] = set()
-    for _ in range(_ROUNDS):
+    for round_ in range(_ROUNDS if len(names) > 1 else 1):
         moved = False
         for n in names:
             lo, hi = FITTABLE[n]
+            cell = (hi - lo) / (_GRID - 1)
 
             def err(x: float, n: str = n) -> float:
                 return _mean_error(runs, {**kw, **values, n: x})
 
-            grid = [lo + (hi - lo) * i / (_GRID - 1) for i in range(_GRID)]
-            errs = [err(x) for x in grid]
-            if max(errs) - min(errs) < 1e-9:
-                flat.add(n)
+            if round_ == 0:  # the whole range on a grid, then the best cell's neighbourhood
+                grid = [lo + cell * i for i in range(_GRID)]
+                errs = [err(x) for x in grid]
+                if max(errs) - min(errs) < 1e-9:
+                    flat.add(n)
+                    continue
+                i = min(range(_GRID), key=errs.__getitem__)
+                here, at = grid[i], errs[i]
+            elif n in flat:
                 continue
-            flat.discard(n)
-            i = min(range(_GRID), key=errs.__getitem__)
-            best = _golden(err, grid[max(i - 1, 0)], grid[min(i + 1, _GRID - 1)])
-            if err(best) > errs[i]:
-                best = grid[i]
-            if abs(best - values[n]) > 1e-4:
+            else:  # later rounds: around the value the others moved away from
+                here, at = values[n], err(values[n])
+            best = _golden(err, max(lo, here - cell), min(hi, here + cell))
+            if err(best) > at:
+                best = here
+            if abs(best - values[n]) > 1e-3 * cell:
                 moved = True
             values[n] = best
         if not moved:
@@ -572,3 +579,21 @@ def runs_from_toml(path: str | os.PathLike[str]) -> list[OwnRun]:
             m = run_from_row(f"{name}[{i}]", group, row, org=name)
             out.append(OwnRun(m.key, replace(m, group=name)))
     return out
+
+
+def group_runs(group: str, gpu: str | None = None) -> list[OwnRun]:
+    """The scorable rows of one group of ``data/measured_runs.toml`` (one source's table) on one
+    GPU preset (``gpu``; needed when the group's rows name several) as :class:`OwnRun` s: one
+    cluster's runs, what a reader with them would calibrate on."""
+    from .heldout import measured_runs
+
+    runs = [r for r in measured_runs() if r.group == group]
+    gpus = sorted({r.cluster.hardware.name for r in runs})
+    if gpu is None and len(gpus) > 1:
+        raise ValueError(f"group={group!r} has runs on {', '.join(gpus)}: give gpu= one of them")
+    runs = [r for r in runs if gpu is None or r.cluster.hardware.name == gpu]
+    if not runs:
+        raise ValueError(
+            f"group={group!r}, gpu={gpu!r}: no scorable rows in data/measured_runs.toml"
+        )
+    return [OwnRun(r.key, r) for r in runs]
