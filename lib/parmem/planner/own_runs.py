@@ -21,9 +21,11 @@ value (``dp_overlap``), whatever is fitted; an FP8 run is refused (the time mode
 rates only).
 
 The fit minimises the mean absolute relative error of the step time (as
-:func:`parmem.planner.heldout.summary` scores), one assumption at a time over its range (a
-grid of 11 values, then a golden-section search around the best), in rounds until no value
-moves. An assumption the runs' step times do not depend on (``dp_overlap_on`` for runs without
+:func:`parmem.planner.heldout.summary` scores), one assumption at a time: first over its whole
+range (a grid of 11 values, then a golden-section search in the best value's neighbourhood),
+then, in up to five more rounds while any value still moves, a golden-section search around the
+value the others' changes left it at (coordinate descent; one round when one assumption is
+fitted). More assumptions than runs are refused: they cannot be determined. An assumption the runs' step times do not depend on (``dp_overlap_on`` for runs without
 data parallelism) is reported as not determined and keeps its value. With as many runs as
 fitted assumptions the fit is exact in sample and says nothing about other layouts: the
 leave-one-run-out error (each run modelled with the values fitted to the others) is the
