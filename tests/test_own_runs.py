@@ -196,3 +196,26 @@ def test_cli_calibrate_errors_are_one_line_and_exit_2(argv, message, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1, err
+
+
+def test_cli_calibrate_reads_runs_files_and_writes_json(tmp_path, capsys):
+    """Two runs in data/measured_runs.toml's schema, one fitted value: the JSON carries the fit,
+    each run's three step times and the leave-one-out errors (each run from the other)."""
+    import json
+
+    f = tmp_path / "mine.toml"
+    f.write_text(
+        '[cluster]\ngpu = "a100-80gb"\ngpus_per_node = 8\nprofile = "fsdp2"\nrows = [\n'
+        '  {model = "llama-3-8b", gpus = 8, zero = 3, batch = 16, seq_len = 4096, '
+        'tokens_per_s_per_gpu = 3000},\n'
+        '  {model = "llama-3-8b", gpus = 8, zero = 3, batch = 32, seq_len = 4096, '
+        'tokens_per_s_per_gpu = 3100},\n]\n'
+    )
+    assert main(["calibrate", "--runs", str(f), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out["fitted"]) == {"mfu"} and len(out["runs"]) == 2
+    # the step time of the first row: 16 x 4096 tokens / (8 GPUs x 3000 tokens/s)
+    assert out["runs"][0]["measured_s"] == pytest.approx(16 * 4096 / (8 * 3000))
+    assert all(r["held_out_s"] is not None for r in out["runs"])
+    assert main(["calibrate", "--runs", str(tmp_path / "none.toml")]) == 2
+    assert "none.toml" in capsys.readouterr().err
