@@ -20,9 +20,10 @@ same layer may not import each other either, so that a formula cannot drift into
     engine_analyses,                      one job under each engine profile;
     serving, serving_latency,             serving engines' startup memory; the roofline of
                                           serving (TTFT, TPOT);
-    measure, reference                    the torch side
-    bounds, serving_log, engine_records   allocated, reserved and the high bound; serving logs;
-                                          recorded engine runs and their named differences
+    reference                             the torch side
+    bounds, serving_log, engine_records,  allocated, reserved and the high bound; serving logs;
+    measure                               recorded engine runs and their named differences; the
+                                          torch side's meters (measure uses traces' recorder)
     fit, measure_model                    the inverse queries (what fits); a reader's model measured
     planner                               search and cost model
     book, distributed                     glue, tables, plots, widgets; the demos
@@ -50,9 +51,9 @@ LAYERS: list[set[str]] = [
     {"layout", "finetune_acts"},
     {"comm", "flops"},
     {"estimate", "inference"},
-    {"allocator", "traces", "analyses", "engine_analyses", "measure", "reference",
+    {"allocator", "traces", "analyses", "engine_analyses", "reference",
      "finetune_analyses", "serving", "serving_latency"},
-    {"bounds", "serving_log", "engine_records"},
+    {"bounds", "serving_log", "engine_records", "measure"},
     {"fit", "measure_model"},
     {"planner"},
     {"book", "distributed", "plots", "widgets", "tables"},

@@ -198,8 +198,9 @@ def loss_peak_bytes(tokens: int, vocab: int, hidden: int = 64) -> int:
     the negative log-likelihood), then ``backward()``, as a model without a fused loss does
     (Transformers' ``ForCausalLMLoss`` upcasts the logits to fp32 the same way).
 
-    Measured on the CPU with PyTorch's ``torch.distributed._tools.mem_tracker.MemTracker`` (its
-    peak of live tensor storages), so the caller compares it with ``4·tokens·vocab``, the fp32
+    Measured on the CPU as the peak of live tensor storages that the operators create
+    (:class:`parmem.traces.record_allocations`, a dispatch mode; PyTorch's own ``MemTracker``
+    counts the same storages but takes 2.8 s to import), so the caller compares it with ``4·tokens·vocab``, the fp32
     logits the estimate keeps for the backward pass. The caller's reference to the bf16 logits
     is dropped after the loss, as a training loop's is.
     """
@@ -210,20 +211,26 @@ def loss_peak_bytes(tokens: int, vocab: int, hidden: int = 64) -> int:
     hidden = integer("hidden", hidden, 1, 1 << 12)
     import torch
     import torch.nn.functional as F  # noqa: N812
-    from torch.distributed._tools.mem_tracker import MemTracker
+
+    from .traces import record_allocations
 
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(tokens, hidden, generator=gen).to(torch.bfloat16).requires_grad_()
     weight = torch.randn(vocab, hidden, generator=gen).to(torch.bfloat16).requires_grad_()
     target = torch.randint(0, vocab, (tokens,), generator=gen)
     held = x.numel() * 2 + weight.numel() * 2 + target.numel() * 8
-    tracker = MemTracker()
-    tracker.track_external(x, weight, target)
-    with tracker:
+    with record_allocations(track=(x, weight, target)) as rec:
         loss = F.cross_entropy(F.linear(x, weight).float(), target)
         loss.backward()
-    peak = tracker.get_tracker_snapshot("peak")
-    total = max(int(by_type["Total"]) for by_type in peak.values())
+    live = total = 0
+    size: dict[int, int] = {}
+    for event in rec.finish():
+        if event[0] == "alloc":
+            size[event[1]] = event[2]
+            live += event[2]
+            total = max(total, live)
+        else:
+            live -= size.pop(event[1])
     # the loss scalar, x.grad and weight.grad are counted at their own moments; the returned
     # bytes are the peak less what existed before the head ran
     return total - held
