@@ -3,9 +3,9 @@
 #   make book    the site, in _build/html, and its Chinese edition in _build/html/zh (executes every
 #                chapter once; cached afterwards)
 #   make i18n    update the Chinese edition's catalogs (locales/) after changing English prose
-#   make test    lint, unit tests, every chapter as a test, the book with -W, the browser tests
-#                of the site (the live notebooks in JupyterLab beside them; they need Chromium and
-#                a CJK font: make test fails at its start without them; BROWSER=0 skips them)
+#   make test    lint, unit tests, every chapter as a test, the book with -W (the live notebooks
+#                in JupyterLab beside it), the browser tests of the site (they need Chromium and a
+#                CJK font: make test fails at its start without them; BROWSER=0 skips them)
 #   make stress  the pool and distributed tests 5 times (RUNS=N) while busy loops load every core
 #   make lab     JupyterLab on the chapters, with parmem installed in the kernel
 #   make bench   run every benchmarks/bench_*.py
@@ -189,20 +189,16 @@ test: setup browser-check
 	@echo "== lint" && $(call timed,lint (ruff)) $(MAKE) --no-print-directory lint
 	@echo "== unit tests" && $(call timed,unit tests) $(MAKE) --no-print-directory unit
 	@echo "== chapters" && $(call timed,chapters) $(MAKE) --no-print-directory notebooks
-	@# the two editions build at the same time, one core each
-	@echo "== book (execute + both editions with -W)" && $(call timed,book build) $(MAKE) \
-	  --no-print-directory book
-	@# the browser tests of the site use under one core: the live-notebook test (JupyterLab, no
-	@# site needed) runs beside them (beside the book build, the three slowed one another: the
-	@# Chinese edition took 105 s there, 76 s beside the English one alone)
-	@echo "== browser tests of the site, and beside them the live notebooks in JupyterLab"
-	@$(call timed,live notebooks) $(MAKE) --no-print-directory live > $(BUILD)/live.log 2>&1 & live=$$!; \
-	  browser=0; $(call timed,browser test) $(MAKE) --no-print-directory browser || browser=$$?; \
-	  rc=0; wait $$live || rc=$$?; echo "-- live notebooks output:"; cat $(BUILD)/live.log; \
-	  if [ $$rc -ne 0 ]; then echo "the live-notebook test failed (exit $$rc)" >&2; fi; \
-	  if [ $$browser -ne 0 ]; then echo "the browser tests failed (exit $$browser)" >&2; exit $$browser; fi; \
-	  exit $$rc
-	@# the live notebooks run beside the browser tests: the stages' wall time is less than their sum
+	@# Sphinx builds on one core: the live-notebook test (JupyterLab, no site needed) runs beside it
+	@echo "== book (execute + both editions with -W), and beside it the live notebooks in JupyterLab"
+	@$(call timed,book build) $(MAKE) --no-print-directory book > $(BUILD)/book.log 2>&1 & book=$$!; \
+	  live=0; $(call timed,live notebooks) $(MAKE) --no-print-directory live || live=$$?; \
+	  rc=0; wait $$book || rc=$$?; echo "-- book build output:"; cat $(BUILD)/book.log; \
+	  if [ $$rc -ne 0 ]; then echo "the book build failed (exit $$rc)" >&2; exit $$rc; fi; \
+	  if [ $$live -ne 0 ]; then echo "the live-notebook test failed (exit $$live)" >&2; fi; \
+	  exit $$live
+	@echo "== browser" && $(call timed,browser test) $(MAKE) --no-print-directory browser
+	@# the live notebooks run beside the book: the stages' wall time is less than their sum
 	@printf "  %-22s %5d s (budget 480 s)\n" "all stages, wall" \
 	  $$(( $$(date +%s) - $$(cat $(BUILD)/.stages-start) )) >> $(BUILD)/stage-times.txt
 	@echo; echo "Seconds per chapter:"; cat $(BUILD)/notebook-times.txt 2>/dev/null || echo "  (no notebooks)"
