@@ -338,3 +338,66 @@ def test_a_second_ctrl_c_while_the_ranks_stop_leaves_none_running(
     assert all(proc.poll() is not None for proc in procs)  # reaped before the raise
     assert not pool._procs and not pool.alive
     assert [r["rank"] for r in pool.run(f"{HERE}:echo", value=0)] == [0]
+
+
+# ------------------------------------------------------------------- the rank template
+def _zombie_children() -> list[int]:
+    """This process's children that exited and were not waited for."""
+    me, out = os.getpid(), []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == me and fields[0] == "Z":
+                out.append(int(entry))
+    return out
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the template is Linux's")
+def test_forked_ranks_start_where_the_pool_is_and_leave_no_zombie(tmp_path, monkeypatch):
+    """A forked rank used to keep the template's working directory (a spawned rank starts in
+    its parent's), and a process its task left behind, adopted by the pool's process (a child
+    subreaper), stayed a zombie of it after the pool closed."""
+    monkeypatch.setenv(launcher.RANK_START_ENV, "fork")
+    monkeypatch.chdir(tmp_path)
+    before = set(_zombie_children())  # other tests' in this worker (ranks of killed parents)
+    p = Pool(world_size=1, share=False)
+    try:
+        assert p.run("os:getcwd") == [str(tmp_path)]
+        p.run("os:system", command="sleep 30 &")  # left running in the rank's group
+    finally:
+        p.close()
+    deadline = time.monotonic() + 10
+    while set(_zombie_children()) - before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert set(_zombie_children()) - before == set()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the template is Linux's")
+def test_pools_started_in_two_threads_at_once_share_the_template(monkeypatch):
+    """Two threads starting pools at once interleaved their requests to the one template: a
+    rank read another's socket and died ("received 0 items of ancdata"), 4 times in 5."""
+    monkeypatch.setenv(launcher.RANK_START_ENV, "fork")
+    results: dict = {}
+
+    def start(i: int) -> None:
+        q = Pool(world_size=2, share=False)
+        try:
+            results[i] = (q.run("os:getpid"), [x.pid for x in q._procs])
+        except Exception as e:  # noqa: BLE001 (reported below)
+            results[i] = repr(e)
+        finally:
+            q.close()
+
+    for _ in range(3):
+        threads = [threading.Thread(target=start, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        for i in range(2):
+            got = results.pop(i, "no result")
+            assert isinstance(got, tuple) and got[0] == got[1], got

@@ -96,15 +96,26 @@ def test_runs_in_the_measured_runs_schema(tmp_path):
     f.write_text(
         '[my_cluster]\ngpu = "a100-80gb"\ngpus_per_node = 8\nprofile = "fsdp2"\n'
         'rows = [{model = "llama-3-8b", gpus = 64, zero = 3, batch = 64, seq_len = 8192, '
-        'recompute = "selective", tokens_per_s_per_gpu = 2904}]\n'
+        'micro_batch = 1, recompute = "selective", tokens_per_s_per_gpu = 2904}]\n'
     )
     (r,) = runs_from_toml(f)
     assert r.run.step_time == pytest.approx(64 * 8192 / (64 * 2904))
     assert r.run.cluster.world_size == 64 and r.run.parallel.dp == 64
     assert r.run.setup.engine == "fsdp2"
     f.write_text('[x]\nrows = [{model = "llama-3-8b", gpus = 8, batch = 8, seq_len = 4096}]\n')
-    with pytest.raises(ValueError, match="utilisation only|no global|tokens"):
+    with pytest.raises(ValueError, match="no gpu in the row or its group"):
         runs_from_toml(f)
+    # nothing is assumed for a reader's row: the engine, the recomputation, the micro-batch
+    good = ('gpu = "h100-sxm"\nprofile = "fsdp2"\nrows = [{model = "llama-3-8b", gpus = 8, '
+            'batch = 8, seq_len = 4096, micro_batch = 1, tokens_per_s_per_gpu = 9000')
+    for bad, message in ((good.replace('profile = "fsdp2"\n', ""), "no profile in the group"),
+                         (good + ', recompute = "block"', "recompute = 'block'"),
+                         (good.replace("micro_batch = 1, ", ""), "no micro_batch"),
+                         (good.replace("tokens_per_s_per_gpu = 9000", "mfu = 0.4"),
+                          "a utilisation only")):  # fmt: skip
+        f.write_text("[x]\n" + bad + "}]\n")
+        with pytest.raises(ValueError, match=message):
+            runs_from_toml(f)
     f.write_text("not toml [")
     with pytest.raises(ValueError, match="not TOML"):
         runs_from_toml(f)
@@ -126,7 +137,7 @@ def test_a_megatron_log_gives_the_layout_and_the_median_step():
     assert (s.micro_batch, s.num_microbatches, s.seq_len, s.recompute) == (1, 16, 4096, "selective")
     assert s.engine == "megatron-core" and r.run.cluster.world_size == 8
     assert r.run.step_time == pytest.approx(4.0)
-    assert r.fixed == {"dp_overlap_on": 0.05}
+    assert r.fixed == {"dp_overlap_on": "dp_overlap"}  # whatever dp_overlap is, given or fitted
 
 
 def test_a_log_of_another_model_or_a_contradicting_flag_is_refused():
@@ -142,15 +153,24 @@ def test_a_log_of_another_model_or_a_contradicting_flag_is_refused():
         run_from_log(fp8, ModelSpec.preset("llama-2-7b"), "h100-sxm")
 
 
-def test_a_torchtitan_log_needs_the_layout_and_takes_its_tokens_per_second():
-    """torchtitan prints no layout: the flags give it; its tps (tokens per second per GPU) makes
-    the step G x s / (GPUs x tps)."""
+def test_a_torchtitan_log_gives_its_mesh_and_takes_its_tokens_per_second():
+    """torchtitan prints its device mesh (the PR 3393 log: FSDP over dp_shard = 2 GPUs) but
+    not, in this excerpt, its batch: the flags give those, and the micro-batch is never assumed.
+    Its tps (tokens per second per GPU) makes the step G x s / (GPUs x tps)."""
     log = read_log_file(Path(HAND).parent / "torchtitan_3393_rank0.log")
-    with pytest.raises(ValueError, match="give --nodes"):
-        run_from_log(log, ModelSpec.preset("llama-3-8b"), "h100-sxm", G=8, s=2048)
-    r = run_from_log(log, ModelSpec.preset("llama-3-8b"), "h100-sxm", nodes=1, G=8, s=2048)
+    spec = ModelSpec.preset("llama-3-8b")
+    with pytest.raises(ValueError, match="world_size is 2, --nodes x --gpus-per-node 8"):
+        run_from_log(log, spec, "h100-sxm", nodes=1, G=8, s=2048, b=1)
+    with pytest.raises(ValueError, match="give --micro-batch"):
+        run_from_log(log, spec, "h100-sxm", G=8, s=2048)
+    r = run_from_log(log, spec, "h100-sxm", G=8, s=2048, b=4)
+    assert r.run.cluster.world_size == 2 and r.run.parallel.dp == 2
     assert r.run.setup.engine == "fsdp2" and r.run.parallel.zero == 3
-    assert r.run.step_time == pytest.approx(8 * 2048 / (8 * log.tokens_per_s_per_gpu))
+    assert (r.run.setup.micro_batch, r.run.setup.num_microbatches) == (4, 1)  # 8 = 2 x 4 x 1
+    assert r.run.step_time == pytest.approx(8 * 2048 / (2 * log.tokens_per_s_per_gpu))
+    hsdp = replace(log, settings={**log.settings, "dp_replicate": 2})
+    with pytest.raises(ValueError, match="dp_replicate = 2 \\(HSDP\\) is not modelled"):
+        run_from_log(hsdp, spec, "h100-sxm", G=8, s=2048, b=1)
 
 
 def test_the_link_factor_fits_a_network_bound_run():
@@ -177,8 +197,8 @@ def test_cli_calibrate_prints_the_fit_and_plans_with_it(capsys):
                  "--plan", "--top", "2"]) == 0  # fmt: skip
     out = capsys.readouterr().out
     assert "fitted: mfu = " in out and "plan with: parmem plan ... --mfu " in out
-    assert "one run: the fit is exact" in out
-    assert "dp_overlap = 0.05 whatever is fitted" in out
+    assert "no run can be left out" in out
+    assert "timed with dp_overlap (the non-overlapping engines' value)" in out
     assert "8 x H100" in out or "1 x 8" in out  # the re-plan of the run's cluster
 
 
@@ -207,9 +227,9 @@ def test_cli_calibrate_reads_runs_files_and_writes_json(tmp_path, capsys):
     f.write_text(
         '[cluster]\ngpu = "a100-80gb"\ngpus_per_node = 8\nprofile = "fsdp2"\nrows = [\n'
         '  {model = "llama-3-8b", gpus = 8, zero = 3, batch = 16, seq_len = 4096, '
-        'tokens_per_s_per_gpu = 3000},\n'
+        'micro_batch = 1, tokens_per_s_per_gpu = 3000},\n'
         '  {model = "llama-3-8b", gpus = 8, zero = 3, batch = 32, seq_len = 4096, '
-        'tokens_per_s_per_gpu = 3100},\n]\n'
+        'micro_batch = 1, tokens_per_s_per_gpu = 3100},\n]\n'
     )
     assert main(["calibrate", "--runs", str(f), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
@@ -219,3 +239,16 @@ def test_cli_calibrate_reads_runs_files_and_writes_json(tmp_path, capsys):
     assert all(r["held_out_s"] is not None for r in out["runs"])
     assert main(["calibrate", "--runs", str(tmp_path / "none.toml")]) == 2
     assert "none.toml" in capsys.readouterr().err
+
+
+def test_a_run_without_overlap_follows_the_given_dp_overlap():
+    """The hand-written Megatron log did not overlap its gradient reduction: its modelled step
+    follows --dp-overlap (given or fitted), not dp_overlap_on; the printed plan flags carry every
+    assumption the fit started from, so `parmem plan` reproduces what was calibrated."""
+    log = read_log_file(HAND)
+    r = run_from_log(log, ModelSpec.preset("llama-2-7b"), "h100-sxm")
+    a = calibrate([r], fit=("mfu",), dp_overlap=0.0)
+    b = calibrate([r], fit=("mfu",), dp_overlap=1.0)
+    assert a.before[0] > b.before[0]  # less hidden, a longer step
+    c = calibrate([r], fit=("mfu",), tp_overlap=0.5)
+    assert "--tp-overlap 0.500" in c.flags() and "--mfu " in c.flags()

@@ -393,33 +393,49 @@ class _Template:
         return self.owner == os.getpid() and self.proc.poll() is None and not self.conn.closed
 
     def fork(self, child: Any, env: dict[str, str], main: str) -> _Forked:
-        """A rank forked with the socket ``child`` as its end of the pool's pair; ``OSError``
-        when the template does not answer within :data:`TEMPLATE_TIMEOUT_S`."""
+        """A rank forked with the socket ``child`` as its end of the pool's pair, this
+        process's working directory and standard input, output and error (as they are now: a
+        spawned rank inherits them at its start too); ``OSError`` when the template does not
+        answer within :data:`TEMPLATE_TIMEOUT_S`. One exchange at a time (:data:`_TEMPLATE_LOCK`:
+        pools of several threads share the template)."""
         from multiprocessing.reduction import send_handle
 
-        try:
-            self.conn.send((os.getpid(), main, env))
-            send_handle(self.conn, child.fileno(), self.proc.pid)
-            if not self.conn.poll(TEMPLATE_TIMEOUT_S):
-                raise OSError("the rank template did not answer")
-            pid = self.conn.recv()
-        except (EOFError, OSError, ValueError) as e:
-            self.close()
-            raise OSError(f"the rank template failed: {e}") from None
+        with _TEMPLATE_LOCK:
+            try:
+                self.conn.send((os.getpid(), main, env, os.getcwd()))
+                for fd in (child.fileno(), 0, 1, 2):
+                    send_handle(self.conn, fd, self.proc.pid)
+                if not self.conn.poll(TEMPLATE_TIMEOUT_S):
+                    raise OSError("the rank template did not answer")
+                pid = self.conn.recv()
+            except (EOFError, OSError, ValueError) as e:
+                self.close()
+                raise OSError(f"the rank template failed: {e}") from None
         if not isinstance(pid, int):
             self.close()
             raise OSError(f"the rank template failed: {pid}")
         return _Forked(pid)
 
     def close(self) -> None:
+        """Stop the template and what it started that is still in its group (an intermediate
+        process; a rank leads its own session and is stopped by its pool)."""
+        import signal
+        import subprocess
+
         self.conn.close()
+        _kill_group(self.proc.pid)
         if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(5)
+            self.proc.send_signal(signal.SIGKILL)
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            pass
 
 
 #: this process's rank template (:class:`_Template`), once started
 _TEMPLATE: dict[str, Any] = {"template": None}
+#: held while the template is started or asked for a rank (pools in several threads share it)
+_TEMPLATE_LOCK = threading.RLock()
 #: ``$PARMEM_RANK_START``: ``fork`` (from the template, the default on Linux) or ``spawn``
 RANK_START_ENV = "PARMEM_RANK_START"
 _PR_SET_CHILD_SUBREAPER = 36  # from <linux/prctl.h>
@@ -436,6 +452,11 @@ def _template(begin_only: bool = False) -> _Template | None:
 
     if os.environ.get(RANK_START_ENV, "fork") != "fork" or not sys.platform.startswith("linux"):
         return None
+    with _TEMPLATE_LOCK:
+        return _template_locked(begin_only)
+
+
+def _template_locked(begin_only: bool) -> _Template | None:
     t = _TEMPLATE["template"]
     if t is None or not t.alive():
         if t is not None and t.owner == os.getpid():
@@ -489,30 +510,38 @@ def template_main() -> None:
     conn.send("ready")
     while True:
         try:
-            owner, main, env = conn.recv()
-            fd = recv_handle(conn)
+            owner, main, env, cwd = conn.recv()
+            fds = [recv_handle(conn) for _ in range(4)]  # the socket, stdin, stdout, stderr
         except (EOFError, OSError):
             os._exit(0)
         try:
-            conn.send(_fork_rank(conn, fd, owner, main == "1", env))
+            conn.send(_fork_rank(conn, fds, owner, main == "1", env, cwd))
         except Exception as e:  # the parent reads the reason: no pid
             conn.send(f"{type(e).__name__}: {e}")
         finally:
-            os.close(fd)
+            for fd in fds:
+                os.close(fd)
 
 
-def _fork_rank(conn: Any, fd: int, owner: int, death_signal: bool, env: dict[str, str]) -> int:
+def _fork_rank(
+    conn: Any, fds: list[int], owner: int, death_signal: bool, env: dict[str, str], cwd: str
+) -> int:
     """In the template: fork an intermediate process that forks the rank and exits; the rank's
     pid once the intermediate is reaped (the rank is then re-parented to ``owner``)."""
     r, w = os.pipe()
-    middle = os.fork()
+    try:
+        middle = os.fork()
+    except OSError:
+        os.close(r)
+        os.close(w)
+        raise
     if middle == 0:  # the intermediate process
         try:
             os.close(r)
             pid = os.fork()
             if pid == 0:  # the rank
                 os.close(w)
-                _forked_rank(conn, fd, owner, death_signal, env)
+                _forked_rank(conn, fds, owner, death_signal, env, cwd)
             os.write(w, str(pid).encode())
         finally:
             os._exit(0)
@@ -525,9 +554,15 @@ def _fork_rank(conn: Any, fd: int, owner: int, death_signal: bool, env: dict[str
     return int(text)
 
 
-def _forked_rank(conn: Any, fd: int, owner: int, death_signal: bool, env: dict[str, str]) -> None:
+def _forked_rank(
+    conn: Any, fds: list[int], owner: int, death_signal: bool, env: dict[str, str], cwd: str
+) -> None:
     """A forked rank: wait to be re-parented to the pool's process, take the pool's environment,
-    lead a new session, then live as a spawned rank does (:func:`_rank_body`); never returns."""
+    working directory and standard streams (``fds``: its socket, then stdin, stdout, stderr),
+    lead a new session, then live as a spawned rank does (:func:`_rank_body`); never returns.
+    What the interpreter read when the template started stays the template's: ``PYTHONHASHSEED``
+    and the like, and the environment torch read on import (a rank sets its threads itself)."""
+    import sys
     from multiprocessing.connection import Connection
 
     try:
@@ -538,13 +573,18 @@ def _forked_rank(conn: Any, fd: int, owner: int, death_signal: bool, env: dict[s
                 os._exit(1)
             time.sleep(0.001)
         os.setsid()
+        for target, fd in zip((0, 1, 2), fds[1:], strict=True):
+            os.dup2(fd, target)
+            os.close(fd)
         os.environ.clear()
         os.environ.update(env)
-        import sys
-
+        os.chdir(cwd)
         # the command line of a spawned rank (rank_main's): FD PARENT_PID DEATH_SIGNAL
-        sys.argv[1:] = [str(fd), str(owner), "1" if death_signal else "0"]
-        _rank_body(Connection(fd), owner, death_signal)
+        sys.argv[1:] = [str(fds[0]), str(owner), "1" if death_signal else "0"]
+        _rank_body(Connection(fds[0]), owner, death_signal)
+    except BaseException:  # a spawned rank's interpreter would print it too
+        traceback.print_exc()
+        sys.stderr.flush()
     finally:
         os._exit(1)
 
@@ -862,14 +902,6 @@ class Pool:
         template = _template()
         for r in range(self.world_size):
             parent, child = Pipe()  # a socket pair on POSIX
-            cmd = [
-                sys.executable,
-                "-c",
-                "from parmem.distributed.launcher import rank_main; rank_main()",
-                str(child.fileno()),
-                str(os.getpid()),
-                main,
-            ]
             try:
                 p: Any = None
                 if template is not None:
@@ -877,7 +909,19 @@ class Pool:
                         p = template.fork(child, env, main)
                     except OSError:
                         template = None  # spawned from here on; a new template next start
+                        # a rank forked before the template failed may hold this pair: a new one
+                        parent.close()
+                        child.close()
+                        parent, child = Pipe()
                 if p is None:
+                    cmd = [
+                        sys.executable,
+                        "-c",
+                        "from parmem.distributed.launcher import rank_main; rank_main()",
+                        str(child.fileno()),
+                        str(os.getpid()),
+                        main,
+                    ]
                     p = subprocess.Popen(
                         cmd, pass_fds=(child.fileno(),), env=env, start_new_session=True
                     )
@@ -993,6 +1037,8 @@ class Pool:
             for p in self._procs:
                 _exited(p, 2.0)
                 _kill_group(p.pid)
+                if isinstance(p, _Forked) and p.poll() is not None:
+                    _reap_group(p.pid)
             for c in self._conns:
                 c.close()
             self._procs, self._conns, self._store = [], [], None
@@ -1317,6 +1363,23 @@ def _kill_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def _reap_group(pgid: int, seconds: float = 1.0) -> None:
+    """Wait for what is left of a forked rank's process group (processes its tasks started,
+    killed by :func:`_kill_group`): as a child subreaper, this process adopted the ones whose
+    parent exited, and would keep them as zombies. Only members of that group are waited for
+    (``waitpid(-pgid)``), for at most ``seconds``; the rank itself is reaped already."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            pid, _ = os.waitpid(-pgid, os.WNOHANG)
+        except ChildProcessError:  # no child left in that group
+            return
+        if pid == 0:  # one is still dying
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.005)
 
 
 def _exited(p, seconds: float) -> bool:

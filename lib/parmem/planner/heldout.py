@@ -151,8 +151,18 @@ def run_from_row(
     """One row in the schema of ``data/measured_runs.toml`` (``group``: its table) as a
     :class:`MeasuredRun`; ``org``: the organisation (default: :data:`ORGS`' for ``name``). A row
     that cannot be scored is a ``ValueError`` giving the reason (:func:`skipped`'s)."""
-    if "metric" not in group:  # a reader's file: what the row gives
+    if "metric" not in group:  # a reader's file: what the row gives, and nothing assumed
         group = {**group, "metric": "step_time" if "step_time_s" in row else "tokens_per_s"}
+        for key, where in (("gpu", "the row or its group"), ("profile", "the group")):
+            if key not in row and key not in group:
+                raise ValueError(f"{name}: no {key} in {where} (an engine profile: fsdp2, "
+                                 "megatron-core, ...)" if key == "profile" else
+                                 f"{name}: no {key} in {where} (a hardware preset)")  # fmt: skip
+        rec = row.get("recompute", "none")
+        if rec not in ("none", "selective", "full"):
+            raise ValueError(f"{name}: recompute = {rec!r}: one of none, selective, full")
+        if "micro_batch" not in row and group.get("grad_accum") != 1:
+            raise ValueError(f"{name}: no micro_batch (or grad_accum = 1 in the group)")
     why = _why_not(group, row)
     if why is None and "gpus" not in row:
         why = "no gpus"

@@ -56,6 +56,7 @@ __all__ = [
     "run_from_log",
     "runs_from_toml",
     "megatron_layout",
+    "titan_layout",
     "scaled_cluster",
     "calibrate",
     "group_runs",
@@ -82,6 +83,9 @@ FITTABLE: dict[str, tuple[float, float]] = {
 #: ``Hardware.intra_node``, NVLink): a reader's network is not the datasheet's
 LINK_SCALES = {"inter_node_scale": "inter_node", "intra_node_scale": "intra_node"}
 
+#: the assumptions ``parmem plan`` has a flag for besides :data:`FITTABLE`'s
+_PLAN_FLAGS = ("headroom", "mfu_ampere_scale", "mfu_hopper_scale")
+
 _GRID = 11
 _GOLDEN_STEPS = 10
 _ROUNDS = 6
@@ -91,12 +95,13 @@ _ROUNDS = 6
 class OwnRun:
     """One measured run of the reader's: its name (the log's path, or the row's key), the run as
     the held-out scoring models it, the assumptions this run is timed with whatever is fitted
-    (``fixed``: what its log says it did, e.g. no overlapped gradient reduction), and notes on
-    what was read and decided."""
+    (``fixed``: what its log says it did, e.g. no overlapped gradient reduction; a value that is
+    another assumption's name takes that assumption's value), and notes on what was read and
+    decided."""
 
     name: str
     run: MeasuredRun
-    fixed: Mapping[str, float] = field(default_factory=dict)
+    fixed: Mapping[str, float | str] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
 
 
@@ -113,7 +118,9 @@ def scaled_cluster(cluster: Cluster, scales: Mapping[str, float]) -> Cluster:
 
 def _model_time(r: OwnRun, kw: Mapping[str, Any]) -> float:
     m = r.run
-    kw = {**kw, **r.fixed}
+    alias = {k: kw.get(v, getattr(Assumptions(), v)) if isinstance(v, str) else v
+             for k, v in r.fixed.items()}  # fmt: skip
+    kw = {**kw, **alias}
     cluster = scaled_cluster(m.cluster, kw)
     a = {k: v for k, v in kw.items() if k not in LINK_SCALES}
     c = evaluate(m.spec, cluster, m.parallel, m.setup,
@@ -178,7 +185,7 @@ def _fit(
             best = _golden(err, max(lo, here - cell), min(hi, here + cell))
             if err(best) > at:
                 best = here
-            if abs(best - values[n]) > 1e-3 * cell:
+            if abs(best - values[n]) > 0.02 * cell:
                 moved = True
             values[n] = best
         if not moved:
@@ -192,7 +199,7 @@ class Calibration:
     ``undetermined`` kept their starting value), the starting assumptions (``start``: the
     defaults with what was given), each run's modelled step time before the fit (``before``),
     after it (``after``, in sample) and with the values fitted to the other runs only
-    (``held_out``; ``None`` with a single run)."""
+    (``held_out``; ``None`` where the other runs are fewer than the fitted values)."""
 
     runs: tuple[OwnRun, ...]
     names: tuple[str, ...]
@@ -231,8 +238,8 @@ class Calibration:
         """The fitted values as ``parmem plan`` flags (``--mfu 0.512 ...``)."""
         return " ".join(
             f"--{n.replace('_', '-')} {v:.3f}"
-            for n, v in self.fitted.items()
-            if n not in self.undetermined and n not in LINK_SCALES
+            for n, v in self.options.items()
+            if n in FITTABLE or n in _PLAN_FLAGS
         )
 
     def plan(
@@ -307,8 +314,9 @@ class Calibration:
             f"mean |error|: {self.mean_error('before'):.1%} with the starting assumptions, "
             f"{self.mean_error('after'):.1%} fitted (in sample)"
             + (f", {self.mean_error('held_out'):.1%} leaving each run out"
-               if len(self.runs) > 1 else
-               "; one run: the fit is exact by construction, and says nothing of other layouts"),
+               if any(h is not None for h in self.held_out) else
+               "; no run can be left out (fewer runs than fitted values would remain): the fit "
+               "is exact by construction, and says nothing of other layouts"),
         ]  # fmt: skip
         for r in self.runs:
             lines += [f"note ({r.name}): {n}" for n in r.notes]
@@ -360,7 +368,7 @@ def calibrate(
     held: list[float | None] = []
     for i, r in enumerate(runs):
         others = runs[:i] + runs[i + 1 :]
-        if not others:
+        if len(others) < len(names):  # the others cannot determine the values
             held.append(None)
             continue
         v, _ = _fit(others, names, start)
@@ -463,6 +471,33 @@ def megatron_layout(settings: Mapping[str, Any], spec: ModelSpec) -> dict[str, A
 LOG_ENGINES = {"megatron": "megatron-core", "torchtitan": "fsdp2"}
 
 
+def titan_layout(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """The layout a torchtitan run used, from what its log prints (``StepLog.settings``,
+    :mod:`parmem.planner.logs`): the device mesh of ``ParallelDims.build_mesh`` (``tp``, ``pp``,
+    ``cp``, ``ep``, ``dp_shard``, ``dp_replicate``; the world is the product of all but ``ep``,
+    which torchtitan carves out of ``dp_shard`` x ``cp``) and the trainer's "local batch size"
+    (the micro-batch of one forward and backward), "global batch size" and "sequence length".
+    A replicated data-parallel dimension (``dp_replicate`` > 1, HSDP) is refused: the profile
+    shards over the whole data-parallel group."""
+    out: dict[str, Any] = {}
+    if settings.get("dp_replicate", 1) > 1:
+        raise ValueError(
+            f"the log's dp_replicate = {settings['dp_replicate']} (HSDP) is not modelled: the "
+            "fsdp2 profile shards over the whole data-parallel group"
+        )
+    dims = ("dp_replicate", "dp_shard", "cp", "tp", "pp")
+    if any(k in settings for k in dims):
+        world = 1
+        for k in dims:
+            world *= max(int(settings.get(k, 1)), 1)
+        out["world"] = world
+    for name, key in (("tp", "t"), ("pp", "p"), ("cp", "cp"), ("ep", "e"),
+                      ("local_batch_size", "b"), ("global_batch_size", "G"), ("seq_len", "s")):  # fmt: skip
+        if settings.get(name) is not None and (key != "cp" or "dp_shard" in settings):
+            out[key] = int(settings[name])
+    return out
+
+
 def _log_cluster(
     name: str, world: int | None, gpu: str, gpus_per_node: int, nodes: int | None
 ) -> Cluster:
@@ -484,6 +519,18 @@ def _log_cluster(
     return Cluster(gpu, gpus_per_node, nodes)
 
 
+def _log_layout(log: StepLog, spec: ModelSpec) -> dict[str, Any]:
+    """What a log says of its layout (Megatron's arguments, torchtitan's mesh and batch)."""
+    read: dict[str, Any] = {}
+    if log.format == "megatron":
+        read = megatron_layout(log.settings, spec)
+    elif log.format == "torchtitan":
+        read = titan_layout(log.settings)
+    if log.global_batch is not None:
+        read.setdefault("G", log.global_batch)
+    return read
+
+
 def run_from_log(
     log: StepLog,
     spec: ModelSpec,
@@ -502,9 +549,7 @@ def run_from_log(
     it prints one. ``engine``: default by the log's format (:data:`LOG_ENGINES`)."""
     notes: list[str] = []
     given = {k: v for k, v in layout.items() if v is not None}
-    read = megatron_layout(log.settings, spec) if log.format == "megatron" else {}
-    if log.global_batch is not None:
-        read.setdefault("G", log.global_batch)
+    read = _log_layout(log, spec)
     for k, v in given.items():
         if k in read and read[k] != v:
             raise ValueError(f"{log.name}: the log says {k} = {read[k]!r}, the flags {v!r}")
@@ -513,7 +558,7 @@ def run_from_log(
     if engine is None:
         raise ValueError(f"{log.name}: a {log.format} log does not say its engine: give --engine")
     cluster = _log_cluster(log.name, lay.pop("world", None), gpu, gpus_per_node, nodes)
-    for need, flag in (("G", "--global-batch"), ("s", "--seq")):
+    for need, flag in (("G", "--global-batch"), ("s", "--seq"), ("b", "--micro-batch")):
         if need not in lay:
             raise ValueError(f"{log.name}: the log does not say {flag[2:]}: give {flag}")
     t, p, cp, e = (int(lay.get(k, 1)) for k in ("t", "p", "cp", "e"))
@@ -521,7 +566,7 @@ def run_from_log(
     if n % (t * p * cp):
         raise ValueError(f"{log.name}: {n} GPUs do not divide into t={t} x p={p} x cp={cp}")
     d = n // (t * p * cp)
-    b, G, s = int(lay.get("b", 1)), int(lay["G"]), int(lay["s"])
+    b, G, s = int(lay["b"]), int(lay["G"]), int(lay["s"])
     if G % (d * b):
         raise ValueError(f"{log.name}: global batch {G} is not a multiple of d={d} x b={b}")
     v = int(lay.get("v", 1))
@@ -552,12 +597,12 @@ def run_from_log(
         f"{len(log.kept)} of {len(log.steps)} logged steps used (median); "
         f"warm-up left out: {len(log.steps) - len(log.kept)}"
     )
-    fixed: dict[str, float] = {}
+    fixed: dict[str, float | str] = {}
     if lay.get("overlap_grad_reduce") is False and d > 1:
-        fixed["dp_overlap_on"] = Assumptions().dp_overlap
+        fixed["dp_overlap_on"] = "dp_overlap"
         notes.append(
             "the run did not overlap its gradient reduction (overlap_grad_reduce = False): "
-            f"timed with dp_overlap = {Assumptions().dp_overlap} whatever is fitted"
+            "timed with dp_overlap (the non-overlapping engines' value), not dp_overlap_on"
         )
     run = MeasuredRun(log.name, "own", "own", spec, cluster, par, setup, step)
     return OwnRun(log.name, run, fixed, tuple(notes))
