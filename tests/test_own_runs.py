@@ -252,3 +252,20 @@ def test_a_run_without_overlap_follows_the_given_dp_overlap():
     assert a.before[0] > b.before[0]  # less hidden, a longer step
     c = calibrate([r], fit=("mfu",), tp_overlap=0.5)
     assert "--tp-overlap 0.500" in c.flags() and "--mfu " in c.flags()
+
+
+def test_an_fp32_run_and_a_megatron_log_silent_on_overlap():
+    """Megatron-LM's bf16 and fp16 both False is an fp32 run (BF16 rates only: refused); a log
+    without overlap_grad_reduce ran without it (the flag is off by default)."""
+    log = read_log_file(HAND)
+    spec = ModelSpec.preset("llama-2-7b")
+    fp32 = replace(log, settings={**log.settings, "bf16": False})
+    with pytest.raises(ValueError, match="an fp32 run"):
+        run_from_log(fp32, spec, "h100-sxm")
+    silent = replace(log, settings={k: v for k, v in log.settings.items()
+                                    if k != "overlap_grad_reduce"})  # fmt: skip
+    r = run_from_log(silent, spec, "h100-sxm")
+    assert r.fixed == {"dp_overlap_on": "dp_overlap"}
+    assert any("does not print overlap_grad_reduce" in n for n in r.notes)
+    on = replace(log, settings={**log.settings, "overlap_grad_reduce": True})
+    assert run_from_log(on, spec, "h100-sxm").fixed == {}

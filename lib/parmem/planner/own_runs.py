@@ -426,6 +426,9 @@ def _check_megatron_model(settings: Mapping[str, Any], spec: ModelSpec) -> None:
         )
     if settings.get("fp16"):
         raise ValueError("the log's fp16 = True: the time model has BF16 rates only")
+    if settings.get("bf16") is False and settings.get("fp16") is False:
+        raise ValueError("the log's bf16 and fp16 are False (an fp32 run): the time model has "
+                         "BF16 rates only")  # fmt: skip
 
 
 def megatron_layout(settings: Mapping[str, Any], spec: ModelSpec) -> dict[str, Any]:
@@ -598,12 +601,20 @@ def run_from_log(
         f"warm-up left out: {len(log.steps) - len(log.kept)}"
     )
     fixed: dict[str, float | str] = {}
-    if lay.get("overlap_grad_reduce") is False and d > 1:
+    said = lay.get("overlap_grad_reduce")
+    # Megatron-LM overlaps the gradient reduction only with --overlap-grad-reduce (off by
+    # default; versions before the flag never did): a log that does not say so did not
+    if d > 1 and (said is False or (said is None and log.format == "megatron")):
         fixed["dp_overlap_on"] = "dp_overlap"
-        notes.append(
-            "the run did not overlap its gradient reduction (overlap_grad_reduce = False): "
-            "timed with dp_overlap (the non-overlapping engines' value), not dp_overlap_on"
+        why = (
+            "overlap_grad_reduce = False"
+            if said is False
+            else ("the log does not print overlap_grad_reduce, off by default")
         )
+        notes.append(
+            f"the run did not overlap its gradient reduction ({why}): timed with dp_overlap "
+            "(the non-overlapping engines' value), not dp_overlap_on"
+        )  # fmt: skip
     run = MeasuredRun(log.name, "own", "own", spec, cluster, par, setup, step)
     return OwnRun(log.name, run, fixed, tuple(notes))
 
