@@ -269,3 +269,32 @@ def test_an_fp32_run_and_a_megatron_log_silent_on_overlap():
     assert any("does not print overlap_grad_reduce" in n for n in r.notes)
     on = replace(log, settings={**log.settings, "overlap_grad_reduce": True})
     assert run_from_log(on, spec, "h100-sxm").fixed == {}
+
+
+def test_the_megatron_arguments_read_are_megatron_lms():
+    """Every argument calibrate reads from a Megatron-LM log is an option of Megatron-LM's own
+    parser (tests/fixtures/megatron_lm_args.json, recorded from it by
+    scripts/record_megatron_args.py), but for the two validate_args sets (world_size,
+    virtual_pipeline_model_parallel_size); and the parser's defaults are what the calibration
+    assumes of a log: no overlapped gradient reduction, no distributed optimizer, no sequence
+    parallelism unless given, recomputation one of the kinds modelled."""
+    import inspect
+    import json
+    import re
+
+    from parmem.planner import own_runs
+
+    src = "".join(inspect.getsource(f) for f in (own_runs.megatron_layout,
+                                                 own_runs._check_megatron_model))  # fmt: skip
+    read = set(re.findall(r'settings(?:\.get\(|\[)"(\w+)"', src))
+    read |= set(re.findall(r'"(\w+)": "\w+",', src))  # the layout table's keys
+    read |= set(own_runs._MEGATRON_MODEL)
+    parser = json.loads((Path(__file__).parent / "fixtures" / "megatron_lm_args.json")
+                        .read_text())["options"]  # fmt: skip
+    options = {o["dest"]: o for o in parser}
+    assert {"tensor_model_parallel_size", "overlap_grad_reduce", "num_layers"} <= read
+    assert read - set(options) == {"world_size", "virtual_pipeline_model_parallel_size"}
+    for name in ("overlap_grad_reduce", "use_distributed_optimizer", "sequence_parallel", "bf16"):
+        assert options[name]["default"] is False and options[name]["action"] == "_StoreTrueAction"
+    assert set(options["recompute_granularity"]["choices"]) == {"selective", "full"}
+    assert options["recompute_granularity"]["default"] is None  # what megatron_layout calls none
