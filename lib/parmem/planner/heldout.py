@@ -42,6 +42,7 @@ __all__ = [
     "Fold",
     "measured_runs",
     "run_from_row",
+    "step_seconds",
     "skipped",
     "score",
     "summary",
@@ -212,12 +213,18 @@ def _run(
     if "step_time_s" in row:
         step = float(row["step_time_s"])
     else:
-        step = batch * seq / (float(row["tokens_per_s_per_gpu"]) * gpus)
+        step = step_seconds(batch, seq, float(row["tokens_per_s_per_gpu"]), gpus)
     key = f"{name} {spec.name} {gpus} GPUs t{t} p{p} cp{cp} e{e} d{d} z{zero} b{b} s{seq}"
     return MeasuredRun(key, name, org or _org(name), spec,
                        Cluster(row.get("gpu", group.get("gpu", "h100-sxm")), per_node,
                                max(gpus // per_node, 1)),
                        par, setup, step)  # fmt: skip
+
+
+def step_seconds(batch: int, seq_len: int, tokens_per_s_per_gpu: float, gpus: int) -> float:
+    """Seconds per step from a throughput per GPU: the tokens of one global batch (``batch``
+    sequences of ``seq_len``) over the tokens per second of all ``gpus``."""
+    return batch * seq_len / (tokens_per_s_per_gpu * gpus)
 
 
 def _rows() -> list[tuple[str, dict[str, Any], dict[str, Any]]]:

@@ -43,7 +43,7 @@ from typing import Any, Unpack
 
 from ..config import ParallelConfig, TrainingSetup, even_split
 from ..model import ModelSpec
-from .heldout import MeasuredRun, run_from_row
+from .heldout import MeasuredRun, run_from_row, step_seconds
 from .inputs import AssumptionOptions, Assumptions, Cluster
 from .logs import StepLog
 from .result import Plan
@@ -587,7 +587,7 @@ def run_from_log(
         engine=engine,
     )
     if log.tokens_per_s_per_gpu is not None:
-        step = G * s / (log.tokens_per_s_per_gpu * n)
+        step = step_seconds(G, s, log.tokens_per_s_per_gpu, n)
         notes.append(
             f"step time from the log's tokens per second per GPU "
             f"({log.tokens_per_s_per_gpu:,.0f}): {G} x {s} tokens / ({n} GPUs x that)"
