@@ -298,3 +298,21 @@ def test_the_megatron_arguments_read_are_megatron_lms():
         assert options[name]["default"] is False and options[name]["action"] == "_StoreTrueAction"
     assert set(options["recompute_granularity"]["choices"]) == {"selective", "full"}
     assert options["recompute_granularity"]["default"] is None  # what megatron_layout calls none
+
+
+@pytest.mark.parametrize("mesh", [
+    {"pp": 1, "dp_replicate": 1, "dp_shard": 2, "cp": 1, "tp": 1, "ep": 1},  # the PR 3393 log's
+    {"pp": 2, "dp_replicate": 1, "dp_shard": 4, "cp": 2, "tp": 2, "ep": 4},
+])  # fmt: skip
+def test_the_world_of_a_torchtitan_mesh_is_torchtitans(mesh):
+    """titan_layout's world (every mesh dimension but ep, which torchtitan carves out of
+    dp_shard x cp) is the world size torchtitan's own ParallelDims accepts, and only it."""
+    pytest.importorskip("torchtitan")
+    from torchtitan.distributed import ParallelDims
+
+    from parmem.planner.own_runs import titan_layout
+
+    world = titan_layout(mesh)["world"]
+    ParallelDims(**mesh, world_size=world)  # validated on construction
+    with pytest.raises(AssertionError, match="Invalid parallel dims"):
+        ParallelDims(**mesh, world_size=world * 2)
