@@ -16,6 +16,7 @@ from parmem.comm import (
     CATEGORIES,
     COLLECTIVES,
     CommBreakdown,
+    CommOp,
     StageShape,
     all_gather_bytes,
     all_reduce_bytes,
@@ -25,6 +26,7 @@ from parmem.comm import (
     collective_steps,
     collective_time,
     collectives,
+    op_time,
     placement,
     reduce_scatter_bytes,
     send_recv_bytes,
@@ -350,21 +352,70 @@ def test_step_comm_of_a_model_equals_its_stage_shapes():
 
 
 # ---------------------------------------------------------------------------- placement
-@pytest.mark.parametrize("par, expect", [
+# per node: (tp, cp, ep, dp, edp, pp) ranks of each group on one node, derived by hand from the
+# rank order: a group of size n and stride s (the product of the faster axes) has
+# min(n, 8 // s) ranks on a node, at least 1 (the expert-data-parallel group: stride tp * ep)
+@pytest.mark.parametrize("par, expect, per_node", [
     # Megatron order tp-cp-ep-dp-pp on 8-GPU nodes
     (ParallelConfig(dp=2, tp=8, pp=4), dict(tp_intra=True, cp_intra=True, ep_intra=True,
-                                           dp_intra=False, pp_intra=False)),
+                                           dp_intra=False, pp_intra=False), (8, 1, 1, 1, 1, 1)),
     (ParallelConfig(dp=8, pp=8), dict(tp_intra=True, cp_intra=True, ep_intra=True,
-                                      dp_intra=True, pp_intra=False)),
+                                      dp_intra=True, pp_intra=False), (1, 1, 1, 8, 8, 1)),
     (ParallelConfig(dp=2, tp=16), dict(tp_intra=False, cp_intra=False, ep_intra=False,
-                                       dp_intra=False, pp_intra=False)),
+                                       dp_intra=False, pp_intra=False), (8, 1, 1, 1, 1, 1)),
     (ParallelConfig(dp=16, ep=8, pp=4), dict(tp_intra=True, cp_intra=True, ep_intra=True,
-                                             dp_intra=False, pp_intra=False)),
+                                             dp_intra=False, pp_intra=False), (1, 1, 8, 8, 1, 1)),
     (ParallelConfig(dp=2, tp=2, pp=2), dict(tp_intra=True, cp_intra=True, ep_intra=True,
-                                            dp_intra=True, pp_intra=True)),
-])
-def test_placement_follows_megatron_rank_order(par, expect):
-    assert placement(par, gpus_per_node=8) == expect
+                                            dp_intra=True, pp_intra=True), (2, 1, 1, 2, 2, 2)),
+    (ParallelConfig(dp=16, tp=2, cp=2), dict(tp_intra=True, cp_intra=True, ep_intra=True,
+                                             dp_intra=False, pp_intra=False), (2, 2, 1, 4, 4, 1)),
+])  # fmt: skip
+def test_placement_follows_megatron_rank_order(par, expect, per_node):
+    where = placement(par, gpus_per_node=8)
+    assert {k: v for k, v in where.items() if k.endswith("_intra")} == expect
+    groups = ("tp", "cp", "ep", "dp", "edp", "pp")
+    assert tuple(where[f"{g}_per_node"] for g in groups) == per_node
+
+
+def test_ring_across_nodes_uses_every_port_of_the_node():
+    """An all-reduce over 16 GPUs on two DGX A100 nodes, 8 ranks a node: NCCL's team measured
+    192 GB/s of bus bandwidth (8 x 200 Gb/s HDR ports; NVIDIA/nccl issue 812, quoted in issue
+    1576), and the bus bandwidth is the nccl-tests one, 2(n-1)/n * size / time
+    (nccl-tests doc/PERFORMANCE.md). One rank a node: one port, 25 GB/s."""
+    hw = hardware_preset("a100-80gb")
+    size, n = 2**33, 16  # 8 GiB, nccl-tests' largest default size
+    op = CommOp("dp", "gradient all-reduce", "all_reduce", size, n, 1)
+    where = dict(dp_intra=False, dp_per_node=8)
+    busbw = 2 * (n - 1) / n * size / op_time(op, hw, where)
+    assert busbw == pytest.approx(192e9, rel=0.06)
+    one = 2 * (n - 1) / n * size / op_time(op, hw, {**where, "dp_per_node": 1})
+    assert one == pytest.approx(25e9, rel=0.01)
+    # never faster than NVLink: 16 ports a node would be 400 GB/s, NVLink 3 carries 300
+    many = 2 * (n - 1) / n * size / op_time(op, hw, {**where, "dp_per_node": 16})
+    assert many == pytest.approx(hw.intra_node.bandwidth, rel=0.01)
+    # the same through CommBreakdown.times and placement
+    b = CommBreakdown((op,))
+    par = ParallelConfig(dp=16)
+    assert b.times(hw, **placement(par))["dp"] == pytest.approx(op_time(op, hw, where))
+    with pytest.raises(ValueError, match="dp_per_nod: unknown keyword"):
+        b.times(hw, dp_per_nod=8)
+    with pytest.raises(ValueError, match="dp_per_node"):
+        b.times(hw, dp_per_node=0)
+
+
+def test_all_to_all_across_nodes_crosses_one_port_with_the_remote_share():
+    """An all-to-all cannot spread over several ports (NVIDIA/nccl-tests issue 267); on N nodes
+    its bus bandwidth, (n-1)/n * size / time, is about N/(N-1) ports' (nccl-tests issue 130):
+    only the traffic to other nodes crosses the port."""
+    hw = hardware_preset("h100-sxm")
+    size, n, k = 2**30, 32, 8  # 4 nodes of 8
+    op = CommOp("ep", "dispatch", "all_to_all", size, n, 1)
+    t = op_time(op, hw, dict(ep_intra=False, ep_per_node=k))
+    busbw = (n - 1) / n * size / t
+    nodes = n // k
+    assert busbw == pytest.approx(hw.inter_node.bandwidth * nodes / (nodes - 1), rel=0.05)
+    # not k ports' worth, as a ring's would be
+    assert t > 4 * (n - 1) / n * size / (k * hw.inter_node.bandwidth)
 
 
 def test_placement_rejects_bad_node_size():
@@ -442,8 +493,13 @@ def test_tp_across_nodes_is_slower_than_inside():
     par = ParallelConfig(dp=2, tp=8, pp=4, sp=True, zero=1)
     com = step_comm(spec, par, TrainingSetup(seq_len=4096, num_microbatches=64))
     inside = com.times("h100-sxm", **placement(par))["sp"]
-    outside = com.times("h100-sxm", **{**placement(par), "tp_intra": False})["sp"]
-    assert 7 < outside / inside < 9.5
+    # one rank of the TP group a node: each ring crosses one port
+    outside = com.times("h100-sxm", **{**placement(par), "tp_intra": False, "tp_per_node": 1})
+    assert 7 < outside["sp"] / inside < 9.5
+    # eight a node: the rings share the node's eight ports, 400 GB/s against NVLink's 450
+    eight = com.times("h100-sxm", **{**placement(par), "tp_intra": False})["sp"]
+    # (the rest is latency: 8 us a message across nodes against 3 us on NVLink)
+    assert 1 < eight / inside < 1.5
 
 
 def test_megatron_reduces_fp32_gradients():

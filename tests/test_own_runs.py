@@ -178,7 +178,7 @@ def test_the_link_factor_fits_a_network_bound_run():
     at half the modelled time fits a faster inter-node link, and the plan uses it."""
     spec = ModelSpec.preset("llama-2-7b")
     cluster = Cluster("h100-sxm", 8, 16)
-    par = ParallelConfig(dp=128, zero=3)
+    par = ParallelConfig(dp=16, tp=8, zero=3)  # one rank of each ZeRO group a node: one port
     su = TrainingSetup(seq_len=512, micro_batch=1, num_microbatches=1, engine="fsdp2",
                        flash_attention=True, dropout=False)  # fmt: skip
     t = evaluate(spec, cluster, par, su).step_time

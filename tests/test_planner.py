@@ -10,6 +10,7 @@ import math
 import re
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 from helpers import gpt
@@ -232,11 +233,22 @@ def test_exposed_dp_time_is_the_ring_time_without_overlap():
     ib = hardware_preset("h100-sxm").inter_node
     grads = 2 * spec.num_params()  # bf16 gradients = bf16 parameters, all on every GPU (t=p=1)
     chunk = -(-grads // d)
-    one = (d - 1) * ib.latency + (d - 1) * chunk / ib.bandwidth  # ring reduce-scatter/all-gather
+    # ring reduce-scatter/all-gather, one port a GPU (the paper profile: cost.shares_ports)
+    one = (d - 1) * ib.latency + (d - 1) * chunk / ib.bandwidth
     assert c.time.dp == pytest.approx(2 * one, rel=1e-12)
     hidden = evaluate(spec, cluster, par, st)  # default: overlapped except the last bucket
     assert 0 < hidden.time.dp < c.time.dp
     assert hidden.step_time < c.step_time
+    # an engine profile: 8 ranks a node share the node's 8 ports (parmem.comm.op_time: NCCL
+    # binds a channel to each GPU's port); Megatron-Core reduce-scatters fp32 main gradients
+    # and all-gathers the bf16 parameters (distributed optimizer)
+    mc = replace(st, engine="megatron-core")
+    c = evaluate(spec, cluster, par, mc, dp_overlap_on=0.0)
+    # Megatron pads the vocabulary to a multiple of 128 (50,257 -> 50,304 rows of 1,024, tied)
+    padded = spec.num_params() + (50304 - 50257) * 1024
+    rs, ag = -(-4 * padded // d), -(-2 * padded // d)
+    ring = 2 * (d - 1) * ib.latency + (d - 1) * (rs + ag) / (8 * ib.bandwidth)
+    assert c.time.dp == pytest.approx(ring, rel=1e-12)
 
 
 @pytest.mark.parametrize("schedule,p,m,v", [("1f1b", 4, 8, 1), ("1f1b", 8, 4, 1),

@@ -56,7 +56,8 @@ REFUSED: dict[str, dict[str, str]] = {
         "llama2-13b-zero2-tp": "tp=2",
         "mixtral-zero0-ep": "tp=2, ep=4, selective recomputation",
     },
-    "torchtitan": {"gpt3-pipeline-interleaved": "ZeRO-1", "llama2-13b-zero2-tp": "ZeRO-2"},
+    "torchtitan": {"gpt3-pipeline-interleaved": "ZeRO-1", "llama2-13b-zero2-tp": "ZeRO-2",
+                   "llama2-7b-zero1": "ZeRO-1"},
 }
 
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ._check import boolean, integer
 from .activations import layer_input_bytes
@@ -48,7 +49,7 @@ __all__ = [
     "all_gather_bytes", "all_to_all_bytes", "broadcast_bytes", "send_recv_bytes",
     "collective_bytes", "collective_steps", "collective_time", "CommOp", "CommBreakdown",
     "StageShape", "stage_shape", "collectives", "step_comm", "placement",
-    "category_times", "zero_redundancy_comm",
+    "category_times", "op_time", "RING_OPS", "zero_redundancy_comm",
 ]  # fmt: skip
 
 #: Collective names accepted by :func:`collective_bytes` and :func:`collective_time`.
@@ -254,6 +255,7 @@ class CommBreakdown:
         ep_intra: bool = True,
         dp_intra: bool = False,
         pp_intra: bool = False,
+        **per_node: int,
     ) -> dict[str, float]:
         """Alpha-beta seconds per category on ``hardware`` (a Hardware or a preset name).
 
@@ -261,22 +263,34 @@ class CommBreakdown:
         otherwise on the per-GPU ``inter_node`` link. The defaults follow
         Megatron-LM's rank order (tp, cp, ep, dp, pp from fastest-varying), which
         keeps the inner groups inside a node. SP uses the TP setting.
+        ``<group>_per_node`` (``tp``, ``cp``, ``ep``, ``dp``, ``edp``, ``pp``; 1 where not given):
+        how many ranks of a group that spans nodes share each node, whose network ports its
+        ring collectives share (:func:`op_time`). ``**placement(parallel, gpus_per_node)``
+        passes them all.
         """
         hw = hardware_preset(hardware) if isinstance(hardware, str) else hardware
         if not isinstance(hw, Hardware):
             raise ValueError(f"hardware={hardware!r} must be a Hardware or a preset name")
-        where = dict(
+        known = {f"{c}_per_node" for c in ("tp", "cp", "ep", "dp", "edp", "pp")}
+        for key, k in per_node.items():
+            if key not in known:
+                raise ValueError(f"{key}: unknown keyword; known: {', '.join(sorted(known))}")
+            integer(key, k, 1)
+        where: dict[str, bool | int] = dict(
             dp_intra=dp_intra,
             tp_intra=tp_intra,
             pp_intra=pp_intra,
             ep_intra=ep_intra,
             cp_intra=cp_intra,
+            **per_node,
         )
         return category_times(self.ops, hw, where)
 
-    def time(self, hardware: Hardware | str, **placement: bool) -> float:
-        """Total alpha-beta seconds, serial sum of :meth:`times` (same keywords)."""
-        return sum(self.times(hardware, **placement).values())
+    def time(self, hardware: Hardware | str, **placement: Any) -> float:
+        """Total alpha-beta seconds, serial sum of :meth:`times` (same keywords: ``bool``
+        ``<group>_intra`` and ``int`` ``<group>_per_node``)."""
+        times: dict[str, float] = self.times(hardware, **placement)
+        return sum(times.values(), 0.0)
 
 
 @dataclass(frozen=True)
@@ -549,35 +563,105 @@ def zero_redundancy_comm(
 
 
 # ---------------------------------------------------------------------------- whole layouts
-def placement(parallel: ParallelConfig, gpus_per_node: int = 8) -> dict[str, bool]:
-    """Which groups of ``parallel`` stay inside one node of ``gpus_per_node`` GPUs.
+def placement(parallel: ParallelConfig, gpus_per_node: int = 8) -> dict[str, bool | int]:
+    """Where the groups of ``parallel`` sit on nodes of ``gpus_per_node`` GPUs.
 
     Ranks are laid out as Megatron-LM does (``--order tp-cp-ep-dp-pp``, tp varying fastest): a
-    group is inside a node when its size times the sizes of the faster-varying axes is at most
-    ``gpus_per_node``. Returns the keywords of :meth:`CommBreakdown.times`
-    (``tp_intra``, ``cp_intra``, ``ep_intra``, ``dp_intra``, ``pp_intra``).
+    group is inside a node when its size times the sizes of the faster-varying axes (its
+    *stride*) is at most ``gpus_per_node``. Returns the keywords of
+    :meth:`CommBreakdown.times`: ``tp_intra``, ``cp_intra``, ``ep_intra``, ``dp_intra``,
+    ``pp_intra``, and, for a group that spans nodes, how many of its ranks share each node
+    (``<group>_per_node``: ``gpus_per_node // stride``, at least 1 and at most the group):
+    ``dp`` is the data-parallel group of the dense weights (``dp * cp`` ranks, stride ``tp``),
+    ``edp`` the expert-data-parallel group (``dp * cp / ep`` ranks, stride ``tp * ep``: Megatron-Core
+    orders the expert ranks tp-ep-dp-pp, with CP folded into their data-parallel axis).
+    :func:`op_time` reads the ``_per_node`` counts.
     """
     g = integer("gpus_per_node", gpus_per_node, 1)
     t, cp, e, d, p = parallel.tp, parallel.cp, parallel.ep, parallel.dp, parallel.pp
+
+    def per_node(stride: int, size: int) -> int:
+        return max(1, min(size, g // stride))
+
     return {
         "tp_intra": t <= g,
         "cp_intra": t * cp <= g,
         "ep_intra": t * cp * e <= g,
         "dp_intra": t * cp * d <= g,
         "pp_intra": t * cp * d * p <= g,
+        "tp_per_node": per_node(1, t),
+        "cp_per_node": per_node(t, cp),
+        "ep_per_node": per_node(t * cp, e),
+        "dp_per_node": per_node(t, d * cp),
+        "edp_per_node": per_node(t * e, d * cp // e),
+        "pp_per_node": per_node(t * cp * d, p),
     }
 
 
-def category_times(
-    ops: Iterable[CommOp], hardware: Hardware, where: Mapping[str, bool]
-) -> dict[str, float]:
-    """Alpha-beta seconds per category of ``ops``, the one place communication is timed.
+#: Collectives that NCCL runs as rings, one per channel: with ``k`` ranks of the group on each
+#: node, each of the ``k`` GPUs' own network port carries one channel's ring, so the group's
+#: inter-node bus bandwidth is ``k`` ports' (capped by NVLink), where an all-to-all's is one
+#: port's (:func:`op_time`).
+RING_OPS: frozenset[str] = frozenset({"all_reduce", "reduce_scatter", "all_gather", "broadcast"})
 
-    ``where`` is :func:`placement`'s answer: a category whose ``<category>_intra`` is true runs
-    on the NVLink ``intra_node`` link, otherwise on the per-GPU ``inter_node`` link; SP runs where
+
+def _group(o: CommOp) -> str:
+    """The group of ``o`` for :func:`placement`'s keys: ``edp`` for the expert weights'
+    data-parallel collectives (tagged ``"expert "`` by :func:`collectives`), else its category
+    (SP runs on the TP group)."""
+    if o.category == "dp" and o.what.startswith("expert "):
+        return "edp"
+    return "tp" if o.category == "sp" else o.category
+
+
+def op_time(o: CommOp, hardware: Hardware, where: Mapping[str, bool | int]) -> float:
+    """Alpha-beta seconds of all ``o.count`` collectives of ``o``, placed by ``where``
+    (:func:`placement`'s answer): the one place a collective's link is chosen.
+
+    A group inside a node runs on the NVLink ``intra_node`` link. A group across nodes runs on
+    the ``inter_node`` link (one network port per GPU), and with ``k = where["<group>_per_node"]``
+    ranks of the group on each node (1 where ``where`` does not say):
+
+    * a ring collective (:data:`RING_OPS`) moves at ``min(k · inter_node, intra_node)`` bytes/s:
+      NCCL builds one ring per channel and binds each channel to a different GPU's port, so the
+      ``k`` ports of a node carry ``1/k`` of the traffic each, and the rest of each ring runs on
+      NVLink. Measured: NVIDIA's NCCL team reports 192 GB/s all-reduce bus bandwidth across
+      DGX A100 nodes (8 x 200 Gb/s ports, 24-25 GB/s each; NVIDIA/nccl issue 812, quoted in
+      issue 1576), and bus bandwidth growing with the NICs "up to [...] the NVLink intra-node
+      bandwidth" (NVIDIA/nccl issue 412).
+    * an all-to-all cannot spread over several ports ("Alltoall cannot aggregate the bandwidth
+      of multiple NICs", NVIDIA/nccl-tests issue 267): only the share bound for other nodes,
+      ``(n - k)/(n - 1)`` of what a rank sends, crosses its own port (nccl-tests issue 130: the
+      all-to-all bus bandwidth is ``N/(N-1)`` times one port's on ``N`` nodes); the rest goes
+      over NVLink at the same time and is not the bottleneck.
+    * a send/receive crosses one port.
+    """
+    g = _group(o)
+    intra = where[f"{'dp' if g == 'edp' else g}_intra"]  # the expert group: where DP sits
+    if intra:
+        return o.time(hardware.intra_node)
+    link = hardware.inter_node
+    k = int(where.get(f"{g}_per_node", 1))
+    if k <= 1 or o.n <= 1:
+        return o.time(link)
+    if o.op in RING_OPS:
+        bw = min(k * link.bandwidth, hardware.intra_node.bandwidth)
+        return o.time(dataclasses.replace(link, bandwidth=bw))
+    if o.op == "all_to_all":
+        share = (o.n - min(k, o.n)) / (o.n - 1)
+        return o.count * (_steps(o.op, o.n) * link.latency
+                          + _sent(o.op, o.size, o.n) * share / link.bandwidth)  # fmt: skip
+    return o.time(link)
+
+
+def category_times(
+    ops: Iterable[CommOp], hardware: Hardware, where: Mapping[str, bool | int]
+) -> dict[str, float]:
+    """Alpha-beta seconds per category of ``ops``, each timed by :func:`op_time` on the link
+    ``where`` (:func:`placement`'s answer) puts it: NVLink inside a node, the per-GPU network
+    ports (as many as the group has ranks on a node, for a ring) across nodes; SP runs where
     TP does."""
-    intra = {c: where[f"{'tp' if c == 'sp' else c}_intra"] for c in CATEGORIES}
     out = dict.fromkeys(CATEGORIES, 0.0)
     for o in ops:
-        out[o.category] += o.time(hardware.intra_node if intra[o.category] else hardware.inter_node)
+        out[o.category] += op_time(o, hardware, where)
     return out

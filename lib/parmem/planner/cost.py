@@ -26,7 +26,9 @@ on one GPU::
   ``72·B·s·L·h²·(1 + s/(6h) + V/(12·L·h))`` without (:func:`parmem.flops.narayanan_flops`).
 * **communication**: :func:`parmem.comm.step_comm` lists the collectives; their alpha-beta time is
   taken on NVLink when the group fits in a node and on the per-GPU InfiniBand link otherwise
-  (Megatron-LM rank order: t, cp, e, d, p from the fastest-varying). TP/SP, EP and PP transfers
+  (Megatron-LM rank order: t, cp, e, d, p from the fastest-varying); a ring across nodes with
+  ``k`` ranks of its group on each node runs on ``k`` ports (:func:`parmem.comm.op_time`; one
+  for the ``paper`` profile: :func:`shares_ports`). TP/SP, EP and PP transfers
   sit on the critical path (less ``tp_overlap``, ``ep_overlap``, ``pp_overlap``); CP's K/V ring
   hides behind the attention it feeds (``cp_overlap``, Liu et al. 2023).
 * **pipeline**: ``T = m·t_max + (Σ_i t_i − t_max)/v``; the second term is the bubble. For equal
@@ -63,7 +65,15 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
-from ..comm import CommOp, StageShape, category_times, collectives, placement, stage_shape
+from ..comm import (
+    CommOp,
+    StageShape,
+    category_times,
+    collectives,
+    op_time,
+    placement,
+    stage_shape,
+)
 from ..config import PRECISIONS, ParallelConfig, TrainingSetup
 from ..estimate import Estimate, estimate
 from ..flops import flops_per_sequence, lora_flops_per_sequence
@@ -146,6 +156,25 @@ def kernel_scale(a: Assumptions, generation: str, engine: str) -> float:
     return 1.0
 
 
+def shares_ports(engine: str) -> bool:
+    """Whether the ring collectives of profile ``engine`` share the network ports of a node
+    among the ranks of a group that sit on it (:func:`parmem.comm.op_time`: ``k`` ranks a node,
+    ``k`` ports; NCCL binds each channel to a GPU's own port, and NVIDIA's NCCL team measures
+    192 GB/s of all-reduce bus bandwidth across DGX A100 nodes with 8 x 200 Gb/s ports:
+    NVIDIA/nccl issue 812). True for every engine profile; the measured runs of current
+    engines need it (FSDP over 16 to 128 H100s holds its 8-GPU throughput: MosaicML's
+    llm-foundry benchmark tables, ``data/measured_runs.toml``).
+
+    False for the ``paper`` profile: one port per GPU, as the published runs it is fitted to
+    ran. Narayanan et al. 2021 (Table 2) measured DeepSpeed ZeRO-3 at 88 and 44 teraFLOP/s per
+    GPU on 768 and 1,536 A100s for the 175B model (PTD-P: 149 and 141); one 25 GB/s port a GPU,
+    unoverlapped, accounts for the drop, and ``k`` ports do not (the modelled PTD-P to ZeRO-3
+    ratio falls from above 1.5 to under 1: ``tests/test_calibration.py``). A 2021 ZeRO-3 gathered
+    parameter by parameter, small messages that do not fill eight rings; this model has no
+    message-size term, so the profile keeps the paper's measured behaviour instead."""
+    return engine != "paper"
+
+
 class StageComm:
     """Communication seconds of one stage: per micro-batch ``α_c + b·β_c`` for c in tp, cp, ep,
     pp; data parallel ``F + m·P`` per step; ``grad_once``: one full gradient reduction."""
@@ -174,10 +203,14 @@ class StageComm:
 
 # cache keys of CostModel: what each cached value depends on
 _EstKey = tuple[ParallelConfig, TrainingSetup, tuple[int, ...]]
-# tp, cp, pp, ep, sp, recompute, vpp, n_layers, moe layers, stage, cp/ep/pp_intra
-_ActKey = tuple[int, int, int, int, bool, str, int, int, int, int, bool, bool, bool]
-# cp, dp, ep, zero, dense, expert, reduced gradient element, dp_intra
-_DpKey = tuple[int, int, int, int, int, int, int, bool]
+# tp, cp, pp, ep, sp, recompute, vpp, n_layers, moe layers, stage, cp/ep/pp_intra,
+# tp/cp/ep/pp ranks per node
+_ActKey = tuple[
+    int, int, int, int, bool, str, int, int, int, int, bool | int, bool | int, bool | int,
+    bool | int, bool | int, bool | int, bool | int,
+]  # fmt: skip
+# cp, dp, ep, zero, dense, expert, reduced gradient element, dp_intra, dp/edp ranks per node
+_DpKey = tuple[int, int, int, int, int, int, int, bool | int, bool | int, bool | int]
 
 
 class CostModel:
@@ -264,22 +297,27 @@ class CostModel:
         ``m`` micro-batches and ``recompute`` (cached by :func:`parmem.layout.layout`)."""
         return layout(self.spec, par, self.setup(b, m, recompute, par.vpp), lps)
 
-    def intra(self, par: ParallelConfig) -> dict[str, bool]:
-        """Which groups of ``par`` fit in a node: :func:`parmem.comm.placement`."""
-        return placement(par, self.cluster.gpus_per_node)
+    def intra(self, par: ParallelConfig) -> dict[str, bool | int]:
+        """Which groups of ``par`` fit in a node, and how many ranks of the others share a node:
+        :func:`parmem.comm.placement`; for a profile whose rings cross one port per GPU
+        (:func:`shares_ports`), one rank a node."""
+        where = placement(par, self.cluster.gpus_per_node)
+        if not shares_ports(self.setup_kw["engine"]):
+            where = {k: (1 if k.endswith("_per_node") else v) for k, v in where.items()}
+        return where
 
-    def _times(self, ops: Iterable[CommOp], intra: dict[str, bool]) -> dict[str, float]:
+    def _times(self, ops: Iterable[CommOp], intra: dict[str, bool | int]) -> dict[str, float]:
         out = category_times(ops, self.hw, intra)
         out["tp"] += out.pop("sp")
         return out
 
     @staticmethod
-    def _grad_once(ops: Iterable[CommOp], intra_dp: bool, hw: Hardware) -> float:
-        link = hw.intra_node if intra_dp else hw.inter_node  # placement()["dp_intra"]
+    def _grad_once(ops: Iterable[CommOp], intra: dict[str, bool | int], hw: Hardware) -> float:
+        """Seconds of one gradient reduction (each data-parallel gradient op once)."""
         total = 0.0
         for o in ops:
             if o.category == "dp" and "gradient" in o.what:
-                total += o.time(link) / o.count
+                total += op_time(o, hw, intra) / o.count
         return total
 
     def stage_comm_linear(self, lay: Layout, st: Stage) -> StageComm:
@@ -303,6 +341,10 @@ class CostModel:
             intra["cp_intra"],
             intra["ep_intra"],
             intra["pp_intra"],
+            intra["tp_per_node"],
+            intra["cp_per_node"],
+            intra["ep_per_node"],
+            intra["pp_per_node"],
         )
         act = self._act.get(akey)
         if act is None:
@@ -322,7 +364,7 @@ class CostModel:
             act = self._act[akey] = ({c: t1[c] - beta[c] for c in _ACT}, beta)
         gb = self.grad_bytes(par.zero)
         dkey = (par.cp, par.dp, par.ep, par.zero, st.dense_params, st.expert_params, gb,
-                intra["dp_intra"])  # fmt: skip
+                intra["dp_intra"], intra["dp_per_node"], intra["edp_per_node"])  # fmt: skip
         dpc = self._dp.get(dkey)
         if dpc is None:
             x = StageShape(
@@ -348,7 +390,7 @@ class CostModel:
             dpc = self._dp[dkey] = (
                 2 * d1 - d2,
                 d2 - d1,
-                self._grad_once(ops1, intra["dp_intra"], self.hw),
+                self._grad_once(ops1, intra, self.hw),
             )
         return StageComm(act[0], act[1], *dpc)
 
@@ -364,7 +406,7 @@ class CostModel:
             dict.fromkeys(_ACT, 0.0),
             tot["dp"],
             0.0,
-            self._grad_once(ops, intra["dp_intra"], self.hw),
+            self._grad_once(ops, intra, self.hw),
         )
 
     # ------------------------------------------------------------------ the step
