@@ -637,21 +637,20 @@ def op_time(o: CommOp, hardware: Hardware, where: Mapping[str, bool | int]) -> f
     * a send/receive crosses one port.
     """
     g = _group(o)
-    intra = where[f"{'dp' if g == 'edp' else g}_intra"]  # the expert group: where DP sits
-    if intra:
+    if where[f"{'dp' if g == 'edp' else g}_intra"]:  # the expert group sits where DP does
         return o.time(hardware.intra_node)
     link = hardware.inter_node
-    k = int(where.get(f"{g}_per_node", 1))
+    k = where.get(f"{g}_per_node", 1)
     if k <= 1 or o.n <= 1:
         return o.time(link)
+    sent: float = _sent(o.op, o.size, o.n)
     if o.op in RING_OPS:
-        bw = min(k * link.bandwidth, hardware.intra_node.bandwidth)
-        return o.time(dataclasses.replace(link, bandwidth=bw))
-    if o.op == "all_to_all":
-        share = (o.n - min(k, o.n)) / (o.n - 1)
-        return o.count * (_steps(o.op, o.n) * link.latency
-                          + _sent(o.op, o.size, o.n) * share / link.bandwidth)  # fmt: skip
-    return o.time(link)
+        sent /= min(k * link.bandwidth, hardware.intra_node.bandwidth)
+    elif o.op == "all_to_all":
+        sent *= (o.n - min(k, o.n)) / ((o.n - 1) * link.bandwidth)
+    else:
+        sent /= link.bandwidth
+    return o.count * (_steps(o.op, o.n) * link.latency + sent)
 
 
 def category_times(
