@@ -3,12 +3,16 @@ each row's measured and modelled step time, the mean and worst |error| per organ
 how they move with the DP overlap (dp_overlap, 0.05, is the paper profile's, from 2021
 software; dp_overlap_on that of the engines that overlap), and the leave-one-organisation-out
 fits: dp_overlap_on, the engines' kernel scales by GPU generation (mfu_ampere_scale,
-mfu_hopper_scale), and those with attention_efficiency. With --per-cluster instead: what
-`parmem calibrate` does for a reader with one cluster's runs: each source's table on one GPU
+mfu_hopper_scale), those with mfu_half_tokens, and those with attention_efficiency. With
+--per-cluster instead: what `parmem calibrate` does for a reader with one cluster's runs: each source's table on one GPU
 preset is calibrated on its own (mfu; then mfu and the inter-node bandwidth factor), every run
 predicted from the others of its cluster. Not part of `make bench` (minutes):
 
-    PYTHONPATH=lib python benchmarks/heldout_runs.py [--rows | --per-cluster]
+    PYTHONPATH=lib python benchmarks/heldout_runs.py [--rows | --per-cluster | --joint]
+
+With --joint: the kernel scales and mfu_half_tokens fitted together by coordinate descent, then
+with dp_overlap_on, then with attention_efficiency; on all organisations (the defaults) and
+leaving each organisation out.
 """
 
 from __future__ import annotations
@@ -61,6 +65,10 @@ def main(rows: bool = False) -> None:
               tuple(round(0.7 + 0.05 * i, 2) for i in range(9)))  # mfu_hopper_scale 0.7 .. 1.1
     names = ("mfu_ampere_scale", "mfu_hopper_scale")
     folds("the two kernel scales fitted on the others", leave_one_out(names, scales))
+    folds("the scales and mfu_half_tokens fitted on the others",
+          leave_one_out((*names, "mfu_half_tokens"),
+                        ((1.2, 1.3, 1.4, 1.5, 1.6), (0.8, 0.9, 1.0, 1.1, 1.2),
+                         (0, 512, 1024, 1536, 2048))))
     folds("the scales and attention_efficiency fitted on the others",
           leave_one_out((*names, "attention_efficiency"),
                         (*scales, (0.6, 0.7, 0.8, 0.9, 1.0, 1.2, 1.4))))
@@ -93,8 +101,75 @@ def per_cluster() -> None:
               f" median {sorted(errs)[len(errs) // 2]:.1%}, worst {max(errs):.1%}")
 
 
+#: the grids of the joint fits (--joint), and the defaults the descent starts from
+JOINT_GRIDS = {
+    "mfu_ampere_scale": tuple(round(1.2 + 0.05 * i, 2) for i in range(9)),  # 1.2 .. 1.6
+    "mfu_hopper_scale": tuple(round(0.8 + 0.05 * i, 2) for i in range(9)),  # 0.8 .. 1.2
+    "mfu_half_tokens": (0, 512, 768, 1024, 1280, 1536, 2048),
+    "dp_overlap_on": tuple(round(0.1 * i, 1) for i in range(11)),
+    "attention_efficiency": (0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.2, 1.4),
+}
+
+
+def joint() -> None:
+    """Several assumptions fitted together by coordinate descent (each in turn set to its grid's
+    best value, until none moves), once on all organisations (how the defaults are chosen) and
+    once per organisation left out, scored on it."""
+    from parmem.planner.heldout import Scored, measured_runs, score
+    from parmem.planner.inputs import Assumptions
+
+    runs = measured_runs()
+    cache: dict[tuple, list[tuple[str, float]]] = {}
+
+    def errs(names: tuple[str, ...], point: tuple) -> list[tuple[str, float]]:
+        key = (names, point)
+        if key not in cache:
+            cache[key] = [(s.run.org, abs(s.error)) for s in score(runs, **dict(zip(names, point, strict=True)))
+                          if isinstance(s, Scored)]  # fmt: skip
+        return cache[key]
+
+    def mean(names: tuple[str, ...], point: tuple, keep) -> tuple[float, float, int]:
+        e = [x for o, x in errs(names, point) if keep(o)]
+        return sum(e) / len(e), max(e), len(e)
+
+    def descend(names: tuple[str, ...], keep) -> tuple:
+        p = [getattr(Assumptions(), n) for n in names]
+        for _ in range(6):
+            moved = False
+            for i, n in enumerate(names):
+                def at(v: float, i: int = i) -> float:
+                    return mean(names, tuple(p[:i] + [v] + p[i + 1:]), keep)[0]
+                best = min(JOINT_GRIDS[n], key=at)
+                if best != p[i] and at(best) < at(p[i]):
+                    p[i], moved = best, True
+            if not moved:
+                break
+        return tuple(p)
+
+    base = ("mfu_ampere_scale", "mfu_hopper_scale", "mfu_half_tokens")
+    for names in (base, (*base, "dp_overlap_on"), (*base, "attention_efficiency")):
+        print(f"fitted together: {', '.join(names)}")
+        every = descend(names, lambda o: True)
+        m, w, _ = mean(names, every, lambda o: True)
+        print(f"  all organisations: {dict(zip(names, every, strict=True))}  mean |error| {m:.1%}, "
+              f"worst {w:.1%}")
+        tot = n = 0.0
+        worst = 0.0
+        for org in sorted({o for o, _ in errs(names, every)}):
+            fit = descend(names, lambda o, org=org: o != org)
+            m, w, c = mean(names, fit, lambda o, org=org: o == org)
+            train = mean(names, fit, lambda o, org=org: o != org)[0]
+            tot, n, worst = tot + m * c, n + c, max(worst, w)
+            print(f"  {org:<20} fitted {dict(zip(names, fit, strict=True))}  train {train:6.1%}  "
+                  f"held out {m:6.1%} (worst {w:6.1%}, {c} rows)")
+        print(f"  leave one organisation out: pooled held-out mean |error| {tot / n:.1%}, "
+              f"worst {worst:.1%}")
+
+
 if __name__ == "__main__":
     if "--per-cluster" in sys.argv:
         per_cluster()
+    elif "--joint" in sys.argv:
+        joint()
     else:
         main("--rows" in sys.argv)

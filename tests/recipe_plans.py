@@ -34,6 +34,7 @@ CASES: dict[str, tuple[str, tuple[str, int, int], int, int, dict]] = {
     ),
     "llama2-13b-zero3": ("llama-2-13b", ("h100-sxm", 8, 4), 128, 4096, {"zero": 3, "tp": 1}),
     "llama2-7b-zero1": ("llama-2-7b", ("a100-80gb", 8, 2), 64, 4096, {"zero": 1, "tp": 1}),
+    "llama2-7b-zero2": ("llama-2-7b", ("a100-80gb", 8, 2), 64, 4096, {"zero": 2, "tp": 1}),
     "llama2-13b-zero2-tp": (
         "llama-2-13b", ("h100-sxm", 8, 4), 128, 4096, {"zero": 2, "tp": 2, "sp": True},
     ),

@@ -17,7 +17,8 @@ from parmem.planner import Assumptions, evaluate
 from parmem.planner.heldout import ORGS, Scored, leave_one_out, measured_runs, score
 
 PEAK = {"a100-80gb": 312e12, "h100-sxm": 989e12}  # dense BF16, the datasheets
-PLAIN = dict(mfu=0.5, mfu_half_width=0, mfu_half_hidden=0)  # busy fraction = mfu exactly
+# busy fraction = mfu exactly
+PLAIN = dict(mfu=0.5, mfu_half_width=0, mfu_half_hidden=0, mfu_half_tokens=0)
 
 
 def test_presets_name_their_generation():
@@ -55,6 +56,25 @@ def test_an_engines_kernels_run_at_its_generations_scale(gpu, own, other):
     spec, par, st = _eq3_setup("paper")
     p = evaluate(spec, cluster, par, st, **PLAIN, **{own: 1.25, other: 0.6})
     assert p.time.compute + p.time.recompute == pytest.approx(eq3 / 8 / (PEAK[gpu] * 0.5),
+                                                              rel=1e-12)  # fmt: skip
+
+
+@pytest.mark.parametrize("half", [1024, 4096])
+def test_an_engines_micro_batch_costs_mfu_half_tokens_more(half):
+    """Each micro-batch of b·s tokens costs the compute of b·s + mfu_half_tokens under an engine
+    profile (the rate times b·s/(b·s + mfu_half_tokens)); the paper profile is not charged."""
+    spec, par, st = _eq3_setup("fsdp2")
+    G, s, h, L, V = 64, 2048, 2048, 24, 51200
+    eq3 = 96 * G * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
+    cluster = Cluster("a100-80gb", 8, 1)
+    kw = {**PLAIN, "mfu_half_tokens": half, "mfu_ampere_scale": 1.0}
+    c = evaluate(spec, cluster, par, st, **kw)
+    tokens = 2 * 2048  # micro_batch 2 of 2,048-token sequences
+    want = eq3 / 8 / (312e12 * 0.5) * (tokens + half) / tokens
+    assert c.time.compute + c.time.recompute == pytest.approx(want, rel=1e-12)
+    spec, par, st = _eq3_setup("paper")
+    p = evaluate(spec, cluster, par, st, **kw)
+    assert p.time.compute + p.time.recompute == pytest.approx(eq3 / 8 / (312e12 * 0.5),
                                                               rel=1e-12)  # fmt: skip
 
 

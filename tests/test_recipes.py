@@ -48,7 +48,8 @@ NAMES = list(CASES)
 #: layers), and its PipelineEngine refuses ZeRO-2/3 (runtime/pipe/engine.py); FSDP2 shards fully
 #: (ZeRO-3) or replicates (ZeRO-0), nothing in between.
 REFUSED: dict[str, dict[str, str]] = {
-    "megatron": {"llama2-13b-zero3": "ZeRO-3", "llama2-13b-zero2-tp": "ZeRO-2"},
+    "megatron": {"llama2-13b-zero3": "ZeRO-3", "llama2-13b-zero2-tp": "ZeRO-2",
+                 "llama2-7b-zero2": "ZeRO-2"},
     "deepspeed": {
         "gpt3-pipeline-interleaved": "tp=8",
         "mixtral-ep-pp-vp": "ep=8, vpp=8",
@@ -57,7 +58,7 @@ REFUSED: dict[str, dict[str, str]] = {
         "mixtral-zero0-ep": "tp=2, ep=4, selective recomputation",
     },
     "torchtitan": {"gpt3-pipeline-interleaved": "ZeRO-1", "llama2-13b-zero2-tp": "ZeRO-2",
-                   "llama2-7b-zero1": "ZeRO-1"},
+                   "llama2-7b-zero1": "ZeRO-1", "llama2-7b-zero2": "ZeRO-2"},
 }
 
 

@@ -13,7 +13,9 @@ on one GPU::
   sequence through one layer are ``2·s·W + 4·s²·(a·d_head)``: every weight matrix ``W`` (Q, K, V,
   output, MLP; the routed ``top_k`` experts for MoE) does a multiply-add per token, and attention
   scores and the weighted sum of values each cost ``2·s²`` per query width. The last stage adds
-  the LM head, ``2·s·h·V``. Work is divided by ``t·cp``.
+  the LM head, ``2·s·h·V``. Work is divided by ``t·cp``. An engine profile's micro-batch of
+  ``b·s`` tokens costs the compute of ``b·s + mfu_half_tokens`` (small micro-batches run
+  their kernels less busy: Narayanan et al. 2021 §3.4, Figure 7).
 * **fine-tuning** (``adapter``): a frozen weight's matmul computes only its input's gradient in
   the backward (one forward's work, not two); the attention core and the LoRA adapters
   (``2·s`` FLOPs per adapter value, :func:`parmem.flops.lora_flops_per_sequence`) still cost
@@ -45,8 +47,9 @@ The step time is ``T`` plus the exposed data-parallel time. Tokens/s is ``global
 and ``Candidate.hardware_flops_per_gpu`` the executed ones (recomputation
 included: eq. (3), what Narayanan et al. 2021 Table 1 reports).
 
-Not modelled: kernel efficiency that grows with the micro-batch (so the model favours ``b = 1``
-unless latency or memory say otherwise), the optimizer step, load imbalance of MoE routing,
+Not modelled: kernel efficiency that grows with the micro-batch under the ``paper`` profile
+(so it favours ``b = 1`` unless latency or memory say otherwise), the optimizer step, load
+imbalance of MoE routing,
 embedding/LM-head collectives, stragglers and failures.
 
 :class:`CostModel` holds what is fixed for one request; :meth:`CostModel.linear_timer` gives a
@@ -454,7 +457,7 @@ class StepTimer:
     recompute and attention seconds and the communication coefficients (``comm`` of the layout
     and a stage), so that trying a micro-batch size is a few multiplications."""
 
-    __slots__ = ("a", "p", "v", "zero", "groups", "dp_overlap")
+    __slots__ = ("a", "p", "v", "zero", "groups", "dp_overlap", "b0")
 
     def __init__(
         self,
@@ -469,6 +472,8 @@ class StepTimer:
         # engine-aware: the engine (as parmem's recipe launches it) overlaps DP collectives or not
         self.dp_overlap = a.dp_overlap_on if lay.engine.defaults.dp_overlap else a.dp_overlap
         scale = kernel_scale(a, model.hw.generation, lay.engine.name)
+        # an engine profile's micro-batch also costs mfu_half_tokens tokens' compute (b0 sequences)
+        self.b0 = 0.0 if lay.engine.name == "paper" else a.mfu_half_tokens / model.s
         busy = busy_fraction(a, model.spec.hidden, par.tp, scale)
         split_rate = par.tp * par.cp * model.peak * busy
         ad = model.f_adapter / model.spec.layers  # the adapters' forward per layer
@@ -500,7 +505,8 @@ class StepTimer:
 
     def _stage(self, g: _StageGroup, b: int, m: int) -> tuple[float, _Parts, float]:
         a, sc = self.a, g.comm
-        fwd, bwd, rec = b * g.fwd, b * g.bwd, b * g.rec
+        bb = b + self.b0  # the micro-batch's compute, in sequences (Assumptions.mfu_half_tokens)
+        fwd, bwd, rec = bb * g.fwd, bb * g.bwd, bb * g.rec
         tp = sc.act("tp", b) * (1 - a.tp_overlap)
         cpx = max(0.0, sc.act("cp", b) - a.cp_overlap * b * g.attn)
         ep = sc.act("ep", b) * (1 - a.ep_overlap)

@@ -29,19 +29,21 @@ SENSITIVITY_POOL = 50
 
 #: The fitted assumptions and the range each is moved over (lower, upper bound). ``dp_overlap``
 #: applies to the paper profile, ``dp_overlap_on`` to engines that overlap DP collectives;
-#: ``mfu_ampere_scale`` and ``mfu_hopper_scale`` to an engine profile on a GPU of that generation.
+#: ``mfu_ampere_scale`` and ``mfu_hopper_scale`` to an engine profile on a GPU of that generation,
+#: ``mfu_half_tokens`` to an engine profile.
 FITTED: dict[str, tuple[float, float]] = {
     "mfu": (0.2, 1.0),
     "mfu_ampere_scale": (0.5, 2.0),
     "mfu_hopper_scale": (0.5, 2.0),
     "mfu_half_width": (0.0, 1000.0),
     "mfu_half_hidden": (0.0, 10000.0),
+    "mfu_half_tokens": (0.0, 16384.0),
     "tp_overlap": (0.0, 1.0),
     "dp_overlap": (0.0, 1.0),
     "dp_overlap_on": (0.0, 1.0),
     "pp_overlap": (0.0, 1.0),
 }
-_INTEGER = {"mfu_half_width", "mfu_half_hidden"}
+_INTEGER = {"mfu_half_width", "mfu_half_hidden", "mfu_half_tokens"}
 
 
 @dataclass(frozen=True)
@@ -122,6 +124,8 @@ def sensitivity(
         gen = plan.cluster.hardware.generation if plan.engine != "paper" else ""
         unused = {"dp_overlap" if overlaps else "dp_overlap_on"}
         unused |= {f"mfu_{g}_scale" for g in ("ampere", "hopper") if g != gen}
+        if plan.engine == "paper":
+            unused.add("mfu_half_tokens")  # engine profiles only
         names = tuple(n for n in FITTED if n not in unused)
     out = []
     for name in names:
