@@ -249,6 +249,7 @@ class CostModel:
         self._act: dict[_ActKey, tuple[dict[str, float], dict[str, float]]] = {}
         self._dp: dict[_DpKey, tuple[float, float, float]] = {}
         self._setups: dict[tuple[int, int, str, bool], TrainingSetup] = {}
+        self._intra: dict[ParallelConfig, dict[str, bool | int]] = {}
         self.estimates = 0
 
     def grad_bytes(self, zero: int) -> int:
@@ -304,9 +305,12 @@ class CostModel:
         """Which groups of ``par`` fit in a node, and how many ranks of the others share a node:
         :func:`parmem.comm.placement`; for a profile whose rings cross one port per GPU
         (:func:`shares_ports`), one rank a node."""
-        where = placement(par, self.cluster.gpus_per_node)
-        if not shares_ports(self.setup_kw["engine"]):
-            where = {k: (1 if k.endswith("_per_node") else v) for k, v in where.items()}
+        where = self._intra.get(par)
+        if where is None:
+            where = placement(par, self.cluster.gpus_per_node)
+            if not shares_ports(self.setup_kw["engine"]):
+                where = {k: (1 if k.endswith("_per_node") else v) for k, v in where.items()}
+            self._intra[par] = where
         return where
 
     def _times(self, ops: Iterable[CommOp], intra: dict[str, bool | int]) -> dict[str, float]:
