@@ -56,6 +56,9 @@ __all__ = [
 COLLECTIVES: tuple[str, ...] = (
     "all_reduce", "reduce_scatter", "all_gather", "all_to_all", "broadcast", "send_recv",
 )  # fmt: skip
+#: How :func:`collectives` begins the ``what`` of the expert weights' data-parallel collectives
+#: (over the expert-data-parallel group, which :func:`op_time` places on its own).
+EXPERT_TAG = "expert "
 #: Categories of a :class:`CommBreakdown`.
 CATEGORIES: tuple[str, ...] = ("dp", "tp", "sp", "pp", "ep", "cp")
 
@@ -201,11 +204,13 @@ class CommOp:
         """Bytes this GPU sends for all ``count`` collectives."""
         return self.count * _sent(self.op, self.size, self.n)
 
-    def time(self, link: Link) -> float:
-        """Alpha-beta time of all ``count`` collectives on ``link`` (seconds)."""
+    def time(self, link: Link, bandwidth: float | None = None, share: float = 1.0) -> float:
+        """Alpha-beta time of all ``count`` collectives on ``link`` (seconds): ``share`` of the
+        bytes sent at ``bandwidth`` (the link's own where not given) after the link's latency
+        per step (:func:`op_time` passes a node's ports and an all-to-all's remote share)."""
+        bw = link.bandwidth if bandwidth is None else bandwidth
         return self.count * (
-            _steps(self.op, self.n) * link.latency
-            + _sent(self.op, self.size, self.n) / link.bandwidth
+            _steps(self.op, self.n) * link.latency + _sent(self.op, self.size, self.n) * share / bw
         )
 
 
@@ -466,7 +471,7 @@ def collectives(x: StageShape) -> CommBreakdown:
             m,
             x.grad_bytes,
             x.param_bytes,
-            "expert ",
+            EXPERT_TAG,
         )
     if tp > 1 and L:
         per = 2 * L * m
@@ -607,9 +612,9 @@ RING_OPS: frozenset[str] = frozenset({"all_reduce", "reduce_scatter", "all_gathe
 
 def _group(o: CommOp) -> str:
     """The group of ``o`` for :func:`placement`'s keys: ``edp`` for the expert weights'
-    data-parallel collectives (tagged ``"expert "`` by :func:`collectives`), else its category
+    data-parallel collectives (tagged :data:`EXPERT_TAG` by :func:`collectives`), else its category
     (SP runs on the TP group)."""
-    if o.category == "dp" and o.what.startswith("expert "):
+    if o.category == "dp" and o.what.startswith(EXPERT_TAG):
         return "edp"
     return "tp" if o.category == "sp" else o.category
 
@@ -643,14 +648,11 @@ def op_time(o: CommOp, hardware: Hardware, where: Mapping[str, bool | int]) -> f
     k = where.get(f"{g}_per_node", 1)
     if k <= 1 or o.n <= 1:
         return o.time(link)
-    sent: float = _sent(o.op, o.size, o.n)
     if o.op in RING_OPS:
-        sent /= min(k * link.bandwidth, hardware.intra_node.bandwidth)
-    elif o.op == "all_to_all":
-        sent *= (o.n - min(k, o.n)) / ((o.n - 1) * link.bandwidth)
-    else:
-        sent /= link.bandwidth
-    return o.count * (_steps(o.op, o.n) * link.latency + sent)
+        return o.time(link, bandwidth=min(k * link.bandwidth, hardware.intra_node.bandwidth))
+    if o.op == "all_to_all":
+        return o.time(link, share=(o.n - min(k, o.n)) / (o.n - 1))
+    return o.time(link)
 
 
 def category_times(
