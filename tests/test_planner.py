@@ -588,6 +588,37 @@ def test_the_step_time_overlaps_dp_as_the_engines_recipe_does():
     assert '"overlap_comm": true' in pl.emit()
 
 
+@pytest.mark.parametrize(("profile", "recompute", "overlap", "hidden"), [
+    # Transformer Engine's backward (megatron-core): the input-gradient reduce-scatter beside the
+    # wgrad GEMM and the saved input's re-gather beside the dgrad GEMM, 2 of the layer's 5
+    # same-sized SP collectives; full recomputation runs the forward gather and reduce-scatter
+    # twice (2 of 7)
+    ("megatron-core", "none", False, 2 / 5),
+    ("megatron-core", "full", False, 2 / 7),
+    ("megatron-core", "none", True, 1.0),
+    # torchtitan's DTensor TP waits for every collective; async TP overlaps them all
+    ("fsdp2", "none", False, 0.0),
+    ("fsdp2", "none", True, 1.0),
+    # the papers' accounting: every collective may hide (the fitted tp_overlap)
+    ("paper", "none", False, 1.0),
+])
+def test_the_step_time_hides_the_tp_collectives_the_engine_overlaps(
+    profile, recompute, overlap, hidden
+):
+    """Engine-aware TP overlap (issue 29): ``tp_overlap`` hides only the TP collectives the
+    engine runs beside a GEMM (``[engines.*.defaults] tp_overlap``; all of them with
+    ``tp_comm_overlap=True``). The share is counted by hand from the engines' code: the SP
+    collectives of a layer all move one layer input over the same group, so each takes the same
+    time."""
+    spec, cluster = ModelSpec.preset("llama-2-7b"), Cluster("h100-sxm", 8, 1)
+    par = ParallelConfig(dp=2, tp=4, sp=True, zero=3 if profile == "fsdp2" else 1)
+    st = TrainingSetup(seq_len=4096, micro_batch=1, num_microbatches=4, engine=profile,
+                       recompute=recompute, tp_comm_overlap=overlap)  # fmt: skip
+    waits, hides = (evaluate(spec, cluster, par, st, tp_overlap=v).time.tp for v in (0.0, 1.0))
+    assert waits > 0
+    assert 1 - hides / waits == pytest.approx(hidden, abs=1e-9)
+
+
 # ---------------------------------------------------------------------------- CLI
 def test_import_parmem_stays_light():
     code = ("import sys, parmem; parmem.plan; "

@@ -554,3 +554,36 @@ def test_a_zero3_deepspeed_recipe_says_to_build_the_model_sharded():
     small = plan(ModelSpec.preset("llama-2-7b"), Cluster("a100-80gb", 8, 1), 64, 4096, top=1,
                  engine="deepspeed", zero=(1,))
     assert not any("zero.Init" in n for n in small.recipe("deepspeed").notes)
+
+
+@pytest.mark.parametrize("engine", ["megatron-core", "fsdp2"])
+def test_recipes_turn_on_the_tp_overlap_the_time_assumed(engine):
+    """tp_comm_overlap=True prices every TP collective as overlapped; the recipe then turns the
+    engine's switch on (Megatron-LM's --tp-comm-overlap, torchtitan 0.3.0's async TP under
+    torch.compile), read back by the engines' parsers; without it, neither is on."""
+    spec = ModelSpec.preset("llama-3-8b")
+    emit = "megatron" if engine == "megatron-core" else "torchtitan"
+    zero = 1 if engine == "megatron-core" else 3
+    on, off = (plan(spec, Cluster("h100-sxm", 8, 1), 64, 4096, top=1, engine=engine, tp=4,
+                    sp=True, zero=zero, tp_comm_overlap=flag) for flag in (True, False))  # fmt: skip
+    for pl, flag in ((on, True), (off, False)):
+        assert pl.best is not None and pl.best.setup.tp_comm_overlap is flag
+        args = list(pl.recipe(emit).args)
+        if emit == "megatron":
+            assert parse_recorded("megatron_lm_args", args).tp_comm_overlap is flag
+        else:
+            cfg = torchtitan().ConfigManager().parse_args(args)
+            assert cfg.compile.enable_async_tensor_parallel is flag
+            assert cfg.compile.enable is flag
+    # the same layout is faster when every TP collective may hide
+    assert on.best.time.tp < off.best.time.tp
+
+
+def test_an_engine_without_a_tp_overlap_switch_refuses_it():
+    spec = ModelSpec.preset("llama-2-7b")
+    st = TrainingSetup(seq_len=4096, engine="deepspeed", tp_comm_overlap=True)
+    with pytest.raises(ValueError, match="has no tp_comm_overlap=True"):
+        estimate(spec, ParallelConfig(dp=8), st)
+    st = TrainingSetup(seq_len=4096, engine="megatron-core", tp_comm_overlap=True)
+    with pytest.raises(ValueError, match="needs --sequence-parallel"):
+        estimate(spec, ParallelConfig(dp=2, tp=4, sp=False), st)

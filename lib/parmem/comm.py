@@ -38,6 +38,7 @@ from typing import Any
 from ._check import boolean, integer
 from .activations import layer_input_bytes
 from .config import PRECISIONS, ParallelConfig, TrainingSetup
+from .engines import TP_OPS
 from .hardware import Hardware, Link, hardware_preset, link_preset
 from .layout import Layout, dispatch_slots, layout
 from .lora import lora_layer_params
@@ -49,7 +50,7 @@ __all__ = [
     "all_gather_bytes", "all_to_all_bytes", "broadcast_bytes", "send_recv_bytes",
     "collective_bytes", "collective_steps", "collective_time", "CommOp", "CommBreakdown",
     "StageShape", "stage_shape", "collectives", "step_comm", "placement",
-    "category_times", "op_time", "RING_OPS", "zero_redundancy_comm",
+    "category_times", "op_time", "RING_OPS", "TP_OPS", "zero_redundancy_comm",
 ]  # fmt: skip
 
 #: Collective names accepted by :func:`collective_bytes` and :func:`collective_time`.
@@ -476,15 +477,15 @@ def collectives(x: StageShape) -> CommBreakdown:
     if tp > 1 and L:
         per = 2 * L * m
         if not x.sp:
-            add("tp", "forward all-reduce (attention + MLP)", "all_reduce", act, tp, per * fwd)
-            add("tp", "backward all-reduce", "all_reduce", act, tp, per)
+            add("tp", TP_OPS[0], "all_reduce", act, tp, per * fwd)
+            add("tp", TP_OPS[1], "all_reduce", act, tp, per)
         else:
-            add("sp", "forward all-gather", "all_gather", act, tp, per * fwd)
-            add("sp", "forward reduce-scatter", "reduce_scatter", act, tp, per * fwd)
-            add("sp", "backward reduce-scatter", "reduce_scatter", act, tp, per)
-            add("sp", "backward all-gather", "all_gather", act, tp, per)
+            add("sp", TP_OPS[2], "all_gather", act, tp, per * fwd)
+            add("sp", TP_OPS[3], "reduce_scatter", act, tp, per * fwd)
+            add("sp", TP_OPS[4], "reduce_scatter", act, tp, per)
+            add("sp", TP_OPS[5], "all_gather", act, tp, per)
             if x.sp_regather:
-                add("sp", "backward re-gather of saved input", "all_gather", act, tp, per)
+                add("sp", TP_OPS[6], "all_gather", act, tp, per)
     if x.pp > 1:
         i, v = x.stage, x.v
         boundary = layer_input_bytes(

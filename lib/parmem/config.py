@@ -233,6 +233,13 @@ class TrainingSetup:
     instead of the 16-bit inputs; the weights, gradients and optimizer states do not change.
     ``optimizer="galore-adamw"`` (full fine-tuning, ``engine="hf"``) keeps GaLore's states at
     rank ``galore_rank`` (:func:`parmem.quant.galore_state_total`).
+
+    ``tp_comm_overlap=True`` turns on the engine's opt-in overlap of every tensor-parallel
+    collective with a GEMM (``[engines.*.defaults] tp_comm_overlap``: Megatron-LM's
+    ``--tp-comm-overlap``, Transformer Engine's userbuffers; torchtitan's async TP,
+    ``--compile.enable_async_tensor_parallel``); off, the engine hides only the collectives its
+    code issues beside a GEMM (``tp_overlap`` there). Memory does not change; the planner's time
+    and recipes follow it.
     """
 
     seq_len: int
@@ -260,6 +267,7 @@ class TrainingSetup:
     offload_activations: bool = False
     fp8: str = "none"
     galore_rank: int = 128
+    tp_comm_overlap: bool = False
 
     def __post_init__(self) -> None:
         # stored as checked: ints and a float, not the NumPy numbers given (ParallelConfig)
@@ -278,6 +286,7 @@ class TrainingSetup:
         object.__setattr__(self, "capacity_factor", cf)
         choice("engine", self.engine, engines())
         choice("offload", self.offload, OFFLOADS)
+        boolean("tp_comm_overlap", self.tp_comm_overlap)
         self._check_finetune()
         self._check_optional()
         self._check_autocast()

@@ -154,6 +154,23 @@ PHASES: tuple[str, ...] = ("always", "step")
 FEATURES: tuple[str, ...] = ("tp", "sp", "cp", "ep", "interleaved", "gpipe", "1f1b")
 #: Overlap features an engine turns on by default (``[engines.*.defaults] overlap``).
 OVERLAPS: tuple[str, ...] = ("fsdp-prefetch", "ddp-buckets", "grad-reduce", "param-gather")
+#: What each tensor-parallel collective of one layer is (the ``what`` of a
+#: :class:`parmem.comm.CommOp` of categories "tp" and "sp"): without sequence parallelism an
+#: all-reduce after the attention block and the MLP in the forward and in the backward pass; with
+#: it, the forward all-gather before and reduce-scatter after them, their backward counterparts
+#: (a reduce-scatter of the input's gradient, an all-gather of the output's), and Megatron-LM's
+#: re-gather of the saved input for the weight gradient (``sp_regather``:
+#: :func:`parmem.comm.collectives`). ``[engines.*.defaults] tp_overlap`` names those an engine
+#: runs beside a GEMM.
+TP_OPS: tuple[str, ...] = (
+    "forward all-reduce (attention + MLP)",
+    "backward all-reduce",
+    "forward all-gather",
+    "forward reduce-scatter",
+    "backward reduce-scatter",
+    "backward all-gather",
+    "backward re-gather of saved input",
+)
 
 
 @dataclass(frozen=True)
@@ -239,6 +256,15 @@ class Defaults:
     dropout: bool | str
     overlap: tuple[str, ...] = ()
     recipe_overlap: tuple[str, ...] = ()
+    #: the tensor-parallel collectives (:data:`TP_OPS`) the engine issues beside a
+    #: GEMM, which the planner's time hides by ``tp_overlap``; the others wait for their GEMM
+    tp_overlap: tuple[str, ...] = ()
+    #: whether, with sequence parallelism, the backward pass gathers the saved input of a
+    #: column-parallel layer again for its weight gradient (the layer keeps its shard only)
+    sp_regather: bool = False
+    #: the engine's switch that overlaps every tensor-parallel collective with a GEMM
+    #: (``TrainingSetup.tp_comm_overlap``), as its recipe writes it; ``""``: none
+    tp_comm_overlap: str = ""
 
     @property
     def dp_overlap(self) -> bool:
@@ -456,6 +482,9 @@ def _defaults(t: dict[str, Any], where: str) -> Defaults:
         recipe_overlap=tuple(
             choice(f"{where} recipe_overlap", o, OVERLAPS) for o in t.get("recipe_overlap", ())
         ),
+        tp_overlap=tuple(choice(f"{where} tp_overlap", o, TP_OPS) for o in t.get("tp_overlap", ())),
+        sp_regather=bool(t.get("sp_regather", False)),
+        tp_comm_overlap=str(t.get("tp_comm_overlap", "")),
     )
 
 

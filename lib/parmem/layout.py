@@ -135,6 +135,13 @@ def _engine_problems(prof: EngineProfile, par: ParallelConfig, setup: TrainingSe
         why = prof.refusal(feature) if on else ""
         if why:
             out.append(f"{prof.who} cannot run {what}: {why}")
+    if setup.tp_comm_overlap and prof.name != "paper":
+        if not prof.defaults.tp_comm_overlap:
+            out.append(f"{prof.who} has no tp_comm_overlap=True: it has no switch that overlaps "
+                       "its tensor-parallel collectives with GEMMs")  # fmt: skip
+        elif prof.name == "megatron-core" and par.tp > 1 and not par.sp:
+            out.append(f"{prof.who} cannot run tp_comm_overlap=True without sp=True: "
+                       "--tp-comm-overlap needs --sequence-parallel (arguments.py)")  # fmt: skip
     return out
 
 

@@ -78,6 +78,8 @@ from ..comm import (
     stage_shape,
 )
 from ..config import PRECISIONS, ParallelConfig, TrainingSetup
+from ..engines import TP_OPS
+from ..engines import engine as engine_profile
 from ..estimate import Estimate, estimate
 from ..flops import flops_per_sequence, lora_flops_per_sequence
 from ..hardware import Hardware
@@ -96,7 +98,9 @@ __all__ = [
     "StepTimer",
 ]
 
-_ACT = ("tp", "cp", "ep", "pp")
+# per micro-batch: TP collectives the engine runs beside a GEMM (hidden by tp_overlap), those it
+# waits for ("tpx"), CP, EP and PP
+_ACT = ("tp", "tpx", "cp", "ep", "pp")
 
 
 # ---------------------------------------------------------------------------- inputs
@@ -251,6 +255,12 @@ class CostModel:
         self._setups: dict[tuple[int, int, str, bool], TrainingSetup] = {}
         self._intra: dict[ParallelConfig, dict[str, bool | int]] = {}
         self.estimates = 0
+        eng = engine_profile(setup_kw["engine"])
+        # the TP collectives the engine runs beside a GEMM, and its SP re-gather (Defaults)
+        self.tp_hidden = frozenset(
+            TP_OPS if setup_kw.get("tp_comm_overlap") else eng.defaults.tp_overlap
+        )
+        self.sp_regather = eng.defaults.sp_regather
 
     def grad_bytes(self, zero: int) -> int:
         """Bytes of one gradient element as the engine reduces it at ZeRO stage ``zero``
@@ -314,8 +324,17 @@ class CostModel:
         return where
 
     def _times(self, ops: Iterable[CommOp], intra: dict[str, bool | int]) -> dict[str, float]:
+        """Seconds per category; TP and SP split into what the engine runs beside a GEMM
+        ("tp": ``tp_overlap`` of it hides) and what waits for its GEMM ("tpx")."""
+        ops = list(ops)
         out = category_times(ops, self.hw, intra)
-        out["tp"] += out.pop("sp")
+        tp = out.pop("tp") + out.pop("sp")
+        out["tp"] = sum(
+            op_time(o, self.hw, intra)
+            for o in ops
+            if o.category in ("tp", "sp") and o.what in self.tp_hidden
+        )
+        out["tpx"] = max(0.0, tp - out["tp"])
         return out
 
     @staticmethod
@@ -356,7 +375,7 @@ class CostModel:
         act = self._act.get(akey)
         if act is None:
             x = replace(
-                stage_shape(lay, st.index),
+                stage_shape(lay, st.index, sp_regather=self.sp_regather),
                 dp=par.ep,
                 zero=0,
                 params=0,
@@ -406,7 +425,7 @@ class CostModel:
         ``m`` (per-micro-batch parts averaged over the ``m`` micro-batches)."""
         intra = self.intra(lay.parallel)
         m = lay.setup.num_microbatches
-        ops = collectives(stage_shape(lay, st.index)).ops
+        ops = collectives(stage_shape(lay, st.index, sp_regather=self.sp_regather)).ops
         tot = self._times(ops, intra)
         return StageComm(
             {c: tot[c] / m for c in _ACT},
@@ -511,7 +530,7 @@ class StepTimer:
         a, sc = self.a, g.comm
         bb = b + self.b0  # the micro-batch's compute, in sequences (Assumptions.mfu_half_tokens)
         fwd, bwd, rec = bb * g.fwd, bb * g.bwd, bb * g.rec
-        tp = sc.act("tp", b) * (1 - a.tp_overlap)
+        tp = sc.act("tp", b) * (1 - a.tp_overlap) + sc.act("tpx", b)
         cpx = max(0.0, sc.act("cp", b) - a.cp_overlap * b * g.attn)
         ep = sc.act("ep", b) * (1 - a.ep_overlap)
         pp = sc.act("pp", b) * (1 - a.pp_overlap)

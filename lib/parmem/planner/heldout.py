@@ -32,6 +32,7 @@ from typing import Any, Unpack
 
 from .._data import load_toml
 from ..config import ParallelConfig, TrainingSetup, even_split
+from ..hardware import Hardware, hardware_preset
 from ..model import ModelSpec
 from .inputs import AssumptionOptions, Cluster
 from .search import evaluate
@@ -209,6 +210,7 @@ def _run(
         flash_attention=True,
         dropout=False,
         engine=group.get("profile", "paper"),
+        tp_comm_overlap=bool(row.get("async_tp", row.get("tp_comm_overlap", False))),
     )
     if "step_time_s" in row:
         step = float(row["step_time_s"])
@@ -216,9 +218,20 @@ def _run(
         step = step_seconds(batch, seq, float(row["tokens_per_s_per_gpu"]), gpus)
     key = f"{name} {spec.name} {gpus} GPUs t{t} p{p} cp{cp} e{e} d{d} z{zero} b{b} s{seq}"
     return MeasuredRun(key, name, org or _org(name), spec,
-                       Cluster(row.get("gpu", group.get("gpu", "h100-sxm")), per_node,
-                               max(gpus // per_node, 1)),
+                       Cluster(_gpu(group, row), per_node, max(gpus // per_node, 1)),
                        par, setup, step)  # fmt: skip
+
+
+def _gpu(group: dict[str, Any], row: dict[str, Any]) -> str | Hardware:
+    """The row's GPU: a preset, or, where the source ran a variant of it with another dense BF16
+    peak (``peak_flops_bf16`` of the row or its group: the H100 SXM with HBM2e and a lower power
+    limit of Meta's Grand Teton hosts), the preset with that peak."""
+    where = row if "gpu" in row else group  # a row's own GPU takes its own peak only
+    name = str(where.get("gpu", "h100-sxm"))
+    peak = where.get("peak_flops_bf16")
+    if peak is None:
+        return name
+    return replace(hardware_preset(name), peak_flops_bf16=float(peak))
 
 
 def step_seconds(batch: int, seq_len: int, tokens_per_s_per_gpu: float, gpus: int) -> float:

@@ -282,6 +282,7 @@ class SetupOptions(TypedDict):
     lora_targets: str
     base_quant: str
     grad_dtype: str | None
+    tp_comm_overlap: bool
 
 
 # ---------------------------------------------------------------------------- results

@@ -350,6 +350,7 @@ def plan(
     lora_rank: int = 16,
     lora_targets: str = "all-linear",
     base_quant: str = "nf4",
+    tp_comm_overlap: bool = False,
     **assumptions: Unpack[AssumptionOptions],
 ) -> Plan:
     """Search the layouts of ``cluster`` for ``spec`` at ``global_batch`` sequences of
@@ -368,7 +369,10 @@ def plan(
     (``dropout=None``: the model's own), and so do the fine-tuning fields ``adapter``,
     ``lora_rank``, ``lora_targets`` and ``base_quant`` (``engine="hf"``): the memory is then the
     frozen weights' and the adapters', and the step's FLOPs those of frozen matmuls
-    (:func:`parmem.flops.step_flops` with ``adapter``).
+    (:func:`parmem.flops.step_flops` with ``adapter``). ``tp_comm_overlap=True`` times every
+    tensor-parallel collective as hidden by ``tp_overlap`` (the engine's opt-in overlap, which
+    its recipe then turns on); by default only those the engine's code runs beside a GEMM
+    (``[engines.*.defaults] tp_overlap``).
 
     ``**assumptions``: the cost model's parameters, see :class:`Assumptions` (``mfu``,
     ``headroom``, ``tp_overlap``, ``dp_overlap``, ``dp_bucket_params``, ``pp_overlap``,
@@ -397,6 +401,7 @@ def plan(
         lora_targets=lora_targets,
         base_quant=base_quant,
         grad_dtype=None,
+        tp_comm_overlap=tp_comm_overlap,
     )
     TrainingSetup(seq_len=seq_len, **setup_kw)  # validates every setup field, each by name
     check_setup(precision, optimizer)
@@ -489,6 +494,7 @@ def evaluate(
         lora_targets=setup.lora_targets,
         base_quant=setup.base_quant,
         grad_dtype=setup.grad_dtype,
+        tp_comm_overlap=setup.tp_comm_overlap,
     )
     model = CostModel(spec, cluster, G, setup.seq_len, a, setup_kw)
     est = estimate(spec, parallel, setup, layers_per_stage=list(lps))

@@ -289,6 +289,11 @@ def megatron(plan: Plan, c: Candidate) -> Recipe:
     args += _parallel(par, c.layers_per_stage, spec.layers)
     args += _zero(par)
     args += _recompute(st.recompute)
+    if st.tp_comm_overlap and par.tp > 1:
+        # the plan's time hides every TP collective (TrainingSetup.tp_comm_overlap)
+        args.append("--tp-comm-overlap")
+        notes.append("--tp-comm-overlap runs on Transformer Engine's userbuffers: TE must be "
+                     "built with them")  # fmt: skip
     training, more = _training(st, plan.global_batch, spec)
     notes += more
     notes.append("replace --mock-data and the NullTokenizer with --data-path and your tokenizer")

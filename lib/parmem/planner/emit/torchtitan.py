@@ -166,6 +166,12 @@ def torchtitan(plan: Plan, c: Candidate) -> Recipe:
     notes += more
     args += dp_args + _model_parallel(par) + _pipeline(par, st, spec.layers)
     args += _training(plan, par, st)
+    if st.tp_comm_overlap and par.tp > 1:
+        # async TP, as the plan's time assumed (TrainingSetup.tp_comm_overlap); 0.3.0 runs it
+        # under torch.compile only (CompileConfig.__post_init__)
+        args += ["--compile.enable", "--compile.enable_async_tensor_parallel"]
+        notes.append("async TP compiles the model (torch.compile): the plan's time does not "
+                     "model compiled kernels' speed")  # fmt: skip
     args.append(f"activation_checkpoint:{st.recompute}")
     if st.precision == "fp16-mixed":
         notes.append("torchtitan trains in bf16 or fp32, not fp16: the recipe uses bf16-mixed")
