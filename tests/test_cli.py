@@ -114,6 +114,20 @@ def test_cli_plan_emit_for_another_engine_is_one_line_exit_2():
     assert "engine='megatron'" in r.stderr and "plan with engine='megatron-core'" in r.stderr
 
 
+def test_cli_plan_tp_comm_overlap_reaches_the_recipe(capsys):
+    args = ["plan", "--model", "llama-3-8b", "--gpu", "h100-sxm", "--nodes", "1",
+            "--global-batch", "64", "--seq", "4096", "--tp", "4", "--emit"]
+    assert main([*args, "megatron", "--tp-comm-overlap"]) == 0
+    assert "--tp-comm-overlap" in capsys.readouterr().out
+    assert main([*args, "megatron"]) == 0
+    assert "--tp-comm-overlap" not in capsys.readouterr().out
+    assert main([*args, "torchtitan", "--zero", "3", "--tp-comm-overlap"]) == 0
+    assert "--compile.enable_async_tensor_parallel" in capsys.readouterr().out
+    assert main([*args[:-3], "--emit", "deepspeed", "--tp-comm-overlap"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "has no switch" in err
+
+
 def test_cli_plan_no_fit_exits_1(capsys):
     assert main(["plan", "--model", "llama-3-70b", "--gpu", "a100-40gb", "--nodes", "1",
                  "--global-batch", "64", "--seq", "4096"]) == 1

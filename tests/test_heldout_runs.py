@@ -84,3 +84,21 @@ def test_leave_one_organisation_out_never_fits_on_what_it_scores():
         assert f.held_out_mean == pytest.approx(mean_err(f.held_out, f.value))
         assert f.train_mean == pytest.approx(mean_err(other, f.value))
         assert f.held_out_rows == sum(r.org == f.held_out for r in runs)
+
+
+def test_a_gpu_variant_runs_at_its_own_peak_and_a_loop_without_accumulation_at_its_batch():
+    """torchtitan's H100s (HBM2e, 500 W) are timed at the peak their source bounds (between the
+    datasheet's SXM, 989, and NVL, 835 TFLOP/s: the midpoint), the A100 rows of the same table at
+    the preset's; a loop without gradient accumulation (torchtitan at 9dec370 and 820504e) runs
+    its local batch as one micro-batch."""
+    runs = {r.key: r for r in measured_runs()}
+    h100 = [r for k, r in runs.items() if k.startswith(("torchtitan_h100", "torchtitan_asynctp"))]
+    assert h100 and all(r.cluster.hardware.peak_flops_bf16 == (989e12 + 835e12) / 2 for r in h100)
+    a100 = [r for k, r in runs.items() if k.startswith("torchtitan_2024") and "405b" not in k]
+    assert a100 and all(r.cluster.hardware.peak_flops_bf16 == 312e12 for r in a100)
+    big = [r for k, r in runs.items() if k.startswith("torchtitan_2024") and "405b" in k]
+    assert big and all(r.cluster.hardware.peak_flops_bf16 == 912e12 for r in big)
+    # batch_per_dp = 16 and 12 (70B, 8B) with no accumulation: one micro-batch of that size
+    assert sorted({r.setup.micro_batch for r in h100 if r.key.startswith("torchtitan_asynctp")}) \
+        == [12, 16]
+    assert all(r.setup.num_microbatches == 1 for r in h100)

@@ -14,6 +14,7 @@ from parmem.config import ParallelConfig, TrainingSetup
 from parmem.model import ModelSpec
 from parmem.planner import Cluster, evaluate
 from parmem.planner.heldout import MeasuredRun
+from parmem.planner.inputs import Assumptions
 from parmem.planner.logs import read_log_file
 from parmem.planner.own_runs import OwnRun, calibrate, run_from_log, runs_from_toml
 
@@ -48,9 +49,10 @@ def test_an_assumption_the_runs_do_not_depend_on_is_reported_and_kept():
     cal = calibrate([_run("one", measured_factor=1.5), _run("two", measured_factor=1.4)],
                     fit=("mfu", "dp_overlap_on"))  # fmt: skip
     assert cal.undetermined == ("dp_overlap_on",)
-    assert cal.fitted["dp_overlap_on"] == 1.0  # the default, kept
+    default = Assumptions().dp_overlap_on
+    assert cal.fitted["dp_overlap_on"] == default  # the default, kept
     assert "dp_overlap_on" not in cal.flags() and "dp_overlap_on" not in {
-        k for k, v in cal.options.items() if v != 1.0
+        k for k, v in cal.options.items() if v != default
     }
     assert "not determined" in str(cal)
 

@@ -585,5 +585,5 @@ def test_an_engine_without_a_tp_overlap_switch_refuses_it():
     with pytest.raises(ValueError, match="has no tp_comm_overlap=True"):
         estimate(spec, ParallelConfig(dp=8), st)
     st = TrainingSetup(seq_len=4096, engine="megatron-core", tp_comm_overlap=True)
-    with pytest.raises(ValueError, match="needs --sequence-parallel"):
+    with pytest.raises(ValueError, match="needs sequence parallelism"):
         estimate(spec, ParallelConfig(dp=2, tp=4, sp=False), st)

@@ -601,6 +601,7 @@ def _cmd_plan(args) -> int:
         lora_rank=args.lora_rank,
         lora_targets=args.lora_targets,
         base_quant=args.base_quant,
+        tp_comm_overlap=args.tp_comm_overlap,
         **opts,
     )
     result = plan(spec, cluster, args.global_batch, args.seq, top=args.top, **kw)
@@ -1059,6 +1060,12 @@ def build_parser() -> argparse.ArgumentParser:
         )
     p.add_argument("--recompute", type=_names, default=None, help="e.g. selective,full")
     p.add_argument("--no-sp", action="store_true", help="never use sequence parallelism")
+    p.add_argument(
+        "--tp-comm-overlap",
+        action="store_true",
+        help="time every TP collective as overlapped and turn the engine's switch on in --emit's "
+        "recipe (Megatron-LM --tp-comm-overlap, torchtitan async TP)",
+    )
     p.add_argument("--uneven-pp", action="store_true", help="allow pp not dividing the layers")
     p.add_argument("--precision", default="bf16-mixed", choices=tuple(PRECISIONS))
     p.add_argument("--optimizer", default="adamw", choices=tuple(OPTIMIZERS))

@@ -265,6 +265,8 @@ class Defaults:
     #: the engine's switch that overlaps every tensor-parallel collective with a GEMM
     #: (``TrainingSetup.tp_comm_overlap``), as its recipe writes it; ``""``: none
     tp_comm_overlap: str = ""
+    #: whether that switch needs sequence parallelism (Megatron-LM's does)
+    tp_comm_overlap_needs_sp: bool = False
 
     @property
     def dp_overlap(self) -> bool:
@@ -485,6 +487,7 @@ def _defaults(t: dict[str, Any], where: str) -> Defaults:
         tp_overlap=tuple(choice(f"{where} tp_overlap", o, TP_OPS) for o in t.get("tp_overlap", ())),
         sp_regather=bool(t.get("sp_regather", False)),
         tp_comm_overlap=str(t.get("tp_comm_overlap", "")),
+        tp_comm_overlap_needs_sp=bool(t.get("tp_comm_overlap_needs_sp", False)),
     )
 
 

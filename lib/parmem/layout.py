@@ -139,9 +139,9 @@ def _engine_problems(prof: EngineProfile, par: ParallelConfig, setup: TrainingSe
         if not prof.defaults.tp_comm_overlap:
             out.append(f"{prof.who} has no tp_comm_overlap=True: it has no switch that overlaps "
                        "its tensor-parallel collectives with GEMMs")  # fmt: skip
-        elif prof.name == "megatron-core" and par.tp > 1 and not par.sp:
+        elif prof.defaults.tp_comm_overlap_needs_sp and par.tp > 1 and not par.sp:
             out.append(f"{prof.who} cannot run tp_comm_overlap=True without sp=True: "
-                       "--tp-comm-overlap needs --sequence-parallel (arguments.py)")  # fmt: skip
+                       f"{prof.defaults.tp_comm_overlap} needs sequence parallelism")  # fmt: skip
     return out
 
 

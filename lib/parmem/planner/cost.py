@@ -31,7 +31,8 @@ on one GPU::
   (Megatron-LM rank order: t, cp, e, d, p from the fastest-varying); a ring across nodes with
   ``k`` ranks of its group on each node runs on ``k`` ports (:func:`parmem.comm.op_time`; one
   for the ``paper`` profile: :func:`shares_ports`). TP/SP, EP and PP transfers
-  sit on the critical path (less ``tp_overlap``, ``ep_overlap``, ``pp_overlap``); CP's K/V ring
+  sit on the critical path (less ``tp_overlap`` of the TP collectives the engine runs beside a
+  GEMM, ``[engines.*.defaults] tp_overlap``; less ``ep_overlap``, ``pp_overlap``); CP's K/V ring
   hides behind the attention it feeds (``cp_overlap``, Liu et al. 2023).
 * **pipeline**: ``T = m·t_max + (Σ_i t_i − t_max)/v``; the second term is the bubble. For equal
   stages it is :func:`parmem.pipeline.bubble_ratio` ``(p−1)/(v·m)`` times the ideal ``m·t``

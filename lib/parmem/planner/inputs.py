@@ -92,22 +92,24 @@ class Assumptions:
     up to 225 TFLOP/s per A100, 72 % model FLOPs utilisation: Dao 2023, abstract). 1: as the
     paper profile. Fitted to the measured runs of ``data/measured_runs.toml`` leaving each
     organisation out (:func:`parmem.planner.heldout.leave_one_out`; every scored run there
-    is an engine profile's): with ``mfu_hopper_scale`` and ``mfu_half_tokens``, all organisations
-    together pick 1.4 on a grid of 0.05 (refitted on 2026-12-03, once rings across nodes share a
-    node's ports, :func:`parmem.comm.op_time`, and small micro-batches cost more,
-    ``mfu_half_tokens``; the folds that leave one organisation out pick 1.4-1.45). The paper profile and a GPU of no stated generation
-    take 1."""
+    is an engine profile's): with ``mfu_hopper_scale``, ``mfu_half_tokens`` and
+    ``dp_overlap_on``, all organisations together pick 1.4 on a grid of 0.05, and so do the folds
+    that leave one organisation out (refitted on 2026-12-03, once rings across nodes share a
+    node's ports, :func:`parmem.comm.op_time`, small micro-batches cost more,
+    ``mfu_half_tokens``, and TP overlap follows the engine, ``tp_overlap``). The paper profile
+    and a GPU of no stated generation take 1."""
 
-    mfu_hopper_scale: float = 1.05
+    mfu_hopper_scale: float = 1.0
     """As ``mfu_ampere_scale``, on a Hopper GPU (H100, H200: ``Hardware.generation ==
     "hopper"``). The H100 SXM's dense BF16 peak is 3.2 times the A100's (989 against 312 TFLOP/s,
     the datasheets), but the same kernels reach a smaller fraction of it: FlashAttention-2
     reaches 50-73 % of the A100's peak (Dao 2023, abstract) and 35 % of the H100's (Shah et al.
     2024, FlashAttention-3, abstract); Llama 3 405B trained at 38-43 % of the H100's BF16 peak
-    (Dubey et al. 2024, Table 4). Fitted with ``mfu_ampere_scale`` and ``mfu_half_tokens``: all
-    organisations together 1.05 (mean absolute error 8.4 %; 0.95 and no ``mfu_half_tokens``
-    before the refit: 11.4 %), the folds 0.95-1.05, so an engine's H100 runs at 1.05/1.4 = 0.75
-    of its A100 fraction of the peak."""
+    (Dubey et al. 2024, Table 4). Fitted with ``mfu_ampere_scale``, ``mfu_half_tokens`` and
+    ``dp_overlap_on``: all organisations together 1.0 (mean absolute error 8.2 %), the folds
+    that leave one organisation out 0.95-1.05 (refitted on 2026-12-03 once TP overlap follows
+    the engine, ``tp_overlap``), so an engine's H100 runs at 1.0/1.4 = 0.71 of its A100 fraction
+    of the peak."""
 
     attention_efficiency: float = 1.0
     """Rate of the attention core (scores and the weighted sum of values, ``4·s²·a·d_head``
@@ -119,11 +121,11 @@ class Assumptions:
     al. 2021 eq. 3), so long sequences feel it most. Not fitted: 1, the GEMM rate. Of the
     measured runs only MosaicML's sweep the sequence length (512 to 65,536 tokens), so leaving
     an organisation out cannot test it: fitted with the two scales and ``mfu_half_tokens``, the
-    folds pick 0.8, but 1.0 when MosaicML's rows are the ones left out, and the held-out error
-    hardly moves (10.6 % pooled without it, 10.2 % with it; worst 35.6 % and 34.0 %:
-    ``benchmarks/heldout_runs.py --joint``)."""
+    folds pick 0.8-0.9, but 1.0 when MosaicML's rows are the ones left out, and the held-out
+    error hardly moves (9.6 % pooled without it, with ``dp_overlap_on`` at 0.3, and 9.6 % with
+    it; worst 27.0 % and 27.4 %: ``benchmarks/heldout_runs.py --joint``, 2026-12-03)."""
 
-    mfu_half_tokens: int = 1536
+    mfu_half_tokens: int = 1280
     """Tokens per micro-batch (``b·s``) at which an engine profile's kernels (any ``engine`` but
     ``"paper"``) reach half of their rate: each micro-batch costs the compute of ``b·s +
     mfu_half_tokens`` tokens, the factor ``b·s/(b·s + mfu_half_tokens)`` on the rate. A GEMM's
@@ -133,12 +135,12 @@ class Assumptions:
     micro-batch size and time it with per-micro-batch functions ``t_f(b)``, ``t_b(b)``. The
     ``paper`` profile takes 0: ``mfu`` is fitted to its runs, at 2,048-token micro-batches
     mostly, and holds their rate. Fitted to the measured runs of ``data/measured_runs.toml``
-    with the kernel scales (``benchmarks/heldout_runs.py --joint``): all organisations together
-    pick 1,536 (1,280 is as good); leaving each organisation out, the folds pick 1,280 or 1,536,
-    and the pooled held-out error falls from 14.1 % with the scales alone to 10.6 % (worst 41.1 %
-    to 35.6 %). Without it the model ran 8 % fast on runs of at most 8,192 tokens a micro-batch
-    and 15 % slow on those of more than 32,768 (2,048-token sequences or shorter). 0 switches it
-    off."""
+    with the kernel scales and ``dp_overlap_on`` (``benchmarks/heldout_runs.py --joint``): all
+    organisations together pick 1,280; leaving each organisation out, the folds pick 1,024 or
+    1,280. Introduced with the kernel scales alone, it cut the pooled held-out error from
+    14.1 % to 10.6 % (worst 41.1 % to 35.6 %): without it the model ran 8 % fast on runs of at
+    most 8,192 tokens a micro-batch and 15 % slow on those of more than 32,768 (2,048-token
+    sequences or shorter). 0 switches it off."""
 
     mfu_half_width: int = 100
     """Per-GPU GEMM width ``w = h/t`` at which the kernels reach half of ``mfu`` (the factor
@@ -161,10 +163,15 @@ class Assumptions:
     ``estimate``, which the planner page shows for the picked one."""
 
     tp_overlap: float = 0.75
-    """Fraction of TP/SP collective time hidden behind computation. Fitted to the published
-    runs: the backward all-reduces overlap with the weight-gradient GEMMs, and Transformer
-    Engine's user-buffer overlap hides more; 0: every collective waits for the GEMMs around
-    it."""
+    """Fraction of the time of a TP/SP collective that the engine runs beside a GEMM hidden
+    behind it. Which collectives those are is the engine's (``[engines.*.defaults] tp_overlap``
+    of ``data/engines.toml``; all of them with ``TrainingSetup.tp_comm_overlap``): Megatron-Core
+    on Transformer Engine runs the backward re-gather of the saved input beside the dgrad GEMM
+    and the input gradient's reduce-scatter (all-reduce without SP) beside the wgrad GEMM, and
+    waits for the forward gather and reduce-scatter and the backward gather; torchtitan's
+    DTensor TP waits for every collective unless async TP is on; the ``paper`` profile lets every
+    collective hide. The others count whole. Fitted to the published runs (the ``paper``
+    profile); 0: every collective waits for the GEMMs around it."""
 
     dp_overlap: float = 0.05
     """Fraction of the window during which data-parallel collectives are issued that hides them:
@@ -177,17 +184,19 @@ class Assumptions:
     hides but the last bucket (Megatron-LM's ``--overlap-grad-reduce --overlap-param-gather`` at
     its best); 0: nothing overlaps."""
 
-    dp_overlap_on: float = 1.0
+    dp_overlap_on: float = 0.3
     """``dp_overlap`` for an engine that overlaps its data-parallel collectives as parmem's recipe
     launches it (:attr:`parmem.engines.Defaults.dp_overlap`: FSDP2's prefetch, DDP's gradient
     buckets, Megatron-LM's ``--overlap-grad-reduce``/``--overlap-param-gather``, DeepSpeed's
     ``overlap_comm``). ``dp_overlap`` then describes the ``paper`` profile only, the 2021
-    accounting its fit comes from. Fitted to the measured runs of ``data/measured_runs.toml``,
-    leaving each organisation out in turn (:func:`parmem.planner.heldout.leave_one_out`): alone,
-    the folds pick 0.8 (0.3 with torchtitan's rows left out); fitted with the kernel scales and
-    ``mfu_half_tokens``, 0.2-0.9, and the held-out error gets worse (11.4 % pooled, worst 61 %,
-    against 10.6 % and 35.6 % with 1.0 held: ``benchmarks/heldout_runs.py --joint``). The runs
-    do not pin it down, so it stays at 1: all of the window the engine overlaps in."""
+    accounting its fit comes from. Fitted to the measured runs of ``data/measured_runs.toml``
+    with the kernel scales and ``mfu_half_tokens`` (``benchmarks/heldout_runs.py --joint``): all
+    organisations together pick 0.3, and the folds that leave one organisation out 0.2-0.4
+    (refitted on 2026-12-03, once TP overlap follows the engine, ``tp_overlap``; before that the
+    folds scattered over 0.2-0.9 and 1 was kept). Less than the whole window: collectives that
+    run beside the backward pass also slow it (they share the GPU's memory bandwidth and take
+    streaming multiprocessors for NCCL's kernels), which this model, with no such term, can only
+    count as exposed time. 1: all of the window the engine overlaps in."""
 
     dp_bucket_params: int = 40_000_000
     """Parameters per gradient bucket. The last bucket's reduction starts after the last

@@ -406,6 +406,15 @@ def plan(
     TrainingSetup(seq_len=seq_len, **setup_kw)  # validates every setup field, each by name
     check_setup(precision, optimizer)
     prof = engine_profile(engine)
+    if tp_comm_overlap and engine != "paper" and not prof.defaults.tp_comm_overlap:
+        raise ValueError(f"tp_comm_overlap=True: {prof.who} has no switch that overlaps its "
+                         "tensor-parallel collectives with GEMMs")  # fmt: skip
+    if tp_comm_overlap and prof.defaults.tp_comm_overlap_needs_sp:
+        # the switch needs SP: search the TP layouts with it only
+        if True not in ((sp,) if isinstance(sp, bool) else tuple(sp)):
+            raise ValueError(f"tp_comm_overlap=True needs sp=True under {prof.who}: "
+                             f"{prof.defaults.tp_comm_overlap} needs sequence parallelism")  # fmt: skip
+        sp = (True,)
     a = Assumptions.from_kwargs(assumptions)
     space = search_space(
         spec,
