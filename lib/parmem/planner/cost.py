@@ -70,9 +70,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 from ..comm import (
+    CATEGORIES,
     CommOp,
     StageShape,
-    category_times,
     collectives,
     op_time,
     placement,
@@ -327,15 +327,15 @@ class CostModel:
     def _times(self, ops: Iterable[CommOp], intra: dict[str, bool | int]) -> dict[str, float]:
         """Seconds per category; TP and SP split into what the engine runs beside a GEMM
         ("tp": ``tp_overlap`` of it hides) and what waits for its GEMM ("tpx")."""
-        ops = list(ops)
-        out = category_times(ops, self.hw, intra)
-        tp = out.pop("tp") + out.pop("sp")
-        out["tp"] = sum(
-            op_time(o, self.hw, intra)
-            for o in ops
-            if o.category in ("tp", "sp") and o.what in self.tp_hidden
-        )
-        out["tpx"] = max(0.0, tp - out["tp"])
+        out = dict.fromkeys(CATEGORIES, 0.0)
+        out["tpx"] = 0.0
+        hw, hidden = self.hw, self.tp_hidden
+        for o in ops:
+            cat = o.category
+            if cat in ("tp", "sp"):
+                cat = "tp" if o.what in hidden else "tpx"
+            out[cat] += op_time(o, hw, intra)
+        del out["sp"]
         return out
 
     @staticmethod
