@@ -267,6 +267,11 @@ class Defaults:
     tp_comm_overlap: str = ""
     #: whether that switch needs sequence parallelism (Megatron-LM's does)
     tp_comm_overlap_needs_sp: bool = False
+    #: how the planner times the profile: ``"papers"``, as the published runs its base
+    #: assumptions are fitted to ran (kernels at ``mfu`` with no GPU-generation scale and no
+    #: micro-batch cost, one network port a GPU), or ``"engine"``, a current engine version
+    #: (:func:`parmem.planner.cost.kernel_scale`, :func:`parmem.planner.cost.shares_ports`)
+    timing: str = "engine"
 
     @property
     def dp_overlap(self) -> bool:
@@ -488,6 +493,7 @@ def _defaults(t: dict[str, Any], where: str) -> Defaults:
         sp_regather=bool(t.get("sp_regather", False)),
         tp_comm_overlap=str(t.get("tp_comm_overlap", "")),
         tp_comm_overlap_needs_sp=bool(t.get("tp_comm_overlap_needs_sp", False)),
+        timing=choice(f"{where} timing", t.get("timing", "engine"), ("papers", "engine")),
     )
 
 

@@ -135,7 +135,7 @@ def _engine_problems(prof: EngineProfile, par: ParallelConfig, setup: TrainingSe
         why = prof.refusal(feature) if on else ""
         if why:
             out.append(f"{prof.who} cannot run {what}: {why}")
-    if setup.tp_comm_overlap and prof.name != "paper":
+    if setup.tp_comm_overlap and prof.defaults.timing != "papers":
         if not prof.defaults.tp_comm_overlap:
             out.append(f"{prof.who} has no tp_comm_overlap=True: it has no switch that overlaps "
                        "its tensor-parallel collectives with GEMMs")  # fmt: skip

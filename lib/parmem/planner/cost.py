@@ -155,7 +155,7 @@ def kernel_scale(a: Assumptions, generation: str, engine: str) -> float:
     (:attr:`parmem.hardware.Hardware.generation`): 1 for the ``paper`` profile (the published
     runs ``mfu`` is fitted to) and a GPU of no stated generation, else ``mfu_ampere_scale`` or
     ``mfu_hopper_scale``."""
-    if engine == "paper":
+    if engine_profile(engine).defaults.timing == "papers":
         return 1.0
     if generation == "ampere":
         return a.mfu_ampere_scale
@@ -180,7 +180,7 @@ def shares_ports(engine: str) -> bool:
     ratio falls from above 1.5 to under 1: ``tests/test_calibration.py``). A 2021 ZeRO-3 gathered
     parameter by parameter, small messages that do not fill eight rings; this model has no
     message-size term, so the profile keeps the paper's measured behaviour instead."""
-    return engine != "paper"
+    return engine_profile(engine).defaults.timing != "papers"
 
 
 class StageComm:
@@ -497,7 +497,8 @@ class StepTimer:
         self.dp_overlap = a.dp_overlap_on if lay.engine.defaults.dp_overlap else a.dp_overlap
         scale = kernel_scale(a, model.hw.generation, lay.engine.name)
         # an engine profile's micro-batch also costs mfu_half_tokens tokens' compute (b0 sequences)
-        self.b0 = 0.0 if lay.engine.name == "paper" else a.mfu_half_tokens / model.s
+        papers = lay.engine.defaults.timing == "papers"
+        self.b0 = 0.0 if papers else a.mfu_half_tokens / model.s
         busy = busy_fraction(a, model.spec.hidden, par.tp, scale)
         split_rate = par.tp * par.cp * model.peak * busy
         ad = model.f_adapter / model.spec.layers  # the adapters' forward per layer

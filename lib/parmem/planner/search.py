@@ -406,7 +406,7 @@ def plan(
     TrainingSetup(seq_len=seq_len, **setup_kw)  # validates every setup field, each by name
     check_setup(precision, optimizer)
     prof = engine_profile(engine)
-    if tp_comm_overlap and engine != "paper" and not prof.defaults.tp_comm_overlap:
+    if tp_comm_overlap and prof.defaults.timing != "papers" and not prof.defaults.tp_comm_overlap:
         raise ValueError(f"tp_comm_overlap=True: {prof.who} has no switch that overlaps its "
                          "tensor-parallel collectives with GEMMs")  # fmt: skip
     if tp_comm_overlap and prof.defaults.tp_comm_overlap_needs_sp:

@@ -120,11 +120,12 @@ def sensitivity(
     if plan.best is None:
         raise ValueError(f"plan: nothing fits ({plan.message}), so no ranking to test")
     if names is None:
-        overlaps = engine(plan.engine).defaults.dp_overlap
-        gen = plan.cluster.hardware.generation if plan.engine != "paper" else ""
-        unused = {"dp_overlap" if overlaps else "dp_overlap_on"}
+        defaults = engine(plan.engine).defaults
+        papers = defaults.timing == "papers"
+        gen = "" if papers else plan.cluster.hardware.generation
+        unused = {"dp_overlap" if defaults.dp_overlap else "dp_overlap_on"}
         unused |= {f"mfu_{g}_scale" for g in ("ampere", "hopper") if g != gen}
-        if plan.engine == "paper":
+        if papers:
             unused.add("mfu_half_tokens")  # engine profiles only
         names = tuple(n for n in FITTED if n not in unused)
     out = []
