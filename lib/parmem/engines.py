@@ -293,6 +293,8 @@ class EngineProfile:
     pipeline: bool
     recompute: tuple[str, ...]
     selective: str
+    #: what its selective recomputation runs again, as FLOPs (:data:`parmem.flops.SELECTIVE_RULES`)
+    selective_flops: str
     offload: tuple[str, ...]
     vocab_multiple: int
     activations: str
@@ -520,6 +522,11 @@ def _profile(name: str, t: dict[str, Any], tables: dict[str, Any]) -> EngineProf
         pipeline=bool(t["pipeline"]),
         recompute=tuple(choice(f"{where} recompute", r, RECOMPUTE_MODES) for r in t["recompute"]),
         selective=str(t.get("selective", "")),
+        selective_flops=choice(
+            f"{where} selective_flops",
+            t.get("selective_flops", "core"),
+            ("core", "every-second-matmul"),
+        ),
         offload=tuple(choice(f"{where} offload", o, OFFLOADS) for o in t["offload"]),
         vocab_multiple=integer(f"{where} vocab_multiple", t["vocab_multiple"]),
         activations=act_name,

@@ -16,8 +16,22 @@ from .config import RECOMPUTE
 from .lora import lora_modules, lora_params
 from .model import ModelSpec
 from .sharding import layer_matmul_params
+from .table import layer_tensors
 
-__all__ = ["narayanan_flops", "flops_per_sequence", "step_flops", "lora_flops_per_sequence"]
+__all__ = [
+    "narayanan_flops",
+    "flops_per_sequence",
+    "step_flops",
+    "lora_flops_per_sequence",
+    "SELECTIVE_RULES",
+    "selective_flops_per_sequence",
+]
+
+#: What an engine's selective recomputation runs again in the backward pass (``selective_flops``
+#: of ``[engines.*]``): ``"core"``, the attention core (Korthikanti et al. 2022 §5; Megatron-LM's
+#: ``recompute_granularity='selective'``); ``"every-second-matmul"``, torchtitan's op-level
+#: SAC (:func:`selective_flops_per_sequence`).
+SELECTIVE_RULES: tuple[str, ...] = ("core", "every-second-matmul")
 
 
 def narayanan_flops(
@@ -55,6 +69,45 @@ def flops_per_sequence(spec: ModelSpec, seq_len: int) -> tuple[int, int, int]:
     s = integer("seq_len", seq_len)
     core = 4 * s * s * spec.q_dim
     return 2 * s * layer_matmul_params(spec) + core, core, 2 * s * spec.hidden * spec.vocab_size
+
+
+def selective_flops_per_sequence(spec: ModelSpec, seq_len: int, rule: str) -> int:
+    """Forward FLOPs of one layer for one sequence that selective recomputation runs again,
+    under ``rule`` (:data:`SELECTIVE_RULES`).
+
+    ``"core"``: the attention core, ``4·s²·(a·d_head)`` (scores and the weighted sum of values;
+    Korthikanti et al. 2022 §5).
+
+    ``"every-second-matmul"``: torchtitan's ``SelectiveAC`` (torchtitan 0.3.0,
+    ``distributed/activation_checkpoint.py``): in each block it keeps the outputs of the ops of
+    ``_get_default_save_ops`` (the attention kernel, ``aten.mm``/``aten.linear``, ``topk``,
+    reduce-scatter, all-to-all) "except every second mm/linear", counted in forward order,
+    force-recomputes the router's matmul (``force_recompute_mm_shapes_by_fqns =
+    ["moe.router.gate"]``), and recomputes everything else, which includes the routed experts'
+    grouped GEMMs (``torch._grouped_mm`` is not among PyTorch's compute-intensive ops). The
+    attention's Q, K and V are one fused matmul (``wqkv``), as in the ``[activations.fsdp2]``
+    table: for a Llama block wqkv (1st, kept), wo (2nd, recomputed), w1 (3rd, kept), w3 (4th,
+    recomputed), w2 (5th, kept). Every multiply-add is ``2·s`` FLOPs per weight; the attention
+    kernel is kept, so no ``s²`` term."""
+    s = integer("seq_len", seq_len)
+    choice("rule", rule, SELECTIVE_RULES)
+    if rule == "core":
+        return 4 * s * s * spec.q_dim
+    fused = ("attn.q.weight", "attn.k.weight", "attn.v.weight")
+    count = weights = 0
+    for x in layer_tensors(spec):
+        if x.kind == "router":
+            weights += x.rows * x.cols
+        elif x.kind != "linear":
+            continue
+        elif x.expert:
+            weights += x.rows * x.cols * spec.top_k
+        else:
+            if x.name not in fused[1:]:  # K and V run in Q's fused matmul
+                count += 1
+            if count % 2 == 0:
+                weights += x.rows * x.cols * x.count
+    return 2 * s * weights
 
 
 def lora_flops_per_sequence(spec: ModelSpec, seq_len: int, rank: int, targets: str) -> int:

@@ -22,7 +22,9 @@ on one GPU::
   two forwards; DDP reduces the adapters' fp32 gradients only. QLoRA's dequantisation of each
   4-bit weight (memory-bound kernels) is not timed.
 * **recompute**: full recomputation runs each layer's forward again; selective recomputation
-  (Korthikanti et al. 2022 §5) only the attention core (``4·s²·a·d_head``).
+  what the engine's selective mode recomputes (``selective_flops`` of ``[engines.*]``): the
+  attention core (``4·s²·a·d_head``, Korthikanti et al. 2022 §5: the papers, Megatron-Core) or
+  torchtitan's every second matmul (:func:`parmem.flops.selective_flops_per_sequence`).
 * For a GPT layer these sums are exactly Narayanan et al. 2021, eq. (3):
   ``96·B·s·L·h²·(1 + s/(6h) + V/(16·L·h))`` FLOPs per iteration with full recomputation and
   ``72·B·s·L·h²·(1 + s/(6h) + V/(12·L·h))`` without (:func:`parmem.flops.narayanan_flops`).
@@ -82,7 +84,7 @@ from ..config import PRECISIONS, ParallelConfig, TrainingSetup
 from ..engines import TP_OPS
 from ..engines import engine as engine_profile
 from ..estimate import Estimate, estimate
-from ..flops import flops_per_sequence, lora_flops_per_sequence
+from ..flops import flops_per_sequence, lora_flops_per_sequence, selective_flops_per_sequence
 from ..hardware import Hardware
 from ..layout import Layout, Stage, layout
 from ..model import ModelSpec
@@ -241,6 +243,14 @@ class CostModel:
         self.peak = hw.peak_flops_bf16
         self.usable = a.usable_bytes(hw)
         self.f_layer, self.f_core, self.f_head = flops_per_sequence(spec, seq_len)
+        # what the engine's selective recomputation runs again (the attention core, or
+        # torchtitan's every second matmul: parmem.flops.selective_flops_per_sequence)
+        self.selective_rule = engine_profile(setup_kw["engine"]).selective_flops
+        self.f_selective = (
+            self.f_core
+            if self.selective_rule == "core"
+            else selective_flops_per_sequence(spec, seq_len, self.selective_rule)
+        )
         # frozen weights with adapters (fine-tuning): the adapters' forward FLOPs per sequence
         self.frozen = setup_kw.get("adapter", "none") != "none"
         self.f_adapter = (
@@ -505,7 +515,9 @@ class StepTimer:
         # the attention core at attention_efficiency of the GEMM rate: its FLOPs weigh 1/eff
         core = model.f_core / a.attention_efficiency
         f_layer = model.f_layer - model.f_core + core
-        rc_flops = {"none": 0, "selective": core, "full": f_layer + ad}[recompute]
+        # selective: the attention core (weighed as above) or the engine's own set of matmuls
+        sel = core if model.selective_rule == "core" else model.f_selective
+        rc_flops = {"none": 0, "selective": sel, "full": f_layer + ad}[recompute]
         self.groups = []
         for st, count in lay.distinct_stages():
             n = st.layers

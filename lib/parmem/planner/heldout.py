@@ -124,6 +124,9 @@ def _why_not(group: dict[str, Any], row: dict[str, Any]) -> str | None:
         return "a sharding group smaller than the data-parallel group (HSDP)"
     if "seq_len" not in row:
         return "no sequence length"
+    if row.get("recompute") == "blocks":
+        return ("every n-th block checkpointed in full (fms-fsdp's and torchtitan's block-wise "
+                "selective checkpointing: not a recompute mode parmem models)")  # fmt: skip
     return None
 
 
@@ -223,15 +226,21 @@ def _run(
 
 
 def _gpu(group: dict[str, Any], row: dict[str, Any]) -> str | Hardware:
-    """The row's GPU: a preset, or, where the source ran a variant of it with another dense BF16
-    peak (``peak_flops_bf16`` of the row or its group: the H100 SXM with HBM2e and a lower power
-    limit of Meta's Grand Teton hosts), the preset with that peak."""
-    where = row if "gpu" in row else group  # a row's own GPU takes its own peak only
+    """The row's GPU: a preset, or, where the source ran a variant of it, the preset with the
+    variant's dense BF16 peak (``peak_flops_bf16`` of the row or its group: the H100 SXM with
+    HBM2e and a lower power limit of Meta's Grand Teton hosts) or NVLink bandwidth
+    (``nvlink_bandwidth``, bytes/s a direction: the A800)."""
+    where = row if "gpu" in row else group  # a row's own GPU takes its own variant only
     name = str(where.get("gpu", "h100-sxm"))
-    peak = where.get("peak_flops_bf16")
-    if peak is None:
+    peak, nvlink = where.get("peak_flops_bf16"), where.get("nvlink_bandwidth")
+    if peak is None and nvlink is None:
         return name
-    return replace(hardware_preset(name), peak_flops_bf16=float(peak))
+    hw = hardware_preset(name)
+    if peak is not None:
+        hw = replace(hw, peak_flops_bf16=float(peak))
+    if nvlink is not None:  # NVIDIA's A800: the A100 with NVLink at 400 GB/s (200 a direction)
+        hw = replace(hw, intra_node=replace(hw.intra_node, bandwidth=float(nvlink)))
+    return hw
 
 
 def step_seconds(batch: int, seq_len: int, tokens_per_s_per_gpu: float, gpus: int) -> float:
