@@ -57,6 +57,21 @@ def test_an_assumption_the_runs_do_not_depend_on_is_reported_and_kept():
     assert "not determined" in str(cal)
 
 
+def test_a_link_only_one_run_crosses_is_not_determined_by_it():
+    """Three one-node runs and one on two nodes: only the latter's time moves with the network
+    (its gradient all-reduce crosses nodes), so inter_node_scale would fit that run alone,
+    exactly: it is reported as not determined and kept at 1, while mfu is fitted to all four."""
+    runs = [_run(f"one-{i}", gpus=8, d=8, measured_factor=f) for i, f in enumerate((1.2, 1.3, 1.25))]
+    runs.append(_run("two", gpus=16, d=16, measured_factor=3.0))
+    cal = calibrate(runs, fit=("mfu", "inter_node_scale"))
+    assert cal.undetermined == ("inter_node_scale",)
+    assert cal.fitted["inter_node_scale"] == 1.0
+    assert "inter_node_scale" not in cal.flags()
+    # two runs across nodes determine it
+    runs.append(_run("two-b", gpus=16, d=16, measured_factor=2.5))
+    assert calibrate(runs, fit=("mfu", "inter_node_scale")).undetermined == ()
+
+
 def test_leaving_a_run_out_predicts_it_with_the_others_fit():
     """Three one-GPU runs measured at 1.5x the step at mfu 0.6, and one at 3x: fitted to the
     three alike, the odd one is predicted 50 % too fast (1.5/3 - 1); each of the three, predicted

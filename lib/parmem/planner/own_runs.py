@@ -152,6 +152,21 @@ def _golden(f: Callable[[float], float], lo: float, hi: float) -> float:
     return (a + b) / 2
 
 
+def _alone(runs: list[OwnRun], kw: Mapping[str, Any], name: str, lo: float, hi: float) -> bool:
+    """Whether one run alone, of several, moves with ``name`` across its range: the value would
+    fit that run exactly and tell nothing (``inter_node_scale`` fitted to one multi-node run
+    among single-node ones), so it counts as not determined."""
+    if len(runs) < 2:
+        return False
+    moved = 0
+    for r in runs:
+        a, b = _model_time(r, {**kw, name: lo}), _model_time(r, {**kw, name: hi})
+        moved += abs(a - b) > 1e-9 * a
+        if moved > 1:
+            return False
+    return moved == 1
+
+
 def _fit(
     runs: list[OwnRun], names: tuple[str, ...], start: Mapping[str, Any]
 ) -> tuple[dict[str, float], tuple[str, ...]]:
@@ -170,6 +185,9 @@ def _fit(
             def err(x: float, n: str = n) -> float:
                 return _mean_error(runs, {**kw, **values, n: x})
 
+            if round_ == 0 and _alone(runs, {**kw, **values}, n, lo, hi):
+                flat.add(n)
+                continue
             if round_ == 0:  # the whole range on a grid, then the best cell's neighbourhood
                 grid = [lo + cell * i for i in range(_GRID)]
                 errs = [err(x) for x in grid]
