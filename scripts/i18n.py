@@ -7,7 +7,9 @@
     python scripts/i18n.py load PO f.json    # and back into the catalog (fuzzy flags cleared)
 
 ``extract`` builds the ``.pot`` templates of every page (``scripts/build_book.py --builder
-gettext``: from the execution cache, so a prose cell's message holds its computed numbers),
+gettext --all``: from the execution cache, so a prose cell's message holds its computed numbers;
+every page is read again, since a library change moves a chapter's numbers without changing its
+notebook: run ``make notebooks`` first, which refreshes the cache),
 leaves out the messages that exist only in API docstrings (the Chinese API page shows them in
 English), and updates ``locales/zh_CN/LC_MESSAGES/<page>.po`` with sphinx-intl: a new message
 arrives untranslated, a changed one fuzzy, and either fails ``check``, the Chinese build
@@ -53,8 +55,11 @@ def _write(path: Path, catalog) -> None:
 
 
 def extract() -> int:
+    # --all: every page read again, so a message holds the numbers its notebook computes now
+    # (Sphinx re-reads only changed sources, and a library change moves a chapter's numbers
+    # without changing its notebook)
     rc = subprocess.call([sys.executable, str(ROOT / "scripts" / "build_book.py"),
-                          "--builder", "gettext", "--quiet"])
+                          "--builder", "gettext", "--quiet", "--all"])
     if rc:
         return rc
     for pot in sorted(POT_DIR.rglob("*.pot")):
