@@ -183,6 +183,8 @@ MEGATRON_RULES = [
      or _fsdp(a)),
     ("Must use --overlap-param-gather with --overlap-grad-reduce",
      lambda a, env, world: not a.overlap_param_gather or a.overlap_grad_reduce),
+    ("GEMM overlap can happen only when sequence parallelism is enabled",
+     lambda a, env, world: not a.tp_comm_overlap or a.sequence_parallel),
     ("No more than one of the following arguments can be set at the same time",
      lambda a, env, world: sum(x is not None for x in (
          a.pipeline_model_parallel_layout, a.num_layers_per_virtual_pipeline_stage,
@@ -568,9 +570,14 @@ def test_recipes_turn_on_the_tp_overlap_the_time_assumed(engine):
                     sp=True, zero=zero, tp_comm_overlap=flag) for flag in (True, False))  # fmt: skip
     for pl, flag in ((on, True), (off, False)):
         assert pl.best is not None and pl.best.setup.tp_comm_overlap is flag
-        args = list(pl.recipe(emit).args)
+        recipe = pl.recipe(emit)
+        args = list(recipe.args)
         if emit == "megatron":
-            assert parse_recorded("megatron_lm_args", args).tp_comm_overlap is flag
+            a = parse_recorded("megatron_lm_args", args)
+            assert a.tp_comm_overlap is flag
+            env = {k: v for k, v in recipe.env if v is not None}
+            for fragment, ok in MEGATRON_RULES:  # Megatron-LM's validate_args, as recorded
+                assert ok(a, env, pl.cluster.world_size), fragment
         else:
             cfg = torchtitan().ConfigManager().parse_args(args)
             assert cfg.compile.enable_async_tensor_parallel is flag
