@@ -63,3 +63,9 @@ def test_the_planner_prices_each_engines_own_selective_recomputation():
     want = (selective_flops_per_sequence(spec, s, "every-second-matmul")
             / selective_flops_per_sequence(spec, s, "core"))  # fmt: skip
     assert rec["fsdp2"] / rec["megatron-core"] == pytest.approx(want, rel=1e-9)
+    # and the executed FLOPs it reports (HFU) count the same recomputation
+    c = evaluate(spec, cluster, par["fsdp2"], TrainingSetup(seq_len=s, recompute="selective",
+                                                           engine="fsdp2"))  # fmt: skip
+    extra = (c.hardware_flops_per_gpu - c.model_flops_per_gpu) * 8 * c.step_time
+    assert extra == pytest.approx(c.global_batch * spec.layers * want
+                                  * selective_flops_per_sequence(spec, s, "core"), rel=1e-9)
