@@ -154,6 +154,11 @@ PHASES: tuple[str, ...] = ("always", "step")
 FEATURES: tuple[str, ...] = ("tp", "sp", "cp", "ep", "interleaved", "gpipe", "1f1b")
 #: Overlap features an engine turns on by default (``[engines.*.defaults] overlap``).
 OVERLAPS: tuple[str, ...] = ("fsdp-prefetch", "ddp-buckets", "grad-reduce", "param-gather")
+#: What an engine's selective recomputation runs again in the backward pass (``selective_flops``
+#: of ``[engines.*]``): ``"core"``, the attention core (Korthikanti et al. 2022 §5; Megatron-LM's
+#: ``recompute_granularity='selective'``); ``"every-second-matmul"``, torchtitan's op-level SAC
+#: (:func:`parmem.flops.selective_flops_per_sequence`).
+SELECTIVE_RULES: tuple[str, ...] = ("core", "every-second-matmul")
 #: What each tensor-parallel collective of one layer is (the ``what`` of a
 #: :class:`parmem.comm.CommOp` of categories "tp" and "sp"): without sequence parallelism an
 #: all-reduce after the attention block and the MLP in the forward and in the backward pass; with
@@ -293,7 +298,7 @@ class EngineProfile:
     pipeline: bool
     recompute: tuple[str, ...]
     selective: str
-    #: what its selective recomputation runs again, as FLOPs (:data:`parmem.flops.SELECTIVE_RULES`)
+    #: what its selective recomputation runs again, as FLOPs (:data:`SELECTIVE_RULES`)
     selective_flops: str
     offload: tuple[str, ...]
     vocab_multiple: int
@@ -523,9 +528,7 @@ def _profile(name: str, t: dict[str, Any], tables: dict[str, Any]) -> EngineProf
         recompute=tuple(choice(f"{where} recompute", r, RECOMPUTE_MODES) for r in t["recompute"]),
         selective=str(t.get("selective", "")),
         selective_flops=choice(
-            f"{where} selective_flops",
-            t.get("selective_flops", "core"),
-            ("core", "every-second-matmul"),
+            f"{where} selective_flops", t.get("selective_flops", "core"), SELECTIVE_RULES
         ),
         offload=tuple(choice(f"{where} offload", o, OFFLOADS) for o in t["offload"]),
         vocab_multiple=integer(f"{where} vocab_multiple", t["vocab_multiple"]),

@@ -13,6 +13,7 @@ from fractions import Fraction
 
 from ._check import boolean, choice, instance, integer
 from .config import RECOMPUTE
+from .engines import SELECTIVE_RULES
 from .lora import lora_modules, lora_params
 from .model import ModelSpec
 from .sharding import layer_matmul_params
@@ -23,15 +24,8 @@ __all__ = [
     "flops_per_sequence",
     "step_flops",
     "lora_flops_per_sequence",
-    "SELECTIVE_RULES",
     "selective_flops_per_sequence",
 ]
-
-#: What an engine's selective recomputation runs again in the backward pass (``selective_flops``
-#: of ``[engines.*]``): ``"core"``, the attention core (Korthikanti et al. 2022 §5; Megatron-LM's
-#: ``recompute_granularity='selective'``); ``"every-second-matmul"``, torchtitan's op-level
-#: SAC (:func:`selective_flops_per_sequence`).
-SELECTIVE_RULES: tuple[str, ...] = ("core", "every-second-matmul")
 
 
 def narayanan_flops(
@@ -73,7 +67,7 @@ def flops_per_sequence(spec: ModelSpec, seq_len: int) -> tuple[int, int, int]:
 
 def selective_flops_per_sequence(spec: ModelSpec, seq_len: int, rule: str) -> int:
     """Forward FLOPs of one layer for one sequence that selective recomputation runs again,
-    under ``rule`` (:data:`SELECTIVE_RULES`).
+    under ``rule`` (:data:`parmem.engines.SELECTIVE_RULES`).
 
     ``"core"``: the attention core, ``4·s²·(a·d_head)`` (scores and the weighted sum of values;
     Korthikanti et al. 2022 §5).
@@ -131,11 +125,14 @@ def step_flops(
     seq_len: int,
     recompute: str = "none",
     adapter: int | None = None,
+    selective: str = "core",
 ) -> int:
     """FLOPs of one training step (all GPUs together), any :class:`~parmem.model.ModelSpec`.
 
     Forward + backward = 3 forward passes; ``"full"`` recomputation adds a forward through the
-    layers, ``"selective"`` the attention core. For a GPT-shaped model this equals
+    layers, ``"selective"`` what the engine's rule recomputes (``selective``, one of
+    :data:`parmem.engines.SELECTIVE_RULES`: the attention core by default, torchtitan's every
+    second matmul: :func:`selective_flops_per_sequence`). For a GPT-shaped model this equals
     :func:`narayanan_flops` (72 form for ``"none"``, 96 form for ``"full"``).
 
     ``adapter``: frozen weights with adapters whose forward costs ``adapter`` FLOPs per sequence
@@ -149,8 +146,12 @@ def step_flops(
     layer, core, head = flops_per_sequence(spec, seq_len)
     L = spec.layers
     if adapter is None:
-        extra = {"none": 0, "selective": core, "full": layer}[recompute]
+        sel = selective_flops_per_sequence(spec, seq_len, selective)
+        extra = {"none": 0, "selective": sel, "full": layer}[recompute]
         return global_batch * (L * (3 * layer + extra) + 3 * head)
+    if selective != "core":
+        raise ValueError(f"selective={selective!r} with an adapter is not modelled (the adapter "
+                         "profile recomputes the attention core)")  # fmt: skip
     a = integer("adapter", adapter, 0)
     extra = {"none": 0, "selective": L * core, "full": L * layer + a}[recompute]
     fwd = L * layer + head + a

@@ -246,11 +246,7 @@ class CostModel:
         # what the engine's selective recomputation runs again (the attention core, or
         # torchtitan's every second matmul: parmem.flops.selective_flops_per_sequence)
         self.selective_rule = engine_profile(setup_kw["engine"]).selective_flops
-        self.f_selective = (
-            self.f_core
-            if self.selective_rule == "core"
-            else selective_flops_per_sequence(spec, seq_len, self.selective_rule)
-        )
+        self.f_selective = selective_flops_per_sequence(spec, seq_len, self.selective_rule)
         # frozen weights with adapters (fine-tuning): the adapters' forward FLOPs per sequence
         self.frozen = setup_kw.get("adapter", "none") != "none"
         self.f_adapter = (

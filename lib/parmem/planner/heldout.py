@@ -199,9 +199,9 @@ def _run(
         b = 1
     v = int(row.get("v", 1))
     zero = int(row.get("zero", 0))
-    recompute = {"none": "none", "selective": "selective", "full": "full"}.get(
-        row.get("recompute", "none"), "none"
-    )
+    recompute = row.get("recompute", "none")
+    if recompute not in ("none", "selective", "full"):  # never read as another mode
+        raise ValueError(f"{name}: recompute = {recompute!r}: one of none, selective, full")
     par = ParallelConfig(dp=d, tp=t, pp=p, cp=cp, ep=e, sp=t > 1, zero=zero, vpp=v)
     setup = TrainingSetup(
         grad_dtype=_grad_reduce(group, row),

@@ -180,10 +180,9 @@ def _candidate(
     n = par.world_size
     adapter = model.f_adapter if model.frozen else None
     useful = step_flops(model.spec, model.G, model.s, "none", adapter)
-    executed = step_flops(model.spec, model.G, model.s, setup.recompute, adapter)
-    if setup.recompute == "selective" and model.selective_rule != "core":
-        # the engine's own selective set (torchtitan's SAC), as the step time counts it
-        executed = useful + model.G * model.spec.layers * model.f_selective
+    # the engine's own selective set (torchtitan's SAC), as the step time counts it
+    executed = step_flops(model.spec, model.G, model.s, setup.recompute, adapter,
+                          model.selective_rule)  # fmt: skip
     return Candidate(
         parallel=par,
         setup=setup,
