@@ -87,6 +87,7 @@ def torchtitan():
         ParallelDims=ParallelDims,
         pipeline_metadata=pipeline_parallel._get_pipeline_metadata,
         split=pipeline_parallel._generate_llm_fqn_per_model_part,
+        rank_stages=pipeline_parallel._get_pp_rank_to_stage_indices_mapping,
     )
 
 

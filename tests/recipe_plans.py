@@ -42,6 +42,10 @@ CASES: dict[str, tuple[str, tuple[str, int, int], int, int, dict]] = {
         "mixtral-8x7b", ("h100-sxm", 8, 8), 256, 4096,
         {"zero": 0, "ep": 4, "tp": 2, "sp": False, "recompute": "selective", **FAST},
     ),
+    # two chunks per rank: interleaved 1F1B under Megatron-LM, ZB-V under torchtitan
+    "llama3-8b-two-chunks": (
+        "llama-3-8b", ("h100-sxm", 8, 2), 64, 4096, {"pp": 4, "vpp": 2, "tp": 1, **FAST},
+    ),
 }  # fmt: skip
 
 

@@ -106,6 +106,11 @@ def test_sequence_parallelism_needs_the_tokens_to_split_everywhere():
         ("megatron-core", ParallelConfig(dp=2, zero=3), {}, "zero=3"),
         ("megatron-core", ParallelConfig(dp=2, pp=2), {"schedule": "gpipe"}, "gpipe"),
         ("fsdp2", ParallelConfig(dp=2, zero=1), {}, "zero=1"),
+        ("megatron-core", ParallelConfig(dp=2, pp=2, vpp=2), {"schedule": "zbv"}, "ZB-V"),
+        ("deepspeed", ParallelConfig(dp=2, pp=2, vpp=2), {"schedule": "zbv"}, "ZB-V"),
+        ("paper", ParallelConfig(dp=2, pp=2, vpp=2), {"schedule": "zbv"}, "ZB-V"),
+        ("fsdp2", ParallelConfig(pp=2, tp=2, sp=True, vpp=2, zero=3),
+         {"schedule": "zbv", "tp_comm_overlap": True}, "refuses compiled stages"),
     ],
 )
 def test_a_layout_the_engine_cannot_run_is_refused_by_name(name, par, setup, rule):
@@ -197,3 +202,27 @@ def test_layout_objects_are_built_once():
     a = layout(LLAMA7, ParallelConfig(dp=2), setup)
     assert a is layout(LLAMA7, ParallelConfig(dp=2), setup)
     assert isinstance(a, Layout) and a.problems() == []
+
+
+def test_zbv_puts_both_ends_on_rank_0_and_even_activations_on_every_rank():
+    # ZB-V (Qi et al. 2024a §6; torchtitan maps rank r to stages r and 2p-1-r): rank 0 holds
+    # the embedding and the LM head; every rank holds 2p chunks of L/(2p) layers at its peak
+    # (tests/test_pipeline.py), and rank 0 the logits of one micro-batch
+    p, m = 4, 16
+    st = TrainingSetup(seq_len=2048, num_microbatches=m, schedule="zbv", engine="fsdp2")
+    par = ParallelConfig(pp=p, vpp=2, zero=3)
+    lay = layout(LLAMA7, par, st)
+    assert [(s.first, s.last) for s in lay.stages] == [(True, True)] + [(False, False)] * 3
+    est = estimate(LLAMA7, par, st)
+    ends = stage_params(LLAMA7, 1, 1, 8, True, True, lay.engine.vocab_multiple)
+    assert est.stages[0].num_params == sum(ends)
+    assert len({s.activations for s in est.stages[1:]}) == 1
+    assert est.stages[0].activations > est.stages[1].activations
+    assert est.stages[0].logits == lay.logits_bytes
+    assert all(s.logits == 0 for s in est.stages[1:])
+    # a 1F1B layout of the same split holds its activations on stage 0 and the logits at the end
+    one = estimate(LLAMA7, ParallelConfig(pp=p, zero=3),
+                   TrainingSetup(seq_len=2048, num_microbatches=m, engine="fsdp2"))
+    assert one.stages[1].activations < est.stages[1].activations
+    with pytest.raises(ValueError, match=r"ZB-V runs two model chunks per rank in a V \(vpp=2\)"):
+        layout(LLAMA7, ParallelConfig(pp=p, vpp=4, zero=3), st)

@@ -14,12 +14,16 @@ from hypothesis import strategies as st
 from parmem.config import SCHEDULES
 from parmem.pipeline import (
     Event,
+    _zbv_order,
     bubble_fraction,
     bubble_ratio,
     in_flight,
+    in_flight_ends,
+    in_flight_profile,
     in_flight_timeline,
     in_flight_units,
     simulate,
+    zbv_bubble,
 )
 
 times = st.sampled_from([0.5, 1.0, 1.5, 2.0, 3.0, 0.7])
@@ -272,7 +276,11 @@ def test_invalid_closed_form_input():
         bubble_ratio(2, 4, 0)
     with pytest.raises(ValueError, match=r"stage=9 must be an integer in 0..1"):
         simulate("1f1b", 2, 2).stage_events(9)
-    assert set(SCHEDULES) == {"gpipe", "1f1b", "interleaved"}
+    assert set(SCHEDULES) == {"gpipe", "1f1b", "interleaved", "zbv"}
+    with pytest.raises(ValueError, match=r"v=3 must be 2 for schedule='zbv'"):
+        simulate("zbv", 4, 8, 3)
+    with pytest.raises(ValueError, match=r"w_share"):
+        simulate("zbv", 4, 8, 2, w_share=1.0)
 
 
 # ---------------------------------------------------------------------------- in_flight_units
@@ -342,3 +350,66 @@ def test_in_flight_timeline_rejects_bad_input():
         in_flight_timeline(simulate("1f1b", 2, 2), 2)
     with pytest.raises(ValueError, match="PipelineResult"):
         in_flight_timeline("1f1b", 0)
+
+
+# ---------------------------------------------------------------------------- ZB-V
+def _pytorch_zbv_order(p, m, rank):
+    """The operations of ``rank`` in PyTorch's ScheduleZBVZeroBubble (its own pipeline_order,
+    computed by the schedule's _calculate_single_rank_operations without building stages), as
+    (kind, micro-batch, chunk) with its input backward ``I`` named ``B``."""
+    schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
+    sch = schedules.ScheduleZBVZeroBubble.__new__(schedules.ScheduleZBVZeroBubble)
+    sch.pp_group_size, sch._n_microbatches, sch.num_stages, sch.rank = p, m, 2 * p, rank
+    kind = {schedules.F: "F", schedules.I: "B", schedules.W: "W"}
+    return [(kind[a.computation_type], a.microbatch_index, 0 if a.stage_index == rank else 1)
+            for a in sch._calculate_single_rank_operations(rank) if a is not None]
+
+
+@pytest.mark.parametrize("p", [1, 2, 3, 4, 6])
+def test_zbv_runs_pytorchs_order(p):
+    for m in range(1, 3 * p + 3):
+        for i in range(p):
+            assert _zbv_order(p, m, i) == _pytorch_zbv_order(p, m, i), (p, m, i)
+
+
+@pytest.mark.parametrize("p,m", [(2, 3), (4, 7), (4, 16), (8, 15), (8, 40)])
+def test_zbv_with_equal_passes_idles_only_while_the_first_forward_crosses_the_v(p, m):
+    # t_f = t_B = t_W = 1 per stage (t_bwd = 2 split in half): a chunk's pass takes 1/2. Rank
+    # p-1 cannot start before micro-batch 0 has crossed chunks 0..p-2 ((p-1)/2), and then has
+    # 3m of work, so no schedule can end before (p-1)/2 + 3m; ZB-V ends exactly then, where
+    # 1F1B needs (p-1)(t_f + t_b) = 3(p-1) more than 3m (Narayanan et al. 2021 §2.2.1).
+    r = simulate("zbv", p, m, 2, t_fwd=1.0, t_bwd=2.0)
+    assert r.step_time == pytest.approx((p - 1) / 2 + 3 * m)
+    assert simulate("1f1b", p, m).step_time == pytest.approx(3 * (p - 1) + 3 * m)
+    assert zbv_bubble(p, m, 1.0, 1.0, 1.0) == pytest.approx((p - 1) / 2)
+    # every rank holds 2p chunks of L/(2p) layers: 1F1B's first stage (p whole micro-batches)
+    assert r.peak_in_flight_chunks == [2 * p] * p
+    assert in_flight_profile("zbv", p, m, 2) == (2 * p,) * p
+    # rank 0 runs the last chunk's forward, input and weight backward back to back, and holds
+    # up to 2p micro-batches of its first chunk (all m when m = 2p - 1)
+    assert in_flight_ends("zbv", p, m, 2) == (min(m, 2 * p), 1)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(2, 12),
+    st.integers(0, 40),
+    st.floats(0.1, 3.0),
+    st.floats(0.1, 3.0),
+    st.floats(0.05, 3.0),
+)
+def test_zbv_bubble_equals_the_whole_simulation(p, extra, t_f, t_b, t_w):
+    m = 2 * p - 1 + extra if extra < 30 else 1 + extra % (2 * p - 1)  # full V and not
+    r = simulate("zbv", p, m, 2, t_fwd=t_f, t_bwd=t_b + t_w, w_share=t_w / (t_b + t_w))
+    assert zbv_bubble(p, m, t_f, t_b, t_w) == pytest.approx(
+        r.step_time - m * (t_f + t_b + t_w), rel=1e-6, abs=1e-9)
+
+
+@pytest.mark.parametrize("p,m", [(2, 2), (3, 4), (4, 5), (4, 8)])
+def test_zbv_in_flight_counts_are_the_simulators(p, m):
+    r = simulate("zbv", p, m, 2)
+    assert list(in_flight_profile("zbv", p, m, 2)) == r.peak_in_flight_chunks
+    assert [in_flight_units("zbv", p, m, i, 2) for i in range(p)] == r.peak_in_flight_chunks
+    # the timeline releases a chunk at the end of its W and peaks where the count does
+    for i in range(p):
+        assert max(c for _, c in in_flight_timeline(r, i)) == r.peak_in_flight[i]

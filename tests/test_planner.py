@@ -18,6 +18,7 @@ from helpers import gpt
 from parmem import Cluster, ModelSpec, ParallelConfig, TrainingSetup, estimate, plan
 from parmem.comm import step_comm
 from parmem.engines import engine
+from parmem.flops import flops_per_sequence
 from parmem.hardware import hardware_preset
 from parmem.papers import narayanan_gpt, table
 from parmem.pipeline import simulate
@@ -42,7 +43,8 @@ def _engine_rules(prof, par, st):
     assert par.zero in prof.zero_stages
     assert par.pp == 1 or (prof.pipeline and par.zero <= prof.plan_pipeline_zero_max)
     used = {"tp": par.tp > 1, "sp": par.sp, "cp": par.cp > 1, "ep": par.ep > 1,
-            "interleaved": par.vpp > 1, "gpipe": par.pp > 1 and st.schedule == "gpipe"}
+            "interleaved": par.vpp > 1 and st.schedule == "interleaved",
+            "gpipe": par.pp > 1 and st.schedule == "gpipe", "zbv": par.pp > 1 and st.schedule == "zbv"}
     for feature, on in used.items():
         assert not (on and prof.refusal(feature)), (prof.name, feature)
     assert st.recompute in prof.recompute
@@ -68,7 +70,10 @@ def _check_rules(spec, cluster, pl, global_batch, seq_len):
         assert t > 1 or not par.sp
         assert (global_batch // d) % st.micro_batch == 0
         assert st.num_microbatches * st.micro_batch * d == global_batch
-        if v > 1:
+        if v > 1 and st.schedule == "zbv":  # ZB-V (Qi et al. 2024a §6): two chunks in a V
+            assert v == 2 and p > 1 and not prof.refusal("zbv")
+            assert all(n % 2 == 0 for n in c.layers_per_stage)
+        elif v > 1:
             assert st.schedule == "interleaved" and st.num_microbatches % p == 0
             assert all(n % v == 0 for n in c.layers_per_stage)
         assert c.peak_bytes <= usable(cluster)
@@ -96,10 +101,10 @@ def test_every_candidate_obeys_the_rules(name, gpu, gpn, nodes, G, s, kw):
         assert all(c.time.cp >= 0 for c in pl.candidates)
 
 
-def _brute_force(spec, cluster, G, s):
+def _brute_force(spec, cluster, G, s, eng="paper"):
     """Every layout, written out independently of the planner, modelled with evaluate()."""
     N, gpn = cluster.world_size, cluster.gpus_per_node
-    prof = engine("paper")  # the planner's default engine: its ZeRO stages and ZeRO with PP
+    prof = engine(eng)  # the planner's default engine: its ZeRO stages and ZeRO with PP
     out = []
     for t in divisors(gpn):
         if spec.heads % t or spec.ffn_hidden % t or (spec.kv_heads % t and t % spec.kv_heads):
@@ -114,30 +119,36 @@ def _brute_force(spec, cluster, G, s):
                 if p > 1 and zero > prof.plan_pipeline_zero_max:
                     continue
                 for sp in ((False, True) if t > 1 else (False,)):
-                    for rc in ("none", "selective", "full"):
+                    for rc in prof.recompute:
                         for b in divisors(G // d):
                             m = G // (d * b)
-                            vs = [1] + [v for v in divisors(spec.layers // p)
-                                        if v > 1 and p > 1 and m % p == 0]
-                            for v in vs:
+                            scheds = [(1, "1f1b")] + [
+                                (v, "interleaved") for v in divisors(spec.layers // p)
+                                if v > 1 and p > 1 and m % p == 0]
+                            if p > 1 and (spec.layers // p) % 2 == 0 and not prof.refusal("zbv"):
+                                scheds.append((2, "zbv"))  # two chunks per rank in a V
+                            for v, sched in scheds:
                                 par = ParallelConfig(dp=d, tp=t, pp=p, sp=sp, zero=zero, vpp=v)
                                 st = TrainingSetup(seq_len=s, micro_batch=b, num_microbatches=m,
-                                                   recompute=rc,
-                                                   schedule="interleaved" if v > 1 else "1f1b")
+                                                   recompute=rc, schedule=sched, engine=eng)
                                 c = evaluate(spec, cluster, par, st)
                                 if c.peak_bytes <= usable(cluster):
                                     out.append(c)
     return out
 
 
-@pytest.mark.parametrize("name,gpu,gpn,nodes,G,s", [
-    ("gpt2-medium", "a100-40gb", 8, 1, 32, 1024),
-    ("llama-2-7b", "a100-40gb", 4, 4, 32, 4096),
+@pytest.mark.parametrize("name,gpu,gpn,nodes,G,s,eng", [
+    ("gpt2-medium", "a100-40gb", 8, 1, 32, 1024, "paper"),
+    ("llama-2-7b", "a100-40gb", 4, 4, 32, 4096, "paper"),
+    ("llama-2-7b", "a100-40gb", 4, 4, 32, 4096, "fsdp2"),  # ZB-V among the schedules
 ])
-def test_pruned_search_finds_the_brute_force_optimum_and_front(name, gpu, gpn, nodes, G, s):
+def test_pruned_search_finds_the_brute_force_optimum_and_front(name, gpu, gpn, nodes, G, s, eng):
     spec, cluster = ModelSpec.preset(name), Cluster(gpu, gpn, nodes)
-    brute = sorted(_brute_force(spec, cluster, G, s), key=lambda c: (c.step_time, c.peak_bytes))
-    pl = plan(spec, cluster, G, s)
+    brute = sorted(_brute_force(spec, cluster, G, s, eng),
+                   key=lambda c: (c.step_time, c.peak_bytes))  # fmt: skip
+    if eng == "fsdp2":  # the front holds a ZB-V layout, so the search must find ZB-V
+        assert any(c.setup.schedule == "zbv" for c in brute)
+    pl = plan(spec, cluster, G, s, engine=eng)
     # the best: among the layouts within 1% of the fastest (a tie), the one with the fewest
     # parallel axes, then no interleaving, then the lowest ZeRO stage
     ties = [c for c in brute if c.step_time <= (1 + TIE) * brute[0].step_time]
@@ -264,6 +275,27 @@ def test_bubble_matches_the_pipeline_simulator(schedule, p, m, v):
     sim = simulate(schedule, p, m, v)
     share = c.time.bubble / (c.step_time - c.time.dp)
     assert share == pytest.approx(sim.bubble_fraction, rel=2e-3)
+
+
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 8), (4, 32)])
+def test_zbv_bubble_is_the_simulated_v_with_the_weight_gradient_split_off(p, m):
+    # ZB-V under fsdp2 (torchtitan's ZBVZeroBubble): its W is one forward of the weight
+    # matrices, the attention core's backward stays in B (Qi et al. 2024a §2); equal stages
+    spec = gpt("even", heads=16, hidden=2048, layers=16, vocab=64)
+    cluster = Cluster("h100-sxm", 8, 1)
+    par = ParallelConfig(dp=8 // p, pp=p, vpp=2, zero=0)
+    st = TrainingSetup(seq_len=2048, micro_batch=1, num_microbatches=m, schedule="zbv",
+                       recompute="none", engine="fsdp2")
+    c = evaluate(spec, cluster, par, st, pp_overlap=1.0, dp_overlap_on=1.0, mfu_half_tokens=0)
+    f_layer, f_core, _ = flops_per_sequence(spec, 2048)
+    w = (f_layer - f_core) / f_layer  # W per forward (attention_efficiency 1: FLOPs weigh alike)
+    sim = simulate("zbv", p, m, 2, t_fwd=1.0, t_bwd=2.0, w_share=w / 2)
+    share = c.time.bubble / (c.step_time - c.time.dp)
+    assert share == pytest.approx(sim.bubble_fraction, rel=2e-3)
+    one = evaluate(spec, cluster, ParallelConfig(dp=8 // p, pp=p, zero=0),
+                   replace(st, schedule="1f1b"), pp_overlap=1.0, dp_overlap_on=1.0,
+                   mfu_half_tokens=0)  # fmt: skip
+    assert c.time.bubble < one.time.bubble / 4  # (p-1) t_f/2 + a little against 3 (p-1) t_f
 
 
 def test_assumptions_move_the_time_the_right_way():

@@ -56,6 +56,7 @@ REFUSED: dict[str, dict[str, str]] = {
         "llama3-8b-context": "tp=8, cp=4",
         "llama2-13b-zero2-tp": "tp=2",
         "mixtral-zero0-ep": "tp=2, ep=4, selective recomputation",
+        "llama3-8b-two-chunks": "vpp=2",
     },
     "torchtitan": {"gpt3-pipeline-interleaved": "ZeRO-1", "llama2-13b-zero2-tp": "ZeRO-2",
                    "llama2-7b-zero1": "ZeRO-1", "llama2-7b-zero2": "ZeRO-2"},
@@ -86,7 +87,8 @@ def _engine_runs(engine: str, par, st) -> None:
     assert par.zero in prof.zero_stages
     assert par.pp == 1 or (prof.pipeline and par.zero <= prof.plan_pipeline_zero_max)
     used = {"tp": par.tp > 1, "sp": par.sp, "cp": par.cp > 1, "ep": par.ep > 1,
-            "interleaved": par.vpp > 1}  # fmt: skip
+            "interleaved": par.vpp > 1 and st.schedule == "interleaved",
+            "zbv": par.pp > 1 and st.schedule == "zbv"}  # fmt: skip
     for feature, on in used.items():
         assert not (on and prof.refusal(feature)), (engine, feature)
     assert st.recompute in prof.recompute
@@ -151,6 +153,8 @@ def test_the_recipes_checked_cover_what_each_engine_runs(engine):
     if engine != "deepspeed":
         assert any(p.vpp > 1 for p in pars) and any(p.cp > 1 for p in pars)
         assert any(p.ep > 1 for p in pars)
+    if engine == "torchtitan":  # ZB-V, which only torchtitan runs
+        assert any(engine_plan(n, engine).best.setup.schedule == "zbv" for n in _runs(engine))
 
 
 # ---------------------------------------------------------------------------- Megatron-LM
@@ -383,8 +387,12 @@ def test_torchtitan_recipe_passes_torchtitan_checks(name):
         stages, layers, first, last = tt.pipeline_metadata(pd, cfg.parallelism, model)
         assert stages == par.pp * par.vpp
         parts = tt.split(stages, layers, first, last)
-        per_rank = [sum(m.startswith("layers.") for s in parts[r::par.pp] for m in s)
-                    for r in range(par.pp)]
+        schedule = cfg.parallelism.pipeline_parallel_schedule
+        assert schedule == {"zbv": "ZBVZeroBubble", "interleaved": "Interleaved1F1B",
+                            "1f1b": "1F1B"}[st.schedule]  # fmt: skip
+        # the stages torchtitan gives each rank (a loop, or ZB-V's V: stages r and 2p-1-r)
+        per_rank = [sum(m.startswith("layers.") for s in tt.rank_stages(r, par.pp, schedule, stages)
+                        for m in parts[s]) for r in range(par.pp)]  # fmt: skip
         assert tuple(per_rank) == c.layers_per_stage
     else:
         micro, per_schedule = local, 1

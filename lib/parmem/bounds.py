@@ -173,8 +173,14 @@ def step_events(est: Estimate, stage: int = 0, steps: int = 2) -> list[tuple[Any
 
     Interleaved schedules are traced in their 1F1B order with a stage's layers per micro-batch,
     and at most 8 micro-batches are traced (the steady state repeats): the trace gives the
-    allocator's overhead; the peak is the estimate's."""
+    allocator's overhead; the peak is the estimate's. ZB-V (whose chunks are freed after their
+    weight backward, not in 1F1B's order) is refused by name."""
     par, setup, spec = est.parallel, est.setup, est.spec
+    if setup.schedule == "zbv" and par.pp > 1:
+        raise ValueError(
+            "schedule='zbv' is not traced by step_events (its two chunks per rank "
+            "are freed after their weight backward; use schedule='1f1b')"
+        )
     stage = integer("stage", stage, 0, par.pp - 1)
     steps = integer("steps", steps, 1, 8)
     b = est.stages[stage]

@@ -74,8 +74,10 @@ ADAM8BIT_BLOCK = optimizer_presets()["adam-8bit"].block
 #: Activation recomputation: none, selective (the attention core, Korthikanti et al. 2022 §5),
 #: full (each layer's input only).
 RECOMPUTE: tuple[str, ...] = ("none", "selective", "full")
-#: Pipeline schedules: GPipe, 1F1B (PipeDream-Flush) and interleaved 1F1B.
-SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved")
+#: Pipeline schedules: GPipe, 1F1B (PipeDream-Flush), interleaved 1F1B and ZB-V (zero bubble in
+#: a V: two chunks per rank, each backward split into its input's and its weights' gradients;
+#: Qi et al., "Zero Bubble (Almost) Pipeline Parallelism", ICLR 2024, §6).
+SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved", "zbv")
 #: PyTorch DDP buckets: views of the gradients, or a second copy of them.
 GRAD_BUCKETS: tuple[str, ...] = ("view", "copy")
 #: The fine-tuning method: every weight trained (``"none"``), or frozen weights with PEFT's LoRA

@@ -31,15 +31,16 @@ def engine_layout(
     ep = 1 if prof.refusal("ep") else parallel.ep
     sp = parallel.sp and t > 1 and not prof.refusal("sp")
     pp = parallel.pp if prof.pipeline else 1
-    vpp = parallel.vpp if pp > 1 and not prof.refusal("interleaved") else 1
+    zbv = pp > 1 and setup.schedule == "zbv" and not prof.refusal("zbv")
+    vpp = parallel.vpp if pp > 1 and (zbv or not prof.refusal("interleaved")) else 1
     stages = [z for z in prof.zero_stages if pp == 1 or z <= prof.pipeline_zero_max]
     zero = min((z for z in stages if z >= parallel.zero), default=max(stages))
     dp = parallel.world_size // (t * cp * pp)
     par = ParallelConfig(dp=dp, tp=t, pp=pp, ep=ep, cp=cp, sp=sp, zero=zero, vpp=vpp)
     rec = setup.recompute if setup.recompute in prof.recompute else "full"
     offload = setup.offload if setup.offload in prof.offload else "none"
-    schedule = "interleaved" if vpp > 1 else setup.schedule
-    if schedule == "interleaved" and vpp == 1 or prof.refusal(schedule):
+    schedule = "zbv" if zbv else "interleaved" if vpp > 1 else setup.schedule
+    if schedule in ("interleaved", "zbv") and vpp == 1 or prof.refusal(schedule):
         schedule = "1f1b"
     return par, replace(setup, engine=name, recompute=rec, offload=offload, schedule=schedule)
 

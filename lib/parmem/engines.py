@@ -150,8 +150,8 @@ PIPELINE_ZERO3: tuple[str, ...] = ("layers", "stage")
 #: When a model-state category exists: throughout the step, or only in the optimizer step.
 PHASES: tuple[str, ...] = ("always", "step")
 #: The layout features an engine may refuse (``[engines.*.refuses]``): tensor, sequence, context
-#: and expert parallelism, virtual pipeline stages, and the GPipe and 1F1B schedules.
-FEATURES: tuple[str, ...] = ("tp", "sp", "cp", "ep", "interleaved", "gpipe", "1f1b")
+#: and expert parallelism, virtual pipeline stages, and the GPipe, 1F1B and ZB-V schedules.
+FEATURES: tuple[str, ...] = ("tp", "sp", "cp", "ep", "interleaved", "gpipe", "1f1b", "zbv")
 #: Overlap features an engine turns on by default (``[engines.*.defaults] overlap``).
 OVERLAPS: tuple[str, ...] = ("fsdp-prefetch", "ddp-buckets", "grad-reduce", "param-gather")
 #: What an engine's selective recomputation runs again in the backward pass (``selective_flops``
@@ -272,6 +272,9 @@ class Defaults:
     tp_comm_overlap: str = ""
     #: whether that switch needs sequence parallelism (Megatron-LM's does)
     tp_comm_overlap_needs_sp: bool = False
+    #: whether that switch compiles the model (torchtitan's async TP runs under torch.compile
+    #: only), which PyTorch's ZB-V schedule refuses (its split backward is not compiled)
+    tp_comm_overlap_compiles: bool = False
     #: how the planner times the profile: ``"papers"``, as the published runs its base
     #: assumptions are fitted to ran (kernels at ``mfu`` with no GPU-generation scale and no
     #: micro-batch cost, one network port a GPU), or ``"engine"``, a current engine version
@@ -500,6 +503,7 @@ def _defaults(t: dict[str, Any], where: str) -> Defaults:
         sp_regather=bool(t.get("sp_regather", False)),
         tp_comm_overlap=str(t.get("tp_comm_overlap", "")),
         tp_comm_overlap_needs_sp=bool(t.get("tp_comm_overlap_needs_sp", False)),
+        tp_comm_overlap_compiles=bool(t.get("tp_comm_overlap_compiles", False)),
         timing=choice(f"{where} timing", t.get("timing", "engine"), ("papers", "engine")),
     )
 

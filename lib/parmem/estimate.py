@@ -47,7 +47,7 @@ from .finetune_acts import (
 from .layout import Layout, Stage, layout
 from .lora import lora_modules
 from .model import ModelSpec
-from .pipeline import in_flight_profile
+from .pipeline import in_flight_ends, in_flight_profile
 from .quant import (
     bnb_optimizer_state_bytes,
     bnb_paged_state_bytes,
@@ -291,6 +291,9 @@ def estimate(
     prof = lay.engine
     full, kept, stage_b, first_b, last_b = _activation_bytes(lay)
     in_flight = in_flight_profile(setup.schedule, par.pp, setup.num_microbatches, par.vpp)
+    # micro-batches through the model's first chunk (the embedding's output) and its last (the
+    # logits): the end stages' own counts, but under ZB-V both chunks of rank 0's V
+    ends = in_flight_ends(setup.schedule, par.pp, setup.num_microbatches, par.vpp)
     states: dict[tuple[int, int, bool, bool], tuple[int, int, int, int, int, int]] = {}
     stages = []
     for st in lay.stages:
@@ -312,8 +315,10 @@ def estimate(
             act, host = act + ft_act, host + ft_host
             notes += ft_notes
         # the tensors the stage's layers share, and the first and the last stage's own
-        act += (stage_b * bool(st.layers) + first_b * st.first + last_b * st.last) * mb_units
-        logits = lay.logits_bytes * mb_units if st.last else 0
+        first_u, last_u = ends if par.pp > 1 else (mb_units, mb_units)
+        act += stage_b * bool(st.layers) * mb_units + first_b * st.first * first_u
+        act += last_b * st.last * last_u
+        logits = lay.logits_bytes * last_u if st.last else 0
         comm, comm_notes = _comm_buffers(lay, st, g_bytes)
         notes += comm_notes
         if step:

@@ -127,10 +127,12 @@ def _engine_problems(prof: EngineProfile, par: ParallelConfig, setup: TrainingSe
         "sp": (par.sp, "sp=True"),
         "cp": (par.cp > 1, f"cp={par.cp}"),
         "ep": (par.ep > 1, f"ep={par.ep}"),
-        "interleaved": (par.vpp > 1, f"vpp={par.vpp} (interleaved 1F1B)"),
+        "interleaved": (par.vpp > 1 and setup.schedule == "interleaved",
+                        f"vpp={par.vpp} (interleaved 1F1B)"),
         "gpipe": (par.pp > 1 and setup.schedule == "gpipe", "schedule='gpipe'"),
         "1f1b": (par.pp > 1 and setup.schedule == "1f1b", "schedule='1f1b'"),
-    }
+        "zbv": (par.pp > 1 and setup.schedule == "zbv", "schedule='zbv' (ZB-V)"),
+    }  # fmt: skip
     for feature, (on, what) in used.items():
         why = prof.refusal(feature) if on else ""
         if why:
@@ -142,6 +144,10 @@ def _engine_problems(prof: EngineProfile, par: ParallelConfig, setup: TrainingSe
         elif prof.defaults.tp_comm_overlap_needs_sp and par.tp > 1 and not par.sp:
             out.append(f"{prof.who} cannot run tp_comm_overlap=True without sp=True: "
                        f"{prof.defaults.tp_comm_overlap} needs sequence parallelism")  # fmt: skip
+        elif prof.defaults.tp_comm_overlap_compiles and par.pp > 1 and setup.schedule == "zbv":
+            out.append(f"{prof.who} cannot run tp_comm_overlap=True with schedule='zbv': "
+                       f"{prof.defaults.tp_comm_overlap} compiles the model, and PyTorch's ZB-V "
+                       "schedule refuses compiled stages (its backward is split in two)")  # fmt: skip
     return out
 
 
@@ -207,10 +213,17 @@ class Layout:
             )
         out += _engine_problems(self.engine, par, setup)
         interleaved = setup.schedule == "interleaved"
-        if interleaved != (par.vpp > 1):
+        if setup.schedule == "zbv":
+            if par.vpp != 2 or par.pp < 2:
+                out.append(
+                    f"schedule='zbv' with pp={par.pp} and vpp={par.vpp}: ZB-V runs two model "
+                    "chunks per rank in a V (vpp=2) over pp >= 2 ranks"
+                )
+        elif interleaved != (par.vpp > 1):
             out.append(
                 f"schedule={setup.schedule!r} and vpp={par.vpp}: the interleaved "
-                "schedule needs vpp >= 2 and vpp >= 2 needs schedule='interleaved'"
+                "schedule needs vpp >= 2 and vpp >= 2 needs schedule='interleaved' (or 'zbv', "
+                "with vpp=2)"
             )
         elif interleaved and setup.num_microbatches % par.pp:
             out.append(
@@ -324,8 +337,9 @@ class Layout:
 
     def _walk(self) -> tuple[Stage, ...]:
         par = self.parallel
+        v_shape = par.pp > 1 and self.setup.schedule == "zbv"
         return _stage_walk(
-            self.spec, par.tp, par.ep, self.layers_per_stage, self.engine.vocab_multiple
+            self.spec, par.tp, par.ep, self.layers_per_stage, self.engine.vocab_multiple, v_shape
         )
 
     def distinct_stages(self) -> list[tuple[Stage, int]]:
@@ -342,16 +356,22 @@ class Layout:
 
 @normalised_cache(maxsize=1024)
 def _stage_walk(
-    spec: ModelSpec, tp: int, ep: int, lps: tuple[int, ...], vocab_multiple: int
+    spec: ModelSpec,
+    tp: int,
+    ep: int,
+    lps: tuple[int, ...],
+    vocab_multiple: int,
+    v_shape: bool = False,
 ) -> tuple[Stage, ...]:
     """Every stage of the split ``lps`` with its parameters on one GPU: what depends only on the
-    model, t, e, the split and the vocabulary padding (not on ZeRO, SP, the batch or the
+    model, t, e, the split, the vocabulary padding and, for ZB-V (``v_shape``), the V that puts
+    the first and the last chunk on rank 0 (not on ZeRO, SP, the batch or the rest of the
     schedule), so the planner's settings of one family share it."""
     p = len(lps)
     seen: dict[tuple[int, int, bool, bool], tuple[int, int]] = {}
     out, start = [], 0
     for i, n in enumerate(lps):
-        first, last = i == 0, i == p - 1
+        first, last = i == 0, (i == 0 if v_shape else i == p - 1)
         moe = moe_layer_count(spec, start, n)
         key = (n, moe, first, last)
         if key not in seen:

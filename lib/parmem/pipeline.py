@@ -1,4 +1,4 @@
-"""Pipeline-parallel schedule simulator: GPipe, 1F1B and interleaved 1F1B.
+"""Pipeline-parallel schedule simulator: GPipe, 1F1B, interleaved 1F1B and ZB-V.
 
 Model (the one the papers' bubble formulas assume): ``p`` stages, ``m``
 micro-batches; every stage runs a fixed list of operations in a fixed order;
@@ -22,6 +22,23 @@ Schedules:
   ``min(2(p - i - 1) + (v - 1)p, m v)`` chunk-forwards, except that when
   ``m == p`` every stage runs all forwards first (Megatron-LM's
   ``all_warmup_microbatches`` case).
+* ``"zbv"``: ZB-V (Qi et al. 2024a §6, "zero bubble" in a V; Qi et al. 2024b), the order of
+  PyTorch's ``ScheduleZBVZeroBubble`` (torchtitan's ``ZBVZeroBubble``). ``v = 2``: rank ``i`` holds
+  the model chunks of stages ``i`` and ``2p - 1 - i`` of ``2p``, so the first and the last
+  chunk (the embedding and the LM head) sit on rank 0 and the two forwards that meet at
+  rank ``p - 1`` need no transfer. Each backward is split into ``B``, the gradient of the
+  chunk's input (what the previous stage waits for), and ``W``, the weights' gradient, which
+  waits for nothing and fills the gaps where 1F1B idles. ``w_share`` of ``t_bwd`` is ``W``
+  (one half when the matmuls' two gradients cost the same and nothing else is timed). An
+  activation is held from its forward until its ``W`` has run (PyTorch's input backward keeps
+  the graph for the weight backward). With equal forward, input and weight backward (``t_f``
+  each per stage) a step idles only while the first micro-batch's forward crosses ``p - 1``
+  chunks, ``(p - 1) t_f/2``, the least any schedule can (1F1B: ``3 (p - 1) t_f``); every rank
+  holds ``2p`` chunks (``p`` stage micro-batches, 1F1B's first stage) at its peak once
+  ``m >= 2p - 1``.
+
+Qi et al. 2024a: "Zero Bubble (Almost) Pipeline Parallelism", ICLR 2024 (arXiv:2401.10241);
+Qi et al. 2024b: "Pipeline Parallelism with Controllable Memory", NeurIPS 2024.
 
 Example:
     >>> from parmem.pipeline import simulate, bubble_fraction
@@ -34,6 +51,7 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -51,9 +69,11 @@ __all__ = [
     "list_schedule",
     "bubble_fraction",
     "bubble_ratio",
+    "zbv_bubble",
     "in_flight",
     "in_flight_units",
     "in_flight_profile",
+    "in_flight_ends",
     "in_flight_timeline",
     "MAX_SIM_OPS",
     "MAX_CHART_CELLS",
@@ -84,7 +104,12 @@ def _validate(schedule: str, p: int, m: int, v: int) -> tuple[int, int, int]:
     """The checked schedule's p, m and v as ``int`` (the keys of the caches below)."""
     choice("schedule", schedule, SCHEDULES)
     p, m, v = _sizes(p, m, v)
-    if schedule == "interleaved":
+    if schedule == "zbv":
+        if v != 2:
+            raise ValueError(
+                f"v={v} must be 2 for schedule='zbv' (ZB-V runs two model chunks per rank, in a V)"
+            )
+    elif schedule == "interleaved":
         if v < 2:
             raise ValueError(
                 f"v={v} must be >= 2 for the interleaved schedule (use schedule='1f1b' for v=1)"
@@ -103,8 +128,9 @@ def _validate(schedule: str, p: int, m: int, v: int) -> tuple[int, int, int]:
 
 @dataclass(frozen=True)
 class Event:
-    """One operation on one stage: a forward (``'F'``) or backward (``'B'``) of one
-    micro-batch through one model chunk (chunk is 0 unless interleaved)."""
+    """One operation on one stage: a forward (``'F'``) or backward (``'B'``; under ZB-V the
+    input-gradient half, with ``'W'`` the weight-gradient half) of one micro-batch through one
+    model chunk (chunk is 0 unless interleaved or ZB-V)."""
 
     stage: int
     kind: str
@@ -202,7 +228,8 @@ class PipelineResult:
 
 
 class Op(NamedTuple):
-    """One operation of a stage: ``kind`` ``"F"`` or ``"B"``, its micro-batch and its chunk."""
+    """One operation of a stage: ``kind`` ``"F"``, ``"B"`` or (ZB-V) ``"W"``, its micro-batch
+    and its chunk."""
 
     kind: str
     microbatch: int
@@ -222,6 +249,8 @@ def _stage_order(schedule: str, p: int, m: int, v: int, i: int) -> list[tuple[st
     """Operations ``(kind, microbatch, chunk)`` of stage ``i`` in execution order."""
     if schedule == "gpipe":
         return [("F", k, 0) for k in range(m)] + [("B", k, 0) for k in range(m)]
+    if schedule == "zbv":
+        return _zbv_order(p, m, i)
     total = m * v
     if schedule == "1f1b":
         warmup = min(p - i - 1, m)
@@ -248,15 +277,90 @@ def _stage_order(schedule: str, p: int, m: int, v: int, i: int) -> list[tuple[st
     return ops
 
 
+def _zbv_order(p: int, m: int, i: int) -> list[tuple[str, int, int]]:
+    """Rank ``i``'s operations under ZB-V (Qi et al. 2024a §6): chunk 0 is stage ``i`` of the V,
+    chunk 1 stage ``2p - 1 - i``. Written for ``n = max(m, 2p - 1)`` micro-batches, the fewest
+    that fill the V, and the operations of micro-batches ``>= m`` then dropped, as PyTorch's
+    ``ScheduleZBVZeroBubble`` does (``tests/test_pipeline.py`` compares the two orders).
+
+    Phases: chunk 0 runs ``2(p - i) - 1`` forwards alone; then ``i`` forwards of chunk 1, each
+    followed by the next of chunk 0; then ``p - i`` times chunk 1's forward, input backward and
+    weight backward; the steady phase alternates chunk 0 (forward while any is left, input and
+    weight backward) and chunk 1 (the same); the cool-down runs ``i`` pairs of input backwards
+    (chunk 0, chunk 1), then ``p - i`` times chunk 0's input backward and the oldest pending
+    chunk-0 weight backward, and last the weight backwards still pending (chunk 1's, then
+    chunk 0's)."""
+    n = max(m, 2 * p - 1)
+    ops: list[tuple[str, int, int]] = []
+    nxt = {("F", 0): 0, ("F", 1): 0, ("B", 0): 0, ("B", 1): 0, ("W", 0): 0, ("W", 1): 0}
+
+    def run(kind: str, c: int) -> None:
+        ops.append((kind, nxt[kind, c], c))
+        nxt[kind, c] += 1
+
+    for _ in range(2 * (p - i) - 1):
+        run("F", 0)
+    for _ in range(i):
+        run("F", 1)
+        run("F", 0)
+    for _ in range(p - i):
+        run("F", 1)
+        run("B", 1)
+        run("W", 1)
+    while nxt["F", 1] < nxt["F", 0] or nxt["F", 0] < n:
+        if nxt["F", 0] < n:
+            run("F", 0)
+        run("B", 0)
+        run("W", 0)
+        run("F", 1)
+        run("B", 1)
+        run("W", 1)
+    for _ in range(i):
+        run("B", 0)
+        run("B", 1)
+    for _ in range(p - i):
+        run("B", 0)
+        run("W", 0)
+    for c in (1, 0):
+        while nxt["W", c] < nxt["B", c]:
+            run("W", c)
+    return [op for op in ops if op[1] < m]
+
+
+def _zbv_stage(i: int, c: int, p: int) -> int:
+    """The position in the V (0 .. 2p-1) of rank ``i``'s chunk ``c``."""
+    return i if c == 0 else 2 * p - 1 - i
+
+
+def _zbv_rank(s: int, p: int) -> tuple[int, int]:
+    """The rank and the chunk that hold position ``s`` of the V."""
+    return (s, 0) if s < p else (2 * p - 1 - s, 1)
+
+
+def _zbv_dependency(kind: str, i: int, c: int, mb: int, p: int) -> tuple[str, int, int, int] | None:
+    s = _zbv_stage(i, c, p)
+    if kind == "W":  # the weight gradient needs the output's gradient, from its own B
+        return ("B", i, c, mb)
+    if kind == "F":
+        return None if s == 0 else ("F", *_zbv_rank(s - 1, p), mb)
+    if s == 2 * p - 1:  # the last chunk's backward starts from the loss of its own forward
+        return ("F", i, c, mb)
+    return ("B", *_zbv_rank(s + 1, p), mb)
+
+
 def dependency(
-    kind: str, i: int, c: int, mb: int, p: int, v: int
+    kind: str, i: int, c: int, mb: int, p: int, v: int, schedule: str = ""
 ) -> tuple[str, int, int, int] | None:
     """The operation whose output ``(kind, stage i, chunk c, micro-batch mb)`` consumes.
 
     Chunk ``c`` of stage ``i`` holds layer block ``c p + i`` (Narayanan et al.
     2021, Fig. 4), so the forward of chunk ``c`` on stage 0 follows chunk
-    ``c - 1`` on stage ``p - 1``, and backwards run in the reverse order.
+    ``c - 1`` on stage ``p - 1``, and backwards run in the reverse order. Under
+    ``schedule="zbv"`` chunk ``c`` of rank ``i`` is position ``i`` (c = 0) or ``2p - 1 - i``
+    (c = 1) of the V, and a weight backward ``W`` waits for its own input backward.
     """
+    if schedule == "zbv":
+        return _zbv_dependency(kind, i, c, mb, p)
     if kind == "F":
         if i > 0:
             return ("F", i - 1, c, mb)
@@ -269,13 +373,17 @@ def dependency(
 
 
 def list_schedule(
-    orders: list[list[tuple[str, int, int]]], durations: list[list[float]], v: int = 1
+    orders: list[list[tuple[str, int, int]]],
+    durations: list[list[float]],
+    v: int = 1,
+    schedule: str = "",
 ) -> list[list[tuple[str, int, int, float, float]]]:
     """Run each stage's operations in the given order, with free communication.
 
     ``orders[i]`` lists stage ``i``'s operations as ``(kind, micro-batch, chunk)`` in the order it
     runs them, ``durations[i]`` their lengths. An operation starts when its stage has finished
     the previous one and the operation whose output it consumes (:func:`dependency`) has ended.
+    ``schedule="zbv"`` places the chunks in a V (:func:`dependency`).
     Returns, per stage, ``(kind, micro-batch, chunk, start, end)``. :func:`simulate` runs it with
     the schedules' nominal t_f and t_b; ``parmem.distributed.pp.replay`` with a run's measured times.
     Raises ``ValueError`` when the stages wait on each other (orders of no one schedule).
@@ -293,7 +401,7 @@ def list_schedule(
         i = ready.pop()
         while pos[i] < len(orders[i]):
             kind, mb, c = orders[i][pos[i]]
-            dep = dependency(kind, i, c, mb, p, v)
+            dep = dependency(kind, i, c, mb, p, v, schedule)
             if dep is not None and dep not in done:
                 waiting.setdefault(dep, []).append(i)
                 break
@@ -313,17 +421,27 @@ def list_schedule(
 
 
 def simulate(
-    schedule: str, p: int, m: int, v: int = 1, t_fwd: float = 1.0, t_bwd: float = 2.0
+    schedule: str,
+    p: int,
+    m: int,
+    v: int = 1,
+    t_fwd: float = 1.0,
+    t_bwd: float = 2.0,
+    w_share: float = 0.5,
 ) -> PipelineResult:
     """Simulate one training step of a pipeline schedule (see the module docstring).
 
     Args:
-        schedule: ``"gpipe"``, ``"1f1b"`` or ``"interleaved"``.
-        p: pipeline stages, >= 1.
+        schedule: ``"gpipe"``, ``"1f1b"``, ``"interleaved"`` or ``"zbv"``.
+        p: pipeline stages (ranks), >= 1.
         m: micro-batches per step, >= 1 (a multiple of ``p`` when interleaved).
-        v: model chunks per stage; 1 unless ``schedule == "interleaved"`` (then >= 2).
+        v: model chunks per stage; 1 unless ``schedule == "interleaved"`` (then >= 2) or
+            ``"zbv"`` (then 2).
         t_fwd: forward time of one micro-batch through one whole stage (> 0).
         t_bwd: backward time of the same (> 0); 2 * t_fwd is the usual assumption.
+        w_share: under ZB-V, the share of ``t_bwd`` that is the weights' gradient (``W``), in
+            (0, 1); the rest is the input's gradient (``B``). One half: a matmul's two
+            gradients cost one forward each (Qi et al. 2024a §2).
 
     Returns:
         A :class:`PipelineResult`.
@@ -341,25 +459,19 @@ def simulate(
             "(use the closed forms in_flight_units and bubble_fraction for a pipeline this long)"
         )
     t_fwd, t_bwd = (_time(name, t) for name, t in (("t_fwd", t_fwd), ("t_bwd", t_bwd)))
+    w = number("w_share", w_share, 0, 1, lo_open=True, hi_open=True)
     dur = {"F": t_fwd / v, "B": t_bwd / v}
+    if schedule == "zbv":
+        dur.update(B=(1 - w) * t_bwd / v, W=w * t_bwd / v)
     orders = [_stage_order(schedule, p, m, v, i) for i in range(p)]
-    timed = list_schedule(orders, [[dur[k] for k, _, _ in o] for o in orders], v)
+    timed = list_schedule(orders, [[dur[k] for k, _, _ in o] for o in orders], v, schedule)
     by_stage = [
         [Event(i, k, mb, c, t0, t1) for k, mb, c, t0, t1 in evs] for i, evs in enumerate(timed)
     ]
     step_time = max((evs[-1].end for evs in by_stage if evs), default=0.0)
     busy = [sum(e.end - e.start for e in evs) for evs in by_stage]
     idle = [step_time - b for b in busy]
-    peaks = []
-    for evs in by_stage:
-        count = peak = 0
-        for e in evs:
-            if e.kind == "F":
-                count += 1
-                peak = max(peak, count)
-            else:
-                count -= 1
-        peaks.append(peak)
+    peaks = [_peak(((e.kind for e in evs)), schedule) for evs in by_stage]
     return PipelineResult(
         schedule=schedule,
         p=p,
@@ -375,6 +487,20 @@ def simulate(
         peak_in_flight=[c if v == 1 else c / v for c in peaks],
         peak_in_flight_chunks=peaks,
     )
+
+
+def _peak(kinds: Iterable[str], schedule: str) -> int:
+    """The most chunks held at once by a stage that runs operations of ``kinds`` in that order:
+    a forward adds one, a backward (under ZB-V the weight backward) releases one."""
+    release = "W" if schedule == "zbv" else "B"
+    count = peak = 0
+    for k in kinds:
+        if k == "F":
+            count += 1
+            peak = max(peak, count)
+        elif k == release:
+            count -= 1
+    return peak
 
 
 def _time(name: str, value: float) -> float:
@@ -401,6 +527,41 @@ def bubble_fraction(p: int, m: int, v: int = 1) -> float:
     return (p - 1) / (v * m + p - 1)
 
 
+def zbv_bubble(p: int, m: int, t_f: float, t_b: float, t_w: float) -> float:
+    """Idle time of a ZB-V step on its busiest rank: the step's length minus ``m (t_f + t_b +
+    t_w)``, for ``p`` ranks of equal work whose forward, input backward and weight backward of
+    one micro-batch (both chunks together) take ``t_f``, ``t_b`` and ``t_w`` (Qi et al. 2024a
+    §6; :func:`simulate` with ``w_share = t_w/(t_b + t_w)``).
+
+    With ``m >= 2p - 1`` the bubble does not grow with ``m`` and grows linearly with ``p``
+    (the warm-up and the cool-down are what idles; the steady phase keeps every rank busy), so
+    two small simulations, at p = 2 and 3, answer for any p in O(1): ``tests/test_pipeline.py``
+    checks that against the full simulation for random times. With fewer micro-batches the
+    V is not full and the step is simulated whole. ``t_f = t_b = t_w = t`` gives ``(p - 1)
+    t/2``, where 1F1B idles ``3 (p - 1) t``."""
+    p, m, _ = _sizes(p, m, 2)
+    t_f, t_b, t_w = (_time(n, t) for n, t in (("t_f", t_f), ("t_b", t_b), ("t_w", t_w)))
+    if p == 1:
+        return 0.0
+    if m < 2 * p - 1:
+        return _zbv_idle(p, m, t_f, t_b, t_w)
+    # the bubble scales with the times: one cache entry per ratio (rounded to 1e-9)
+    b2, slope = _zbv_affine(round(t_b / t_f, 9), round(t_w / t_f, 9))
+    return t_f * (b2 + (p - 2) * slope)
+
+
+def _zbv_idle(p: int, m: int, t_f: float, t_b: float, t_w: float) -> float:
+    r = simulate("zbv", p, m, 2, t_f, t_b + t_w, t_w / (t_b + t_w))
+    return r.step_time - m * (t_f + t_b + t_w)
+
+
+@normalised_cache(maxsize=4096)
+def _zbv_affine(t_b: float, t_w: float) -> tuple[float, float]:
+    """The ZB-V bubble at p = 2 and its growth per rank, for t_f = 1 (m >= 2p - 1)."""
+    b2 = _zbv_idle(2, 4, 1.0, t_b, t_w)
+    return b2, _zbv_idle(3, 6, 1.0, t_b, t_w) - b2
+
+
 def bubble_ratio(p: int, m: int, v: int = 1) -> float:
     """Bubble time relative to the ideal compute time, ``(p - 1) / (v m)``.
 
@@ -425,6 +586,10 @@ def in_flight_units(schedule: str, p: int, m: int, stage: int, v: int = 1) -> in
       Megatron-LM's warm-up count plus one (``forward_backward_pipelining_with_interleaving``);
       when m == p every forward runs first and all m·v chunks are held. On stage 0 with m > p this
       is p(1 + (p-1)/(pv)) stage-equivalents, Korthikanti et al. 2022 §4.2.3.
+    * ZB-V (v = 2): counted on the rank's own order, a chunk held from its forward until its
+      weight backward: ``2p`` chunks of L/(2p) layers on every rank once ``m >= 2p - 1``, the
+      activations of 1F1B's first stage, now on every rank (Qi et al. 2024a §6 give ZB-V
+      1F1B's peak memory); fewer for fewer micro-batches.
     """
     p, m, v = _validate(schedule, p, m, v)
     stage = integer("stage", stage, 0, p - 1)
@@ -445,13 +610,45 @@ def in_flight_profile(schedule: str, p: int, m: int, v: int = 1) -> tuple[int, .
 def _profile(schedule: str, p: int, m: int, v: int) -> tuple[int, ...]:
     if schedule == "gpipe" or (schedule == "interleaved" and m == p):
         return (m * v,) * p
+    if schedule == "zbv":
+        return tuple(_zbv_units(p, m, i) for i in range(p))
     if schedule == "1f1b":
         return tuple(min(p - i, m) for i in range(p))
     cap, top = m * v, (v - 1) * p + 1
     return tuple(min(2 * (p - i - 1) + top, cap) for i in range(p))
 
 
+def in_flight_ends(schedule: str, p: int, m: int, v: int = 1) -> tuple[int, int]:
+    """Micro-batches in flight through the model's first chunk (what the embedding's output
+    occupies) and through its last chunk (the LM head's logits), at their peaks. 1F1B, GPipe
+    and interleaved: the first and the last stage's :func:`in_flight_units`, rounded up to whole
+    micro-batches. ZB-V puts both chunks on rank 0, counted on its order: ``min(m, 2p)`` (for
+    ``m >= 2p - 1``) through the first, and 1 through the last, whose forward, input backward and weight
+    backward run back to back."""
+    p, m, v = _validate(schedule, p, m, v)
+    return _ends(schedule, p, m, v)
+
+
+@normalised_cache(maxsize=512)
+def _ends(schedule: str, p: int, m: int, v: int) -> tuple[int, int]:
+    if schedule != "zbv":
+        prof = _profile(schedule, p, m, v)
+        return -(-prof[0] // v), -(-prof[-1] // v)
+    ops = _zbv_order(p, m, 0)
+    return tuple(_peak((k for k, _, c in ops if c == chunk), "zbv") for chunk in (0, 1))  # type: ignore[return-value]
+
+
+def _zbv_units(p: int, m: int, i: int) -> int:
+    """Chunks rank ``i`` holds at its peak under ZB-V: ``2p`` once ``m >= 2p - 1`` (the V is
+    full; the order's count, which the tests check), else counted on the order (O(p) work)."""
+    if m >= 2 * p - 1:
+        return 2 * p
+    return _peak((k for k, _, _ in _zbv_order(p, m, i)), "zbv")
+
+
 def _units(schedule: str, p: int, m: int, v: int, stage: int) -> int:
+    if schedule == "zbv":
+        return _zbv_units(p, m, stage)
     if schedule == "gpipe":
         return m * v
     if schedule == "1f1b":
@@ -476,7 +673,7 @@ def in_flight_timeline(result: PipelineResult, stage: int) -> list[tuple[float, 
     """Micro-batches whose activations ``stage`` holds, over time: ``[(time, count), ...]``.
 
     A micro-batch (of one chunk) starts to occupy memory when its forward starts and is released
-    when its backward ends. The count is in units of a whole stage's micro-batch (chunks count
+    when its backward ends (under ZB-V its weight backward). The count is in units of a whole stage's micro-batch (chunks count
     ``1/v``). The list starts at ``(0.0, 0)``, has one point per change (releases at an instant
     are applied before arrivals at the same instant) and ends at ``(step_time, 0)``; its largest
     count equals ``result.peak_in_flight[stage]``. Use it to draw memory against time
@@ -486,10 +683,11 @@ def in_flight_timeline(result: PipelineResult, stage: int) -> list[tuple[float, 
         raise ValueError(f"result must be a PipelineResult, got {type(result).__name__}")
     stage = integer("stage", stage, 0, result.p - 1)
     changes: list[tuple[float, int]] = []
+    release = "W" if result.schedule == "zbv" else "B"  # ZB-V holds a chunk until its W
     for e in result.stage_events(stage):
         if e.kind == "F":
             changes.append((e.start, +1))
-        else:
+        elif e.kind == release:
             changes.append((e.end, -1))
     changes.sort()  # at equal times -1 sorts before +1: a release before an arrival
     points: list[tuple[float, float]] = [(0.0, 0)]

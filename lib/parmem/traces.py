@@ -164,8 +164,11 @@ def training_step_events(
         )
     if par.zero == 3:
         raise ValueError("zero=3 is not modelled by training_step_events (use zero <= 2)")
-    if par.vpp > 1 or setup.schedule == "interleaved":
-        raise ValueError("the interleaved schedule is not modelled by training_step_events")
+    if par.vpp > 1 or setup.schedule in ("interleaved", "zbv"):
+        raise ValueError(
+            f"schedule={setup.schedule!r} (vpp={par.vpp}) is not modelled by "
+            "training_step_events (one chunk per stage: gpipe or 1f1b)"
+        )
     stage = integer("stage", stage, 0, par.pp - 1)
     prec = PRECISIONS[setup.precision]
     trace = EventTrace()

@@ -1,8 +1,9 @@
-"""Pipeline parallelism: GPipe, 1F1B and interleaved 1F1B with ``torch.distributed.pipelining``.
+"""Pipeline parallelism: GPipe, 1F1B, interleaved 1F1B and ZB-V with ``torch.distributed.pipelining``.
 
 The model is a stack of L tanh-MLP blocks cut into p stages of L/p blocks (one stage per rank), or
 into p·v chunks of L/(pv) blocks for the interleaved schedule (chunk c of rank i is stage c·p + i,
-Narayanan et al. 2021 §2.2.2). Every stage is built with explicit ``input_args``/``output_args``,
+Narayanan et al. 2021 §2.2.2), or into 2p chunks in a V for ZB-V (rank i holds stages i and
+2p − 1 − i; Qi et al. 2024a §6, PyTorch's ``ScheduleZBVZeroBubble``). Every stage is built with explicit ``input_args``/``output_args``,
 so no shape-inference forward runs and no extra micro-batch is kept.
 
 What a stage holds between a micro-batch's forward and its backward is measured, not assumed:
@@ -116,8 +117,10 @@ def demo(
 ) -> dict:
     """Train one step of the pipelined model; compare with the unpipelined model and simulate().
 
-    ``schedule``: ``"gpipe"``, ``"1f1b"`` or ``"interleaved"`` (``v`` chunks per rank). Defaults:
-    m = 2p micro-batches, L = p·v blocks (v = 1 unless interleaved).
+    ``schedule``: ``"gpipe"``, ``"1f1b"``, ``"interleaved"`` (``v`` chunks per rank) or ``"zbv"``
+    (two chunks per rank in a V; each backward split into the input's gradient and the weights',
+    and a chunk's saved tensors live until the latter has run). Defaults: m = 2p micro-batches,
+    L = p·v blocks (v = 1 unless interleaved, 2 for ZB-V).
 
     Returns per rank (= stage): ``grad_err`` (vs. the unpipelined model; ``loss_err`` on the last
     stage), ``peak_stashed`` (micro-batches, in whole-stage units; ``peak_stashed_chunks`` counts
@@ -141,15 +144,18 @@ def demo(
         Schedule1F1B,
         ScheduleGPipe,
         ScheduleInterleaved1F1B,
+        ScheduleZBVZeroBubble,
     )
 
     from parmem.pipeline import simulate
 
-    classes = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved": ScheduleInterleaved1F1B}
+    classes = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved": ScheduleInterleaved1F1B,
+               "zbv": ScheduleZBVZeroBubble}  # fmt: skip
     if schedule not in classes:
         raise ValueError(f"schedule={schedule!r} must be one of {tuple(classes)}")
     p, r, dev = world_size(), rank(), device()
-    v = v if schedule == "interleaved" else 1
+    multi = schedule in ("interleaved", "zbv")  # several chunks (stages) per rank
+    v = 2 if schedule == "zbv" else v if schedule == "interleaved" else 1
     m = microbatches or 2 * p
     layers = layers or p * v
     if layers % (p * v):
@@ -167,7 +173,7 @@ def demo(
     shared: dict = {}
     stages, metered = [], []
     for c in range(v):
-        idx = c * p + r
+        idx = (r if c == 0 else 2 * p - 1 - r) if schedule == "zbv" else c * p + r
         part = make_model(per, hidden).to(dev)
         part.load_state_dict(nn.Sequential(*full[idx * per : (idx + 1) * per]).state_dict())
         if delay_ms is not None:
@@ -186,17 +192,11 @@ def demo(
         inp = torch.empty(shape, device=dev, requires_grad=idx > 0)
         outp = torch.empty(shape, device=dev, requires_grad=True)
         stages.append(PipelineStage(mod, idx, p * v, dev, input_args=inp, output_args=outp))
-    sched = classes[schedule](
-        stages if schedule == "interleaved" else stages[0], m, loss_fn=nn.functional.mse_loss
-    )
+    sched = classes[schedule](stages if multi else stages[0], m, loss_fn=nn.functional.mse_loss)
     losses: list = []
+    last = 0 if schedule == "zbv" else p - 1  # the rank of the model's last chunk
     dist.barrier()
-    if r == 0:
-        sched.step(x)
-    elif r == p - 1:
-        sched.step(target=y, losses=losses)
-    else:
-        sched.step()
+    _step(sched, r == 0, r == last, x, y, losses)
     dist.barrier()
 
     grad_err = 0.0
@@ -206,7 +206,9 @@ def demo(
             grad_err = max(grad_err, float((a.grad - b.grad).abs().max()))
     ev = sorted(shared["events"], key=lambda e: e[3] if e[3] is not None else e[4])
     sim = simulate(schedule, p, m, v, t_fwd=1.0, t_bwd=2.0)
-    sim_order = [(e.kind, e.microbatch, e.chunk) for e in sim.stage_events(r)]
+    # a "B" event here starts with the output's gradient and ends when the chunk's saved tensors
+    # are released (under ZB-V at the end of its W); events are ordered by their start
+    sim_order = [(e.kind, e.microbatch, e.chunk) for e in sim.stage_events(r) if e.kind != "W"]
     order = [(e[0], e[1], e[2]) for e in ev]
     if "sleeps" in shared:  # emulated compute: the sleeps themselves are the operations
         ev = sorted((k, *tag, t0, t1) for k, tag, t0, t1 in shared["sleeps"])
@@ -232,9 +234,19 @@ def demo(
         "sim_idle_fraction": sim.idle[r] / sim.step_time,
         "emulated": delay_ms is not None,
     }
-    if r == p - 1:
+    if r == last:
         out["loss_err"] = abs(torch.stack(losses).mean().item() - ref_loss.item())
     return out
+
+
+def _step(sched, first: bool, last: bool, x, y, losses: list) -> None:
+    """One step of ``sched`` on a rank that holds the model's first chunk (it feeds ``x``), its
+    last (it computes the loss against ``y``), both (ZB-V's rank 0) or neither."""
+    kw = {"target": y, "losses": losses} if last else {}
+    if first:
+        sched.step(x, **kw)
+    else:
+        sched.step(**kw)
 
 
 # ---------------------------------------------------------------------------- emulated compute
@@ -599,7 +611,7 @@ def replay(results: list[dict]) -> dict:
     late = []
     for i, evs in enumerate(ops):
         for k, c, mb, t0, _ in evs:
-            dep = dependency(k, i, c, mb, p, v)
+            dep = dependency(k, i, c, mb, p, v, r0.get("schedule", ""))
             if dep is not None and t0 < ended.get(dep, float("-inf")):
                 late.append((k, i, c, mb))
     try:
@@ -607,6 +619,7 @@ def replay(results: list[dict]) -> dict:
             [[(k, mb, c) for k, c, mb, _, _ in evs] for evs in ops],
             [[t1 - t0 for *_, t0, t1 in evs] for evs in ops],
             v,
+            r0.get("schedule", ""),
         )
     except ValueError as e:
         raise ValueError(f"the events of results cannot be replayed: {e}") from None

@@ -88,7 +88,7 @@ from ..flops import flops_per_sequence, lora_flops_per_sequence, selective_flops
 from ..hardware import Hardware
 from ..layout import Layout, Stage, layout
 from ..model import ModelSpec
-from ..pipeline import bubble_ratio
+from ..pipeline import bubble_ratio, zbv_bubble
 from ..states import reduced_grad_itemsize
 from .inputs import Assumptions, Cluster, SetupOptions
 
@@ -259,7 +259,7 @@ class CostModel:
         self._est: dict[_EstKey, Estimate] = {}
         self._act: dict[_ActKey, tuple[dict[str, float], dict[str, float]]] = {}
         self._dp: dict[_DpKey, tuple[float, float, float]] = {}
-        self._setups: dict[tuple[int, int, str, bool], TrainingSetup] = {}
+        self._setups: dict[tuple[int, int, str, str], TrainingSetup] = {}
         self._intra: dict[ParallelConfig, dict[str, bool | int]] = {}
         self.estimates = 0
         eng = engine_profile(setup_kw["engine"])
@@ -277,24 +277,25 @@ class CostModel:
         return reduced_grad_itemsize(kw["engine"], kw["precision"], zero, kw.get("grad_dtype"))
 
     # ------------------------------------------------------------------ pieces
-    def setup(self, b: int, m: int, recompute: str, v: int) -> TrainingSetup:
+    def setup(
+        self, b: int, m: int, recompute: str, v: int, schedule: str | None = None
+    ) -> TrainingSetup:
         """The :class:`~parmem.config.TrainingSetup` of micro-batch ``b``, ``m`` micro-batches,
-        ``recompute`` and ``v`` virtual stages (interleaved 1F1B when ``v > 1``), built once."""
-        key = (b, m, recompute, v > 1)
+        ``recompute`` and ``v`` virtual stages under ``schedule`` (by default interleaved 1F1B
+        when ``v > 1``, else 1F1B; ``"zbv"``: ZB-V, v = 2), built once."""
+        sched = schedule or ("interleaved" if v > 1 else "1f1b")
+        key = (b, m, recompute, sched)
         st = self._setups.get(key)
         if st is None:
-            st = self._setups[key] = self._new_setup(b, m, recompute, v)
+            st = self._setups[key] = TrainingSetup(
+                seq_len=self.s,
+                micro_batch=b,
+                num_microbatches=m,
+                recompute=recompute,
+                schedule=sched,
+                **self.setup_kw,
+            )
         return st
-
-    def _new_setup(self, b: int, m: int, recompute: str, v: int) -> TrainingSetup:
-        return TrainingSetup(
-            seq_len=self.s,
-            micro_batch=b,
-            num_microbatches=m,
-            recompute=recompute,
-            schedule="interleaved" if v > 1 else "1f1b",
-            **self.setup_kw,
-        )
 
     def estimate(self, par: ParallelConfig, setup: TrainingSetup, lps: tuple[int, ...]) -> Estimate:
         """:func:`~parmem.estimate.estimate` of one layout, cached; counts the calls made."""
@@ -313,10 +314,12 @@ class CostModel:
         lps: tuple[int, ...],
         b: int = 1,
         m: int = 1,
+        schedule: str | None = None,
     ) -> Layout:
         """The :class:`~parmem.layout.Layout` of ``par`` with split ``lps`` at micro-batch ``b``,
-        ``m`` micro-batches and ``recompute`` (cached by :func:`parmem.layout.layout`)."""
-        return layout(self.spec, par, self.setup(b, m, recompute, par.vpp), lps)
+        ``m`` micro-batches, ``recompute`` and ``schedule`` (:meth:`setup`; cached by
+        :func:`parmem.layout.layout`)."""
+        return layout(self.spec, par, self.setup(b, m, recompute, par.vpp, schedule), lps)
 
     def intra(self, par: ParallelConfig) -> dict[str, bool | int]:
         """Which groups of ``par`` fit in a node, and how many ranks of the others share a node:
@@ -443,12 +446,16 @@ class CostModel:
         )
 
     # ------------------------------------------------------------------ the step
-    def linear_timer(self, par: ParallelConfig, recompute: str, lps: tuple[int, ...]) -> StepTimer:
-        """A :class:`StepTimer` of ``par`` and ``recompute`` whose communication is linear in
-        ``b`` and ``m`` (:meth:`stage_comm_linear`): the search's timer."""
+    def linear_timer(
+        self, par: ParallelConfig, recompute: str, lps: tuple[int, ...], schedule: str | None = None
+    ) -> StepTimer:
+        """A :class:`StepTimer` of ``par``, ``recompute`` and ``schedule`` (:meth:`setup`) whose
+        communication is linear in ``b`` and ``m`` (:meth:`stage_comm_linear`): the search's
+        timer."""
         # one micro-batch (p of them when interleaved: m must be a multiple of p); the linear
         # coefficients are taken per micro-batch
-        lay = self.layout(par, recompute, lps, 1, par.pp if par.vpp > 1 else 1)
+        sched = schedule or ("interleaved" if par.vpp > 1 else "1f1b")
+        lay = self.layout(par, recompute, lps, 1, par.pp if sched == "interleaved" else 1, sched)
         return StepTimer(self, lay, self.stage_comm_linear)
 
     def exact_time(
@@ -457,7 +464,7 @@ class CostModel:
         """The step time of one layout with the exact communication of its own ``b`` and ``m``
         (:meth:`stage_comm_exact`), and its critical stage."""
         b, m = setup.micro_batch, setup.num_microbatches
-        lay = self.layout(par, setup.recompute, lps, b, m)
+        lay = self.layout(par, setup.recompute, lps, b, m, setup.schedule)
         return StepTimer(self, lay, self.stage_comm_exact).breakdown(b, m)
 
 
@@ -476,6 +483,7 @@ class _StageGroup:
     bwd: float  # backward seconds of one micro-batch (two forwards; frozen weights: less)
     rec: float  # recompute seconds of one micro-batch
     attn: float  # attention-core seconds, forward and backward, of one micro-batch
+    wgt: float  # the weights' gradient seconds of one micro-batch (ZB-V's W)
     comm: StageComm
     frac: float  # share of the stage's parameters in the last gradient bucket
 
@@ -487,7 +495,7 @@ class StepTimer:
     recompute and attention seconds and the communication coefficients (``comm`` of the layout
     and a stage), so that trying a micro-batch size is a few multiplications."""
 
-    __slots__ = ("a", "p", "v", "zero", "groups", "dp_overlap", "b0")
+    __slots__ = ("a", "p", "v", "zero", "groups", "dp_overlap", "b0", "zbv")
 
     def __init__(
         self,
@@ -499,6 +507,7 @@ class StepTimer:
         self.a = a = model.a
         self.p, self.v = par.pp, par.vpp
         self.zero = par.zero
+        self.zbv = par.pp > 1 and lay.setup.schedule == "zbv"
         # engine-aware: the engine (as parmem's recipe launches it) overlaps DP collectives or not
         self.dp_overlap = a.dp_overlap_on if lay.engine.defaults.dp_overlap else a.dp_overlap
         scale = kernel_scale(a, model.hw.generation, lay.engine.name)
@@ -520,8 +529,11 @@ class StepTimer:
             head = model.f_head if st.last else 0
             fwd = (n * (f_layer + ad) + head) / split_rate
             bwd = 2 * fwd
+            # the weights' gradient: one forward of every weight matrix (not the attention core)
+            wgt = (n * (model.f_layer - model.f_core + ad) + head) / split_rate
             if model.frozen:  # input gradients only, but the attention core and adapters twice
                 bwd = (n * (f_layer - core + 2 * core + 2 * ad) + head) / split_rate
+                wgt = n * ad / split_rate
             frac = min(1.0, a.dp_bucket_params / max(st.params, 1))
             self.groups.append(
                 _StageGroup(
@@ -531,6 +543,7 @@ class StepTimer:
                     bwd,
                     n * rc_flops / split_rate,
                     3 * n * core / split_rate,
+                    wgt,
                     comm(lay, st),
                     frac,
                 )
@@ -556,14 +569,28 @@ class StepTimer:
     def total(self, b: int, m: int) -> float:
         """Seconds per step (see :meth:`breakdown`)."""
         t_max, t_sum, dp = 0.0, 0.0, 0.0
+        crit = self.groups[0]
         for g in self.groups:
             t_i, _, dp_i = self._stage(g, b, m)
-            t_max = max(t_max, t_i)
+            if t_i > t_max:
+                t_max, crit = t_i, g
             t_sum += g.count * t_i
             dp = max(dp, dp_i)
         if self.p == 1:
             return m * t_max + dp
-        return m * t_max + bubble_ratio(self.p, m, self.v) * m * (t_sum - t_max) / (self.p - 1) + dp
+        return m * t_max + self._bubble(crit, t_max, t_sum, b, m) + dp
+
+    def _bubble(self, crit: _StageGroup, t_max: float, t_sum: float, b: int, m: int) -> float:
+        """The pipeline's idle seconds: ``(Σ t_i − t_max)/v`` times ``m/(p−1)·bubble_ratio``
+        (1F1B, interleaved), or ZB-V's (:func:`parmem.pipeline.zbv_bubble`) for stages like the
+        slowest one, whose micro-batch splits into the forward, the weights' gradient (W) and
+        the rest of the backward with its communication and recomputation (B)."""
+        if self.zbv:
+            bb = b + self.b0
+            f, w = bb * crit.fwd, bb * crit.wgt
+            rest = max(t_max - f - w, 1e-9 * t_max)
+            return zbv_bubble(self.p, m, f, rest, max(w, 1e-9 * t_max))
+        return bubble_ratio(self.p, m, self.v) * m * (t_sum - t_max) / (self.p - 1)
 
     def breakdown(self, b: int, m: int) -> tuple[StepTime, int]:
         """The step time split by cause, and the critical (slowest) stage."""
@@ -580,7 +607,8 @@ class StepTimer:
         t_max, parts, crit = best
         bubble = 0.0
         if self.p > 1:  # (Σ t_i − t_max)/v: (p−1)/(v·m) of the ideal m·t for equal stages
-            bubble = bubble_ratio(self.p, m, self.v) * m * (t_sum - t_max) / (self.p - 1)
+            g_crit = next(g for g in self.groups if g.first == crit)
+            bubble = self._bubble(g_crit, t_max, t_sum, b, m)
         st = StepTime(
             compute=m * parts[0],
             recompute=m * parts[1],

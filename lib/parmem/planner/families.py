@@ -159,6 +159,9 @@ class Family:
     bs: list[int]
     vs: list[int]
     per_replica: int
+    #: whether ZB-V (two chunks per rank in a V) is tried too: p > 1, every stage's layers
+    #: even, vpp 2 allowed, and an engine that runs it (with async TP, not compiled)
+    zbv: bool = False
 
     @property
     def key(self) -> str:
@@ -202,10 +205,14 @@ class Families:
         seq_len: int,
         space: SearchSpace,
         prof: EngineProfile,
+        compiled: bool = False,
     ):
         self.spec, self.space, self.G, self.s = spec, space, global_batch, seq_len
         self.N, self.gpn = cluster.world_size, cluster.gpus_per_node
         self.prof = prof
+        # the run is compiled (tp_comm_overlap=True under an engine whose switch compiles):
+        # PyTorch's ZB-V schedule refuses compiled stages
+        self.compiled = compiled
         self.rejected: dict[str, str] = {}
         self.reached_batch = self.batch_ok = False
 
@@ -323,8 +330,16 @@ class Families:
                 else f"no allowed ep divides both num_experts={self.spec.num_experts} and d={d}"
             )
             return
+        zbv = (
+            p > 1
+            and all(n % 2 == 0 for n in lps)
+            and (self.space.vpp is None or 2 in self.space.vpp)
+            and not self.prof.refusal("zbv")
+            and not self.compiled
+        )
         for e in es:
-            yield Family(t, c, p, d, e, lps, zeros, sps, self.space.rc_order, bs, vs, per_replica)
+            yield Family(t, c, p, d, e, lps, zeros, sps, self.space.rc_order, bs, vs, per_replica,
+                         zbv)  # fmt: skip
 
     def _sps(self, t: int, c: int) -> list[bool]:
         sps = [True, False] if t > 1 and not self.prof.refusal("sp") else [False]

@@ -117,6 +117,8 @@ def _search_family(
     found = False
     for v in fam.vs:
         found = _search_interleave(model, fam, v, out) or found
+    if fam.zbv:  # ZB-V: two chunks per rank in a V, where the engine runs it
+        found = _search_interleave(model, fam, 2, out, "zbv") or found
     return None if found else "does not fit with any allowed setting"
 
 
@@ -125,10 +127,14 @@ def _lower(cell: _Cell) -> list[tuple[int, _Cell]]:
     return [(k, cell[:k] + (cell[k] - 1,) + cell[k + 1 :]) for k in range(4) if cell[k] > 0]
 
 
-def _search_interleave(model: CostModel, fam: Family, v: int, out: list[_Point]) -> bool:
-    """The settings of ``fam`` with ``v`` virtual stages, on the grid (ZeRO, SP, recompute,
-    micro-batch) ordered from frugal to generous; whether any fits."""
-    bv = [b for b in fam.bs if v == 1 or (fam.per_replica // b) % fam.p == 0]
+def _search_interleave(
+    model: CostModel, fam: Family, v: int, out: list[_Point], schedule: str | None = None
+) -> bool:
+    """The settings of ``fam`` with ``v`` virtual stages (under ``schedule``: by default 1F1B,
+    or interleaved 1F1B for v > 1), on the grid (ZeRO, SP, recompute, micro-batch) ordered from
+    frugal to generous; whether any fits."""
+    sched = schedule or ("interleaved" if v > 1 else "1f1b")
+    bv = [b for b in fam.bs if sched != "interleaved" or (fam.per_replica // b) % fam.p == 0]
     if not bv:
         return False
     pars: dict[tuple[int, int], ParallelConfig] = {}
@@ -137,7 +143,7 @@ def _search_interleave(model: CostModel, fam: Family, v: int, out: list[_Point])
         par = ParallelConfig(dp=fam.d, tp=fam.t, pp=fam.p, ep=fam.e, cp=fam.c, sp=s_, zero=z, vpp=v)
         pars[zi, si] = par
         for ri, rc in enumerate(fam.rcs):
-            timers[zi, si, ri] = model.linear_timer(par, rc, fam.lps)
+            timers[zi, si, ri] = model.linear_timer(par, rc, fam.lps, sched)
     times: dict[_Cell, float] = {}
     status: dict[_Cell, int] = {}  # 0 infeasible, 1 dominated, 2 feasible
     found = False
@@ -159,7 +165,7 @@ def _search_interleave(model: CostModel, fam: Family, v: int, out: list[_Point])
             status[cell] = 1
             continue
         par = pars[zi, si]
-        setup = model.setup(b, m, rcs[ri], v)
+        setup = model.setup(b, m, rcs[ri], v, sched)
         est = model.estimate(par, setup, lps)
         if est.peak_bytes > usable:
             status[cell] = 0
@@ -439,7 +445,8 @@ def plan(
     space = space._replace(rc_order=rcs)
     model = CostModel(spec, cluster, global_batch, seq_len, a, setup_kw)
     # 2. enumerate the families, 3. search each
-    families = Families(spec, cluster, global_batch, seq_len, space, prof)
+    compiled = tp_comm_overlap and prof.defaults.tp_comm_overlap_compiles
+    families = Families(spec, cluster, global_batch, seq_len, space, prof, compiled)
     feasible, lower_bounds, searched = _search(model, families)
     _check_batch(families)
     # 4. rank, 5. the Pareto front

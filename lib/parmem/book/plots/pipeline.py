@@ -12,16 +12,13 @@ __all__ = ["plot_pipeline", "plot_in_flight", "plot_schedules", "plot_microbatch
 
 def plot_pipeline(result, ax=None, title: str | None = None):
     """Gantt chart of a :func:`parmem.pipeline.simulate` result: one row per stage, forwards in
-    blue, backwards in green, chunk index shaded, idle time left white."""
+    blue, backwards in green (ZB-V's weight backwards in orange), chunk index shaded, idle time
+    left white."""
     fig, ax = new_axes(ax, figsize=(8, 0.45 * result.p + 1.2))
+    base = {"F": (0.3, 0.45, 0.85), "B": (0.3, 0.7, 0.35), "W": (0.85, 0.55, 0.2)}
     for ev in result.events:
-        fwd = ev.kind == "F"
         shade = 0.55 + 0.45 * (ev.chunk + 1) / max(result.v, 1)
-        color = (
-            (0.3 * shade, 0.45 * shade, 0.85 * shade)
-            if fwd
-            else (0.3 * shade, 0.7 * shade, 0.35 * shade)
-        )
+        color = tuple(shade * c for c in base[ev.kind])
         ax.barh(
             ev.stage, ev.end - ev.start, left=ev.start, color=color, edgecolor="white", height=0.8
         )

@@ -141,7 +141,9 @@ def explore_bubble(
 
     Used in chapter 13 (do pipeline bubbles cost memory?)."""
     controls = {
-        "schedule": dropdown("schedule", schedule, ["gpipe", "1f1b", "interleaved"], "schedule"),
+        "schedule": dropdown(
+            "schedule", schedule, ["gpipe", "1f1b", "interleaved", "zbv"], "schedule"
+        ),  # fmt: skip
         "p": int_slider("p", p, 1, 8, "stages p"),
         "m": int_slider("m", m, 1, 32, "micro-batches m"),
         "v": int_slider("v", v, 2, 4, "chunks v (interleaved)"),
@@ -150,7 +152,8 @@ def explore_bubble(
     def render(schedule, p, m, v):
         m, rounded = bubble_microbatches(schedule, p, m)
         try:
-            r = simulate(schedule, p, m, v if schedule == "interleaved" else 1)
+            # ZB-V always runs two chunks per rank (the slider is the interleaved schedule's)
+            r = simulate(schedule, p, m, {"interleaved": v, "zbv": 2}.get(schedule, 1))
         except ValueError as e:
             return error_html(e)
         base = simulate("1f1b", p, m)

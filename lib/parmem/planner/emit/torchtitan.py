@@ -115,9 +115,12 @@ def _data_parallel(par: ParallelConfig) -> tuple[list[str], list[str]]:
 def _pipeline(par: ParallelConfig, st: TrainingSetup, layers: int) -> list[str]:
     if par.pp == 1:
         return []
+    # ZB-V is torch.distributed.pipelining's ScheduleZBVZeroBubble: two stages per rank in a V
+    # (pipeline_parallel.py maps rank r to stages r and 2p - 1 - r)
+    name = {"zbv": "ZBVZeroBubble", "interleaved": "Interleaved1F1B"}.get(st.schedule, "1F1B")
     args = [
         "--parallelism.pipeline_parallel_degree", str(par.pp),
-        "--parallelism.pipeline_parallel_schedule", "Interleaved1F1B" if par.vpp > 1 else "1F1B",
+        "--parallelism.pipeline_parallel_schedule", name,
         "--parallelism.pipeline_parallel_microbatch_size", str(st.micro_batch),
         "--parallelism.pipeline_parallel_first_stage_less_layers", "0",
         "--parallelism.pipeline_parallel_last_stage_less_layers", "0",
