@@ -234,7 +234,10 @@ def _rank(model: CostModel, feasible: list[_Point], top: int) -> list[Candidate]
     and rank them (:func:`rank_candidates`)."""
     feasible.sort(key=lambda x: (x[0], x[1]))
     n = min(len(feasible), top + 8)
-    while n < len(feasible) and feasible[n].time <= feasible[n - 1].time * (1 + TIE):
+    # within TIE of the last of the first top + 8 (not a chain of ties, each within TIE of the
+    # one before it, which can reach far down a dense list)
+    edge = feasible[n - 1].time * (1 + TIE) if n else 0.0
+    while n < len(feasible) and feasible[n].time <= edge:
         n += 1
     head = [_candidate(model, x.par, x.setup, x.lps, x.est) for x in feasible[:n]]
     return rank_candidates(head)
