@@ -293,37 +293,30 @@ def _zbv_order(p: int, m: int, i: int) -> list[tuple[str, int, int]]:
     n = max(m, 2 * p - 1)
     ops: list[tuple[str, int, int]] = []
     nxt = {("F", 0): 0, ("F", 1): 0, ("B", 0): 0, ("B", 1): 0, ("W", 0): 0, ("W", 1): 0}
+    f0, f1, b0, b1, w0, w1 = ("F", 0), ("F", 1), ("B", 0), ("B", 1), ("W", 0), ("W", 1)
 
-    def run(kind: str, c: int) -> None:
-        ops.append((kind, nxt[kind, c], c))
-        nxt[kind, c] += 1
+    def run(*what: tuple[str, int]) -> None:  # each (kind, chunk): its next micro-batch
+        for kind, c in what:
+            ops.append((kind, nxt[kind, c], c))
+            nxt[kind, c] += 1
 
     for _ in range(2 * (p - i) - 1):
-        run("F", 0)
+        run(f0)
     for _ in range(i):
-        run("F", 1)
-        run("F", 0)
+        run(f1, f0)
     for _ in range(p - i):
-        run("F", 1)
-        run("B", 1)
-        run("W", 1)
-    while nxt["F", 1] < nxt["F", 0] or nxt["F", 0] < n:
-        if nxt["F", 0] < n:
-            run("F", 0)
-        run("B", 0)
-        run("W", 0)
-        run("F", 1)
-        run("B", 1)
-        run("W", 1)
+        run(f1, b1, w1)
+    while nxt[f1] < nxt[f0] or nxt[f0] < n:
+        if nxt[f0] < n:
+            run(f0)
+        run(b0, w0, f1, b1, w1)
     for _ in range(i):
-        run("B", 0)
-        run("B", 1)
+        run(b0, b1)
     for _ in range(p - i):
-        run("B", 0)
-        run("W", 0)
-    for c in (1, 0):
-        while nxt["W", c] < nxt["B", c]:
-            run("W", c)
+        run(b0, w0)
+    for w, b in ((w1, b1), (w0, b0)):  # the weight backwards still pending
+        while nxt[w] < nxt[b]:
+            run(w)
     return [op for op in ops if op[1] < m]
 
 
@@ -538,16 +531,16 @@ def zbv_bubble(p: int, m: int, t_f: float, t_b: float, t_w: float) -> float:
     two small simulations, at p = 2 and 3, answer for any p in O(1): ``tests/test_pipeline.py``
     checks that against the full simulation for random times. With fewer micro-batches the
     V is not full and the step is simulated whole. Both are cached on the ratios
-    ``t_b/t_f`` and ``t_w/t_f`` to four significant digits, which keeps the bubble within
-    0.05 % of the exact one (it is piecewise linear in them). ``t_f = t_b = t_w = t`` gives ``(p - 1)
+    ``t_b/t_f`` and ``t_w/t_f`` to seven significant digits, which keeps the bubble within
+    1e-5 of the exact one, relative (it is piecewise linear in them). ``t_f = t_b = t_w = t`` gives ``(p - 1)
     t/2``, where 1F1B idles ``3 (p - 1) t``."""
     p, m, _ = _sizes(p, m, 2)
     t_f, t_b, t_w = (_time(n, t) for n, t in (("t_f", t_f), ("t_b", t_b), ("t_w", t_w)))
     if p == 1:
         return 0.0
-    # the bubble scales with the times: one cache entry per ratio, each rounded to 4 significant
-    # digits (the bubble is piecewise linear in them, so within 0.05 % of the exact one)
-    r_b, r_w = float(f"{t_b / t_f:.4g}"), float(f"{t_w / t_f:.4g}")
+    # the bubble scales with the times: one cache entry per ratio, each rounded to 7 significant
+    # digits (the bubble is piecewise linear in them and at least (p - 1) t_f/2: within 1e-5)
+    r_b, r_w = float(f"{t_b / t_f:.7g}"), float(f"{t_w / t_f:.7g}")
     if m < 2 * p - 1:
         return t_f * _zbv_short(p, m, r_b, r_w)
     b2, slope = _zbv_affine(r_b, r_w)
