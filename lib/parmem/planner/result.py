@@ -135,7 +135,7 @@ class Candidate:
         if par.ep > 1:
             parts.append(f"e={par.ep}")
         if par.vpp > 1:
-            parts.append(f"v={par.vpp}")
+            parts.append(f"v={par.vpp}" + (" (ZB-V)" if st.schedule == "zbv" else ""))
         parts.append(f"ZeRO-{par.zero}")
         if par.sp:
             parts.append("SP")
