@@ -226,3 +226,7 @@ def test_zbv_puts_both_ends_on_rank_0_and_even_activations_on_every_rank():
     assert one.stages[1].activations < est.stages[1].activations
     with pytest.raises(ValueError, match=r"ZB-V runs two model chunks per rank in a V \(vpp=2\)"):
         layout(LLAMA7, ParallelConfig(pp=p, vpp=4, zero=3), st)
+    # a chunk keeps what recomputation rebuilt until its weight backward: not counted, refused
+    with pytest.raises(ValueError, match=r"schedule='zbv' with recompute='full' is not modelled"):
+        layout(LLAMA7, par, TrainingSetup(seq_len=2048, num_microbatches=m, schedule="zbv",
+                                          engine="fsdp2", recompute="full"))

@@ -125,7 +125,8 @@ def _brute_force(spec, cluster, G, s, eng="paper"):
                             scheds = [(1, "1f1b")] + [
                                 (v, "interleaved") for v in divisors(spec.layers // p)
                                 if v > 1 and p > 1 and m % p == 0]
-                            if p > 1 and (spec.layers // p) % 2 == 0 and not prof.refusal("zbv"):
+                            if (p > 1 and (spec.layers // p) % 2 == 0 and rc == "none"
+                                    and not prof.refusal("zbv")):
                                 scheds.append((2, "zbv"))  # two chunks per rank in a V
                             for v, sched in scheds:
                                 par = ParallelConfig(dp=d, tp=t, pp=p, sp=sp, zero=zero, vpp=v)

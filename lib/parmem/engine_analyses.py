@@ -31,13 +31,14 @@ def engine_layout(
     ep = 1 if prof.refusal("ep") else parallel.ep
     sp = parallel.sp and t > 1 and not prof.refusal("sp")
     pp = parallel.pp if prof.pipeline else 1
-    zbv = pp > 1 and setup.schedule == "zbv" and not prof.refusal("zbv")
+    rec = setup.recompute if setup.recompute in prof.recompute else "full"
+    # ZB-V where the engine runs it, and without recomputation (parmem.layout's rule)
+    zbv = pp > 1 and setup.schedule == "zbv" and not prof.refusal("zbv") and rec == "none"
     vpp = parallel.vpp if pp > 1 and (zbv or not prof.refusal("interleaved")) else 1
     stages = [z for z in prof.zero_stages if pp == 1 or z <= prof.pipeline_zero_max]
     zero = min((z for z in stages if z >= parallel.zero), default=max(stages))
     dp = parallel.world_size // (t * cp * pp)
     par = ParallelConfig(dp=dp, tp=t, pp=pp, ep=ep, cp=cp, sp=sp, zero=zero, vpp=vpp)
-    rec = setup.recompute if setup.recompute in prof.recompute else "full"
     offload = setup.offload if setup.offload in prof.offload else "none"
     schedule = "zbv" if zbv else "interleaved" if vpp > 1 else setup.schedule
     if schedule in ("interleaved", "zbv") and vpp == 1 or prof.refusal(schedule):

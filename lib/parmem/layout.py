@@ -219,6 +219,12 @@ class Layout:
                     f"schedule='zbv' with pp={par.pp} and vpp={par.vpp}: ZB-V runs two model "
                     "chunks per rank in a V (vpp=2) over pp >= 2 ranks"
                 )
+            if setup.recompute != "none":
+                out.append(
+                    f"schedule='zbv' with recompute={setup.recompute!r} is not modelled: a "
+                    "chunk keeps what recomputation rebuilt from its input backward until its "
+                    "weight backward, which the estimate does not count (use recompute='none')"
+                )
         elif interleaved != (par.vpp > 1):
             out.append(
                 f"schedule={setup.schedule!r} and vpp={par.vpp}: the interleaved "

@@ -27,6 +27,8 @@ rule that pipeline parallelism does not combine with ZeRO-2/3 (``deepspeed.runti
 
 from __future__ import annotations
 
+import dataclasses
+
 import time
 from collections.abc import Iterable, Sequence
 from itertools import product
@@ -117,8 +119,11 @@ def _search_family(
     found = False
     for v in fam.vs:
         found = _search_interleave(model, fam, v, out) or found
-    if fam.zbv:  # ZB-V: two chunks per rank in a V, where the engine runs it
-        found = _search_interleave(model, fam, 2, out, "zbv") or found
+    if fam.zbv and "none" in fam.rcs:  # ZB-V: two chunks per rank in a V, where the engine
+        # runs it; without recomputation only (parmem.layout: what a chunk rebuilds is kept
+        # from its input backward to its weight backward, which the estimate does not count)
+        zbv = dataclasses.replace(fam, rcs=("none",))
+        found = _search_interleave(model, zbv, 2, out, "zbv") or found
     return None if found else "does not fit with any allowed setting"
 
 
