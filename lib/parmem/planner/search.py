@@ -28,7 +28,6 @@ rule that pipeline parallelism does not combine with ZeRO-2/3 (``deepspeed.runti
 from __future__ import annotations
 
 import dataclasses
-
 import time
 from collections.abc import Iterable, Sequence
 from itertools import product
