@@ -221,9 +221,9 @@ class Layout:
                 )
             if setup.recompute != "none":
                 out.append(
-                    f"schedule='zbv' with recompute={setup.recompute!r} is not modelled: a "
-                    "chunk keeps what recomputation rebuilt from its input backward until its "
-                    "weight backward, which the estimate does not count (use recompute='none')"
+                    f"schedule='zbv' with recompute={setup.recompute!r} is not modelled: what "
+                    "the split backward keeps of what recomputation rebuilds (from the input "
+                    "backward until the weight backward) is not counted (use recompute='none')"
                 )
         elif interleaved != (par.vpp > 1):
             out.append(

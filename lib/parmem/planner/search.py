@@ -119,8 +119,8 @@ def _search_family(
     for v in fam.vs:
         found = _search_interleave(model, fam, v, out) or found
     if fam.zbv and "none" in fam.rcs:  # ZB-V: two chunks per rank in a V, where the engine
-        # runs it; without recomputation only (parmem.layout: what a chunk rebuilds is kept
-        # from its input backward to its weight backward, which the estimate does not count)
+        # runs it; without recomputation only (parmem.layout: what the split backward keeps of
+        # what recomputation rebuilds is not counted)
         zbv = dataclasses.replace(fam, rcs=("none",))
         found = _search_interleave(model, zbv, 2, out, "zbv") or found
     return None if found else "does not fit with any allowed setting"
