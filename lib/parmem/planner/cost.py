@@ -38,7 +38,9 @@ on one GPU::
   hides behind the attention it feeds (``cp_overlap``, Liu et al. 2023).
 * **pipeline**: ``T = m·t_max + (Σ_i t_i − t_max)/v``; the second term is the bubble. For equal
   stages it is :func:`parmem.pipeline.bubble_ratio` ``(p−1)/(v·m)`` times the ideal ``m·t``
-  (Narayanan et al. 2021 §2.2).
+  (Narayanan et al. 2021 §2.2). Under ZB-V (``schedule="zbv"``, Qi et al. 2024 §6) the bubble
+  is :func:`parmem.pipeline.zbv_bubble` of the slowest stage's forward, weight gradient (one
+  forward of its weight matrices) and the rest of its backward.
 * **data parallel**: the gradient reduction (and ZeRO's parameter gathers) overlap with the
   backward (and forward) passes that run while they are issued, ``dp_overlap`` of that window
   (``dp_overlap_on`` for an engine whose run overlaps them: FSDP2's prefetch, DDP's buckets, the
