@@ -54,6 +54,28 @@ def test_megatron_has_no_gpipe_and_no_zero_2_3():
     assert not any("gpipe" in n.lower() for n in names), names
     prof = engine("megatron-core")
     assert prof.refusal("gpipe") and prof.zero_stages == (0, 1)
+    # nor a zero-bubble schedule: get_forward_backward_func picks one of these three
+    assert set(names) == {"forward_backward_no_pipelining",
+                          "forward_backward_pipelining_with_interleaving",
+                          "forward_backward_pipelining_without_interleaving"}, names
+    src = inspect.getsource(schedules.get_forward_backward_func)
+    assert "zero_bubble" not in src.lower() and "zbv" not in src.lower()
+    assert prof.refusal("zbv")
+
+
+def test_zbv_is_pytorchs_which_torchtitan_runs_and_refuses_compiled():
+    """ZB-V is PyTorch's ScheduleZBVZeroBubble: two stages per rank, placed in a V by torchtitan
+    (``_get_pp_rank_to_stage_indices_mapping``, style "v"), and it refuses compiled stages
+    (``_check_torch_compile_compatibility``), which torchtitan's async TP needs: the fsdp2
+    profile runs ZB-V, but not with tp_comm_overlap."""
+    sched = pytest.importorskip("torch.distributed.pipelining.schedules")
+    init = inspect.getsource(sched.ScheduleZBVZeroBubble.__init__)
+    assert "_check_torch_compile_compatibility" in init and "exactly 2 stages per rank" in init
+    assert "torch.compile" in inspect.getsource(sched._check_torch_compile_compatibility)
+    pp = pytest.importorskip("torchtitan.distributed.pipeline_parallel")
+    assert pp._get_pp_rank_to_stage_indices_mapping(1, 4, "ZBVZeroBubble", 8) == (1, 6)
+    prof = engine("fsdp2")
+    assert not prof.refusal("zbv") and prof.defaults.tp_comm_overlap_compiles
 
 
 def test_torchtitan_keeps_a_pipeline_stage_unsharded():
@@ -91,8 +113,8 @@ def test_deepspeed_fp32_partition_and_pipeline_schedules():
     assert cats["grad_partition"].phase == "step"
     names = [n for n in dir(schedule) if n.endswith("Schedule")]
     assert "TrainSchedule" in names
-    assert not any("nterleav" in n for n in names), names
-    assert engine("deepspeed").refusal("interleaved")
+    assert not any("nterleav" in n or "bubble" in n.lower() for n in names), names
+    assert engine("deepspeed").refusal("interleaved") and engine("deepspeed").refusal("zbv")
     # and the estimate follows: the partition is not counted at the activation peak
     d, psi = 8, ModelSpec.preset("gpt2-medium").num_params()
     est = estimate(ModelSpec.preset("gpt2-medium"), ParallelConfig(dp=d, zero=2),
