@@ -64,6 +64,7 @@ from .config import (
     SCHEDULES,
     ParallelConfig,
     TrainingSetup,
+    vpp_schedule,
 )
 from .engines import engine, engines
 from .estimate import estimate
@@ -173,7 +174,7 @@ def _parallel(args) -> ParallelConfig:
 def _setup(args, seq: int) -> TrainingSetup:
     """The step flags shared by ``estimate`` and ``fit`` (``seq``: ``--seq``, or 1 when ``fit
     seq`` searches it)."""
-    schedule = args.schedule or ("interleaved" if args.vpp > 1 else "1f1b")
+    schedule = args.schedule or vpp_schedule(args.vpp)
     return TrainingSetup(
         seq_len=seq,
         micro_batch=args.micro_batch,

@@ -39,6 +39,7 @@ __all__ = [
     "ADAM8BIT_BLOCK",
     "RECOMPUTE",
     "SCHEDULES",
+    "vpp_schedule",
     "GRAD_BUCKETS",
     "GRAD_DTYPES",
     "OFFLOADS",
@@ -78,6 +79,14 @@ RECOMPUTE: tuple[str, ...] = ("none", "selective", "full")
 #: a V: two chunks per rank, each backward split into its input's and its weights' gradients;
 #: Qi et al., "Zero Bubble (Almost) Pipeline Parallelism", ICLR 2024, §6).
 SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved", "zbv")
+
+
+def vpp_schedule(vpp: int) -> str:
+    """The schedule a layout with ``vpp`` model chunks per stage runs when none is named:
+    interleaved 1F1B for ``vpp > 1`` (Megatron-LM's), else 1F1B."""
+    return "interleaved" if vpp > 1 else "1f1b"
+
+
 #: PyTorch DDP buckets: views of the gradients, or a second copy of them.
 GRAD_BUCKETS: tuple[str, ...] = ("view", "copy")
 #: The fine-tuning method: every weight trained (``"none"``), or frozen weights with PEFT's LoRA

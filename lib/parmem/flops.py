@@ -86,7 +86,7 @@ def selective_flops_per_sequence(spec: ModelSpec, seq_len: int, rule: str) -> in
     s = integer("seq_len", seq_len)
     choice("rule", rule, SELECTIVE_RULES)
     if rule == "core":
-        return 4 * s * s * spec.q_dim
+        return flops_per_sequence(spec, s)[1]
     fused = ("attn.q.weight", "attn.k.weight", "attn.v.weight")
     count = weights = 0
     for x in layer_tensors(spec):

@@ -109,6 +109,7 @@ from ..config import (
     RECOMPUTE,
     ParallelConfig,
     TrainingSetup,
+    vpp_schedule,
 )
 from ..engines import engines
 from ..estimate import Estimate, MemoryBreakdown, estimate
@@ -354,7 +355,7 @@ def _calc_inputs(v: Mapping[str, str]) -> tuple[ModelSpec, ParallelConfig, Train
         precision=_one_of(v, "precision", tuple(PRECISIONS)),
         optimizer=_one_of(v, "optimizer", tuple(OPTIMIZERS)),
         recompute=_one_of(v, "recompute", RECOMPUTE),
-        schedule="interleaved" if vpp > 1 else "1f1b",
+        schedule=vpp_schedule(vpp),
         flash_attention=_auto_flag(v, "flash"),
         engine=_one_of(v, "engine", tuple(engines())),
         adapter=_one_of(v, "adapter", ADAPTERS),

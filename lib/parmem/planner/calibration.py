@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Unpack
 
-from ..config import ParallelConfig, TrainingSetup, even_split
+from ..config import ParallelConfig, TrainingSetup, even_split, vpp_schedule
 from ..model import ModelSpec
 from ..papers import narayanan_gpt
 from ..papers import published_runs as _groups
@@ -206,7 +206,7 @@ def _unfitted(run: PublishedRun, **assumptions: Unpack[AssumptionOptions]) -> Ca
         micro_batch=b,
         num_microbatches=run.global_batch // (d * b),
         recompute=tuple(kw.get("recompute", ("full",)))[0],
-        schedule="interleaved" if v > 1 else "1f1b",
+        schedule=vpp_schedule(v),
         flash_attention=bool(kw.get("flash_attention", False)),
         dropout=bool(kw.get("dropout", True)),
     )

@@ -82,7 +82,7 @@ from ..comm import (
     placement,
     stage_shape,
 )
-from ..config import PRECISIONS, ParallelConfig, TrainingSetup
+from ..config import PRECISIONS, ParallelConfig, TrainingSetup, vpp_schedule
 from ..engines import TP_OPS
 from ..engines import engine as engine_profile
 from ..estimate import Estimate, estimate
@@ -285,7 +285,7 @@ class CostModel:
         """The :class:`~parmem.config.TrainingSetup` of micro-batch ``b``, ``m`` micro-batches,
         ``recompute`` and ``v`` virtual stages under ``schedule`` (by default interleaved 1F1B
         when ``v > 1``, else 1F1B; ``"zbv"``: ZB-V, v = 2), built once."""
-        sched = schedule or ("interleaved" if v > 1 else "1f1b")
+        sched = schedule or vpp_schedule(v)
         key = (b, m, recompute, sched)
         st = self._setups.get(key)
         if st is None:
@@ -456,7 +456,7 @@ class CostModel:
         timer."""
         # one micro-batch (p of them when interleaved: m must be a multiple of p); the linear
         # coefficients are taken per micro-batch
-        sched = schedule or ("interleaved" if par.vpp > 1 else "1f1b")
+        sched = schedule or vpp_schedule(par.vpp)
         lay = self.layout(par, recompute, lps, 1, par.pp if sched == "interleaved" else 1, sched)
         return StepTimer(self, lay, self.stage_comm_linear)
 

@@ -31,7 +31,7 @@ from itertools import product
 from typing import Any, Unpack
 
 from .._data import load_toml
-from ..config import ParallelConfig, TrainingSetup, even_split
+from ..config import ParallelConfig, TrainingSetup, even_split, vpp_schedule
 from ..hardware import Hardware, hardware_preset
 from ..model import ModelSpec
 from .inputs import AssumptionOptions, Cluster
@@ -163,9 +163,6 @@ def run_from_row(
                 raise ValueError(f"{name}: no {key} in {where} (an engine profile: fsdp2, "
                                  "megatron-core, ...)" if key == "profile" else
                                  f"{name}: no {key} in {where} (a hardware preset)")  # fmt: skip
-        rec = row.get("recompute", "none")
-        if rec not in ("none", "selective", "full"):
-            raise ValueError(f"{name}: recompute = {rec!r}: one of none, selective, full")
         if "micro_batch" not in row and group.get("grad_accum") != 1:
             raise ValueError(f"{name}: no micro_batch (or grad_accum = 1 in the group)")
     why = _why_not(group, row)
@@ -209,7 +206,7 @@ def _run(
         micro_batch=b,
         num_microbatches=max(batch // (d * b), 1),
         recompute=recompute,
-        schedule="interleaved" if v > 1 else "1f1b",
+        schedule=vpp_schedule(v),
         flash_attention=True,
         dropout=False,
         engine=group.get("profile", "paper"),

@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Unpack
 
-from ..config import ParallelConfig, TrainingSetup, even_split
+from ..config import ParallelConfig, TrainingSetup, even_split, vpp_schedule
 from ..model import ModelSpec
 from .heldout import MeasuredRun, run_from_row, step_seconds
 from .inputs import AssumptionOptions, Assumptions, Cluster
@@ -599,7 +599,7 @@ def run_from_log(
         micro_batch=b,
         num_microbatches=G // (d * b),
         recompute=str(lay.get("recompute", "none")),
-        schedule="interleaved" if v > 1 else "1f1b",
+        schedule=vpp_schedule(v),
         flash_attention=True,
         dropout=False,
         engine=engine,

@@ -34,7 +34,7 @@ from itertools import product
 from typing import NamedTuple, Unpack
 
 from .._check import MAX_BATCH, boolean, integer
-from ..config import RECOMPUTE, ParallelConfig, TrainingSetup
+from ..config import RECOMPUTE, ParallelConfig, TrainingSetup, vpp_schedule
 from ..engines import engine as engine_profile
 from ..estimate import Estimate, estimate
 from ..flops import step_flops
@@ -137,7 +137,7 @@ def _search_interleave(
     """The settings of ``fam`` with ``v`` virtual stages (under ``schedule``: by default 1F1B,
     or interleaved 1F1B for v > 1), on the grid (ZeRO, SP, recompute, micro-batch) ordered from
     frugal to generous; whether any fits."""
-    sched = schedule or ("interleaved" if v > 1 else "1f1b")
+    sched = schedule or vpp_schedule(v)
     bv = [b for b in fam.bs if sched != "interleaved" or (fam.per_replica // b) % fam.p == 0]
     if not bv:
         return False
