@@ -8,11 +8,15 @@ mfu_hopper_scale), those with mfu_half_tokens, and those with attention_efficien
 preset is calibrated on its own (mfu; then mfu and the inter-node bandwidth factor), every run
 predicted from the others of its cluster. Not part of `make bench` (minutes):
 
-    PYTHONPATH=lib python benchmarks/heldout_runs.py [--rows | --per-cluster | --joint]
+    PYTHONPATH=lib python benchmarks/heldout_runs.py [--rows | --per-cluster | --joint | --memory]
 
 With --joint: the kernel scales and mfu_half_tokens fitted together by coordinate descent, then
 with dp_overlap_on, then with attention_efficiency; on all organisations (the defaults) and
 leaving each organisation out.
+
+With --memory: the peak memory per GPU the sources printed (torchtitan's max_memory_reserved,
+FlagPerf's nvidia-smi) beside parmem's estimate and bounds for the same layout and engine
+profile (parmem.planner.heldout.measured_memory; nothing fitted).
 """
 
 from __future__ import annotations
@@ -166,8 +170,26 @@ def joint() -> None:
               f"worst {worst:.1%}")
 
 
+def memory() -> None:
+    """Each printed peak memory beside parmem's allocated peak and the bound held against it."""
+    from parmem.planner.heldout import measured_memory
+    from parmem.units import GIB
+
+    print(f"{'error':>7}  {'measured':>8}  {'what':<10}  {'parmem':>6}  {'allocated':>9}  run")
+    rows = measured_memory()
+    for m in rows:
+        tag = " (compiled)" if m.compiled else ""
+        print(f"{m.error:+7.1%}  {m.measured / GIB:8.1f}  {m.measures:<10}  "
+              f"{m.modelled / GIB:6.1f}  {m.allocated / GIB:9.1f}  {m.run.key}{tag}")
+    for what in ("reserved", "nvidia-smi"):
+        e = [abs(m.error) for m in rows if m.measures == what]
+        print(f"{what}: {len(e)} rows, mean |error| {sum(e) / len(e):.1%}, worst {max(e):.1%}")
+
+
 if __name__ == "__main__":
-    if "--per-cluster" in sys.argv:
+    if "--memory" in sys.argv:
+        memory()
+    elif "--per-cluster" in sys.argv:
         per_cluster()
     elif "--joint" in sys.argv:
         joint()

@@ -154,3 +154,49 @@ def test_all_to_all_buffers_grow_with_the_capacity_factor():
     one = estimate(MIXTRAL, par, TrainingSetup(seq_len=4096, capacity_factor=1.0)).stages[0]
     two = estimate(MIXTRAL, par, TrainingSetup(seq_len=4096, capacity_factor=2.0)).stages[0]
     assert two.comm_buffers - one.comm_buffers == 2 * 2 * 4096 * 2 * 4096 * (2.0 - 1.0)
+
+
+@pytest.mark.parametrize(("engine", "per_logit"), [("paper", 0), ("megatron-core", 2),
+                                                   ("fsdp2", 8), ("hf", 8)])  # fmt: skip
+def test_the_loss_transient_sits_on_the_last_stage_only(engine, per_logit):
+    """loss_peak (bytes per logit at the loss's peak, measured per engine: tests/test_measure.py)
+    less the 4 the logits term keeps: 8 more for an unfused F.cross_entropy on fp32-cast logits
+    (its two gradients), 2 for Megatron-Core's in-place loss (the bf16 logits beside their fp32
+    copy), none under the papers' accounting. One micro-batch's worth, whatever is in flight."""
+    from parmem.layout import layout
+
+    spec = ModelSpec.preset("llama-3-8b")
+    pp = 1 if engine == "hf" else 2
+    gpipe = engine in ("paper", "fsdp2")  # Megatron-Core has no GPipe schedule
+    setup = TrainingSetup(seq_len=2048, micro_batch=2, num_microbatches=4, engine=engine,
+                          schedule="gpipe" if gpipe else "1f1b")  # fmt: skip
+    est = estimate(spec, ParallelConfig(pp=pp), setup)
+    last = est.stages[-1]
+    logits_one = layout(spec, ParallelConfig(pp=pp), setup).logits_bytes
+    assert last.logits == logits_one * (4 if gpipe and pp > 1 else 1)  # GPipe holds all four
+    assert last.loss == logits_one // 4 * per_logit
+    assert all(s.loss == 0 for s in est.stages[:-1])
+    assert last.total == sum(getattr(last, f) for f in last.FIELDS) + last.loss + last.step_extra
+
+
+def test_recomputation_rebuilds_after_the_loss_not_beside_it():
+    """Full recomputation's working set (one layer rebuilt, what it keeps less what a plain
+    forward keeps) and the loss's transient exist at different moments of the backward: the
+    peak holds the larger, so the estimate adds the transient less the working set it already
+    counts."""
+    from dataclasses import replace
+
+    from parmem.estimate import activation_terms, loss_transient
+    from parmem.layout import layout
+
+    spec = ModelSpec.preset("llama-3-8b")
+    setup = TrainingSetup(seq_len=4096, engine="fsdp2", recompute="full")
+    lay = layout(spec, ParallelConfig(), setup)
+    full, kept = (sum(x) for x in activation_terms(lay)[:2])
+    transient = loss_transient(lay)
+    assert transient == 8 * 4096 * spec.vocab_size  # 12 - 4 bytes per logit, one sequence
+    assert 0 < full - kept < transient
+    peak = estimate(spec, ParallelConfig(), setup).peak
+    assert peak.loss == transient - (full - kept)
+    plain = estimate(spec, ParallelConfig(), replace(setup, recompute="none")).peak
+    assert plain.loss == transient  # nothing rebuilt

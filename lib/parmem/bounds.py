@@ -34,7 +34,7 @@ from typing import Any
 from ._check import integer
 from ._data import load_toml
 from .allocator import replay
-from .estimate import Estimate, activation_terms, first_layer_kept
+from .estimate import Estimate, activation_terms, first_layer_kept, loss_transient
 from .hardware import Hardware, hardware_preset
 from .layout import layout
 from .pipeline import stage_order
@@ -167,8 +167,10 @@ def step_events(est: Estimate, stage: int = 0, steps: int = 2) -> list[tuple[Any
     * every micro-batch, in the order of the stage's schedule
       (:func:`~parmem.pipeline.stage_order`): each layer's forward allocates the tensors it
       keeps (:func:`~parmem.estimate.activation_terms`), the stage's shared and own tensors and
-      the last stage's logits; its backward allocates what recomputation rebuilds, then frees
-      the layer's tensors;
+      the last stage's logits; its backward allocates, on the last stage, the loss's transient
+      (:func:`~parmem.estimate.loss_transient`: tensors the size of the fp32 logits, as the
+      unfused loss's two gradients are) and frees it, then what recomputation rebuilds, then
+      frees the layer's tensors;
     * the optimizer step's own buffers (DeepSpeed's fp32 gradient partition), made and freed.
 
     Interleaved schedules are traced in their 1F1B order with a stage's layers per micro-batch,
@@ -203,6 +205,8 @@ def step_events(est: Estimate, stage: int = 0, steps: int = 2) -> list[tuple[Any
         t.alloc(b.comm_buffers)
     # the fp32 logits of one micro-batch, as the estimate counts them
     logits_unit = lay.logits_bytes if st.last else 0
+    # what the loss makes for a moment above them (the engine's loss_peak)
+    loss_unit = loss_transient(lay) if st.last else 0
     for step in range(steps):
         live: dict[int, list[int]] = {}
         for op in order:
@@ -213,6 +217,10 @@ def step_events(est: Estimate, stage: int = 0, steps: int = 2) -> list[tuple[Any
                     keys.append(t.alloc(logits_unit))
                 live[op.microbatch] = keys
                 continue
+            if loss_unit:  # the loss's backward (tensors of the logits' size), then the last
+                # layer's recomputation
+                pieces = [logits_unit] * (loss_unit // logits_unit)
+                t.free([t.alloc(n) for n in [*pieces, loss_unit % logits_unit] if n])
             rebuilt = [t.alloc(n) for n in recompute if n]
             t.free(rebuilt)
             t.free(live.pop(op.microbatch))

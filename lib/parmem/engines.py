@@ -332,6 +332,10 @@ class EngineProfile:
     features: tuple[str, ...] = ()
     #: the optimizer presets the engine can run (``optimizers`` of ``[engines.*]``); empty: all
     optimizers: tuple[str, ...] = ()
+    #: bytes per logit on one rank at the loss's peak, forward and backward (``loss_peak`` of
+    #: ``[engines.*]``): 4 is the fp32 logits the loss keeps (the ``logits`` term), more is the
+    #: loss's transient (an unfused ``F.cross_entropy`` on fp32-cast logits: 12)
+    loss_peak: int = 4
 
     def check_optimizer(self, optimizer: str) -> None:
         """Raise ``ValueError``, naming the profile, unless it can run ``optimizer``."""
@@ -536,6 +540,7 @@ def _profile(name: str, t: dict[str, Any], tables: dict[str, Any]) -> EngineProf
         ),
         offload=tuple(choice(f"{where} offload", o, OFFLOADS) for o in t["offload"]),
         vocab_multiple=integer(f"{where} vocab_multiple", t["vocab_multiple"]),
+        loss_peak=integer(f"{where} loss_peak", t.get("loss_peak", 4), 4, 64),
         activations=act_name,
         optimizer_dtype=choice(f"{where} optimizer_dtype", t["optimizer_dtype"], STATE_DTYPES),
         grad_buckets=choice(f"{where} grad_buckets", t["grad_buckets"], ("view", "copy")),

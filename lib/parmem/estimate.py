@@ -65,6 +65,7 @@ __all__ = [
     "Estimate",
     "estimate",
     "activation_terms",
+    "loss_transient",
     "model_states_and_buffers",
 ]
 
@@ -73,10 +74,12 @@ __all__ = [
 @dataclass(frozen=True)
 class MemoryBreakdown:
     """Bytes on one GPU of one pipeline stage. ``total`` is the larger of the step's two peaks:
-    the sum of the byte fields of :attr:`FIELDS` (forward and backward, activations held), and
-    the optimizer step, when the activations and logits are freed and ``optimizer_step`` bytes
-    exist (DeepSpeed's fp32 gradient partition at ZeRO-1/2). ``host``: the model states this
-    GPU's process keeps on the host (offload), and its activations under
+    the sum of the byte fields of :attr:`FIELDS` plus ``loss`` (forward and backward,
+    activations held, the loss running), and the optimizer step, when the activations and logits
+    are freed and ``optimizer_step`` bytes exist (DeepSpeed's fp32 gradient partition at
+    ZeRO-1/2). ``loss``: on the last stage, what the loss makes for a moment above the ``logits``
+    it keeps (the engine's ``loss_peak``; 0 under the papers' accounting). ``host``: the model
+    states this GPU's process keeps on the host (offload), and its activations under
     ``offload_activations``."""
 
     stage: int
@@ -92,6 +95,7 @@ class MemoryBreakdown:
     notes: tuple[str, ...] = field(default=(), compare=False)
     host: int = 0
     optimizer_step: int = 0
+    loss: int = 0
 
     FIELDS = (
         "params",
@@ -109,18 +113,19 @@ class MemoryBreakdown:
         own gradient copies included)."""
         return self.params + self.grads + self.optimizer + self.optimizer_step
 
-    #: What a chart of the breakdown stacks: the fields, then the optimizer step's excess.
-    DRAWN = (*FIELDS, "step_extra")
+    #: What a chart of the breakdown stacks: the fields, the loss's transient, then the
+    #: optimizer step's excess.
+    DRAWN = (*FIELDS, "loss", "step_extra")
 
     @property
     def step_extra(self) -> int:
         """How far the optimizer step's peak (activations and logits freed, ``optimizer_step``
         bytes made) rises above the forward/backward peak; 0 when it does not."""
-        return max(0, self.optimizer_step - self.activations - self.logits)
+        return max(0, self.optimizer_step - self.activations - self.logits - self.loss)
 
     @property
     def total(self) -> int:
-        fwd_bwd: int = sum(getattr(self, f) for f in self.FIELDS)
+        fwd_bwd: int = sum(getattr(self, f) for f in self.FIELDS) + self.loss
         return fwd_bwd + self.step_extra
 
     def to_dict(self) -> dict[str, Any]:
@@ -130,8 +135,8 @@ class MemoryBreakdown:
         return d
 
     def gib(self) -> dict[str, float]:
-        """The byte fields and the total in GiB (2**30 bytes)."""
-        return {f: getattr(self, f) / GIB for f in (*self.FIELDS, "total")}
+        """The byte fields, the loss's transient and the total in GiB (2**30 bytes)."""
+        return {f: getattr(self, f) / GIB for f in (*self.FIELDS, "loss", "total")}
 
 
 _COLS = (
@@ -142,6 +147,7 @@ _COLS = (
     ("optimizer", "optim"),
     ("activations", "activ"),
     ("logits", "logits"),
+    ("loss", "loss"),
     ("comm_buffers", "comm"),
     ("cuda_context", "ctx"),
     ("total", "total"),
@@ -241,6 +247,14 @@ class Estimate:
 
 
 # ---------------------------------------------------------------------------- estimator
+def loss_transient(lay: Layout) -> int:
+    """Bytes the engine's loss makes for a moment on a last-stage GPU, one micro-batch, above the
+    fp32 logits it keeps (the ``logits`` term): ``(loss_peak − 4)`` bytes per logit on the rank
+    (:attr:`parmem.engines.EngineProfile.loss_peak`, measured with each engine's own loss by
+    :func:`parmem.measure.loss_peak_bytes`)."""
+    return lay.logits_bytes // 4 * (lay.engine.loss_peak - 4)
+
+
 def estimate(
     spec: ModelSpec,
     parallel: ParallelConfig | None = None,
@@ -269,6 +283,14 @@ def estimate(
     * ``logits``: the fp32 logits the cross-entropy keeps, 4·s·b·V/t bytes per micro-batch in
       flight on the last stage (vocab-parallel cross-entropy, Megatron-LM; V padded as the
       profile pads it);
+    * ``loss``: on the last stage, what the engine's loss makes for a moment above those logits
+      while it runs forward and backward, one micro-batch: ``(loss_peak − 4)·s·b·V/t`` bytes
+      (``loss_peak`` of ``[engines.*]``, measured with each engine's own loss:
+      :func:`parmem.measure.loss_peak_bytes`; 12 for an unfused ``F.cross_entropy`` on
+      fp32-cast logits, 6 for Megatron-Core's in-place vocab-parallel loss, 4 (none) under the
+      papers' accounting). The activations are all held at that moment (the backward starts
+      there), so it adds to the stage's peak, less the working set of the layer that
+      recomputation rebuilds next (the two do not exist at once);
     * ``comm_buffers``: TP collective output (one 16-bit s·b·h tensor), PP send and receive
       buffers, DDP gradient buckets with ``grad_buckets="copy"``, the ZeRO-3 gather of the current
       and the prefetched layer (or the profile's ZeRO-3 buffers), the profile's gradient-reduction
@@ -319,6 +341,9 @@ def estimate(
         act += stage_b * bool(st.layers) * mb_units + first_b * st.first * first_u
         act += last_b * st.last * last_u
         logits = lay.logits_bytes * last_u if st.last else 0
+        # the loss's transient (one micro-batch) runs before the last layer's backward rebuilds
+        # its tensors (full - kept, already in act): the peak holds the larger of the two
+        loss = max(0, loss_transient(lay) - (full - kept)) if st.last and layer_units else 0
         comm, comm_notes = _comm_buffers(lay, st, g_bytes)
         notes += comm_notes
         if step:
@@ -338,6 +363,7 @@ def estimate(
                 notes=tuple(notes),
                 host=host,
                 optimizer_step=step,
+                loss=loss,
             )
         )
     return Estimate(spec=spec, parallel=par, setup=setup, stages=tuple(stages), gpus_per_node=gpn)

@@ -49,6 +49,9 @@ __all__ = [
     "summary",
     "leave_one_out",
     "ORGS",
+    "ELEMENTWISE_RECOMPUTE",
+    "MeasuredMemory",
+    "measured_memory",
 ]
 
 #: the organisation behind each group: the unit a held-out split or a leave-one-source-out
@@ -64,6 +67,13 @@ ORGS = {
     "megatron_bridge": "NVIDIA",
     "nemo": "NVIDIA",
 }
+
+
+#: Megatron-Core's ``recompute_modules`` that run no matmul again: the norms and the experts'
+#: activation function (``transformer_config.py``). A measured run that recomputes only these
+#: is timed exactly as ``recompute = "none"`` (the time model counts matmul and attention FLOPs),
+#: and its memory is at most the estimate's for ``"none"`` (what they keep is freed)
+ELEMENTWISE_RECOMPUTE = ("layernorm", "moe_act")
 
 
 @dataclass(frozen=True)
@@ -124,6 +134,10 @@ def _why_not(group: dict[str, Any], row: dict[str, Any]) -> str | None:
         return "a sharding group smaller than the data-parallel group (HSDP)"
     if "seq_len" not in row:
         return "no sequence length"
+    other = set(row.get("recompute_modules", ())) - set(ELEMENTWISE_RECOMPUTE)
+    if other:
+        return (f"recompute_modules {sorted(other)} (Megatron-Core recomputes matmuls there: not "
+                "a recompute mode parmem models)")  # fmt: skip
     if row.get("recompute") == "blocks":
         return ("every n-th block checkpointed in full (fms-fsdp's and torchtitan's block-wise "
                 "selective checkpointing: not a recompute mode parmem models)")  # fmt: skip
@@ -360,3 +374,68 @@ def leave_one_out(
         value = best if isinstance(name, str) else dict(zip(names, best, strict=True))
         folds.append(Fold(org, value, mean(best, org, False)[0], *mean(best, org, True)))
     return folds
+
+
+# ---------------------------------------------------------------------------- memory
+@dataclass(frozen=True)
+class MeasuredMemory:
+    """A measured run's printed peak memory on one GPU beside parmem's for the same layout and
+    engine profile. ``measures`` is what the source printed (``memory_measures`` of its group):
+    ``"reserved"``, PyTorch's ``max_memory_reserved`` (held against
+    :attr:`parmem.bounds.StageBounds.reserved`), or ``"nvidia-smi"``, the device's used memory
+    (held against :attr:`~parmem.bounds.StageBounds.high`: reserved plus the CUDA context,
+    NCCL's buffers and cuBLAS's workspace). ``allocated``: :func:`parmem.estimate`'s peak;
+    ``modelled``: the bound held against the measurement, both of the stage with the largest
+    high bound. ``compiled``: the run compiled its model (``torch.compile`` among its printed
+    techniques), which the engine profiles (eager) do not describe."""
+
+    run: MeasuredRun
+    measured: int
+    measures: str
+    allocated: int
+    modelled: int
+    compiled: bool
+
+    @property
+    def error(self) -> float:
+        """Modelled over measured bytes, minus 1 (negative: parmem counts less than ran)."""
+        return self.modelled / self.measured - 1
+
+
+def _printed_gib(row: dict[str, Any]) -> float | None:
+    """The row's printed peak memory in GiB: ``memory_gib``, or the used part of
+    ``memory_as_printed`` ("76/80": used / capacity)."""
+    if "memory_gib" in row:
+        return float(row["memory_gib"])
+    if "memory_as_printed" in row:
+        return float(str(row["memory_as_printed"]).split("/")[0])
+    return None
+
+
+def measured_memory() -> list[MeasuredMemory]:
+    """Every scorable row of ``data/measured_runs.toml`` whose source printed its peak memory
+    per GPU (the group's ``memory_measures`` says what was measured), with parmem's estimate
+    (:func:`parmem.estimate`, the row's engine profile) and bounds (:func:`parmem.bounds.bounds`)
+    for the same model, layout and setup. The memory model is fitted to none of them."""
+    from ..bounds import bounds
+    from ..estimate import estimate
+    from ..units import GIB
+
+    out = []
+    for name, g, row in _rows():
+        gib = _printed_gib(row)
+        if gib is None or _why_not(g, row) is not None:
+            continue
+        measures = str(g["memory_measures"])
+        if measures not in ("reserved", "nvidia-smi"):
+            raise ValueError(f"{name}: memory_measures = {measures!r}: reserved or nvidia-smi")
+        r = _run(name, g, row)
+        est = estimate(r.spec, r.parallel, r.setup,
+                       layers_per_stage=even_split(r.spec.layers, r.parallel.pp),
+                       gpus_per_node=r.cluster.gpus_per_node)  # fmt: skip
+        peak = bounds(est, r.cluster.hardware).peak
+        modelled = peak.reserved if measures == "reserved" else peak.high
+        out.append(MeasuredMemory(r, round(gib * GIB), measures, peak.allocated, modelled,
+                                  "torch.compile" in str(row.get("techniques", ""))))  # fmt: skip
+    return out
+

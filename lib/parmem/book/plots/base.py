@@ -30,6 +30,7 @@ COLORS = {
     "logits": "#CCB974",
     "comm_buffers": "#64B5CD",
     "cuda_context": "#8C8C8C",
+    "loss": "#E5AE38",
     "step_extra": "#DD8452",
 }
 #: The legend text of each memory term.
@@ -41,6 +42,7 @@ LABELS = {
     "logits": "logits",
     "comm_buffers": "comm buffers",
     "cuda_context": "CUDA context",
+    "loss": "loss (transient)",
     "step_extra": "optimizer step (beyond)",
 }
 #: Bytes per display unit.
