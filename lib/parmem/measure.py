@@ -215,7 +215,7 @@ def _loss_fn(engine: str):
         # counts T logits, one row more than the loss keeps: a 1/T difference)
         return lambda logits, target: ForCausalLMLoss(logits, target, vocab_size=logits.shape[-1])
     if engine == "fsdp2":
-        from torchtitan.components.loss import cross_entropy_loss
+        from torchtitan.components.loss import cross_entropy_loss  # type: ignore[import-untyped]
 
         return cross_entropy_loss
     # megatron-core: [s, b, V] logits, [s, b] labels (language_module.py transposes them so);

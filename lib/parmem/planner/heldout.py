@@ -386,14 +386,17 @@ class MeasuredMemory:
     (held against :attr:`~parmem.bounds.StageBounds.high`: reserved plus the CUDA context,
     NCCL's buffers and cuBLAS's workspace). ``allocated``: :func:`parmem.estimate`'s peak;
     ``modelled``: the bound held against the measurement, both of the stage with the largest
-    high bound. ``compiled``: the run compiled its model (``torch.compile`` among its printed
-    techniques), which the engine profiles (eager) do not describe."""
+    high bound; ``loss``: the loss's transient the estimate counts on that stage
+    (:attr:`parmem.estimate.MemoryBreakdown.loss`). ``compiled``: the run compiled its model
+    (``torch.compile`` among its printed techniques), which the engine profiles (eager) do not
+    describe."""
 
     run: MeasuredRun
     measured: int
     measures: str
     allocated: int
     modelled: int
+    loss: int
     compiled: bool
 
     @property
@@ -436,6 +439,6 @@ def measured_memory() -> list[MeasuredMemory]:
         peak = bounds(est, r.cluster.hardware).peak
         modelled = peak.reserved if measures == "reserved" else peak.high
         out.append(MeasuredMemory(r, round(gib * GIB), measures, peak.allocated, modelled,
+                                  est.stages[peak.stage].loss,
                                   "torch.compile" in str(row.get("techniques", ""))))  # fmt: skip
     return out
-
