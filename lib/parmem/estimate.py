@@ -251,7 +251,7 @@ def loss_transient(lay: Layout) -> int:
     """Bytes the engine's loss makes for a moment on a last-stage GPU, one micro-batch, above the
     fp32 logits it keeps (the ``logits`` term): ``(loss_peak − 4)`` bytes per logit on the rank
     (:attr:`parmem.engines.EngineProfile.loss_peak`, measured with each engine's own loss by
-    :func:`parmem.measure.loss_peak_bytes`)."""
+    :func:`parmem.engine_losses.engine_loss_peak_bytes`)."""
     return lay.logits_bytes // 4 * (lay.engine.loss_peak - 4)
 
 
@@ -286,7 +286,7 @@ def estimate(
     * ``loss``: on the last stage, what the engine's loss makes for a moment above those logits
       while it runs forward and backward, one micro-batch: ``(loss_peak − 4)·s·b·V/t`` bytes
       (``loss_peak`` of ``[engines.*]``, measured with each engine's own loss:
-      :func:`parmem.measure.loss_peak_bytes`; 12 for an unfused ``F.cross_entropy`` on
+      :func:`parmem.engine_losses.engine_loss_peak_bytes`; 12 for an unfused ``F.cross_entropy`` on
       fp32-cast logits, 6 for Megatron-Core's in-place vocab-parallel loss, 4 (none) under the
       papers' accounting). The activations are all held at that moment (the backward starts
       there), so it adds to the stage's peak, less the working set of the layer that

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Any
 
 __all__ = [
     "SavedTensorsMeter",
@@ -30,7 +31,6 @@ __all__ = [
     "tensor_storage_bytes",
     "cuda_peak_bytes",
     "loss_peak_bytes",
-    "LOSS_ENGINES",
 ]
 
 
@@ -192,60 +192,13 @@ def cuda_peak_bytes(device=None, reset: bool = False) -> int:
     return peak
 
 
-#: the engine profiles whose own loss :func:`loss_peak_bytes` runs, and what it runs
-LOSS_ENGINES = {
-    "torch": "torch.nn.functional.cross_entropy on the fp32-cast logits",
-    "hf": "Transformers' ForCausalLMLoss (transformers/loss/loss_utils.py)",
-    "deepspeed": "Transformers' ForCausalLMLoss (DeepSpeed trains the Transformers model)",
-    "fsdp2": "torchtitan's cross_entropy_loss (torchtitan/components/loss.py)",
-    "megatron-core": "Megatron-Core's vocab_parallel_cross_entropy (tensor_parallel/cross_entropy.py)",
-}
-
-
-def _loss_fn(engine: str):
-    """The loss of ``engine`` as ``f(bf16 logits [1, T, V], int64 targets [1, T]) -> scalar``."""
-    import torch.nn.functional as F  # noqa: N812
-
-    if engine == "torch":
-        return lambda logits, target: F.cross_entropy(logits[0].float(), target[0])
-    if engine in ("hf", "deepspeed"):
-        from transformers.loss.loss_utils import ForCausalLMLoss
-
-        # ForCausalLMLoss shifts the labels itself: T - 1 positions are scored (the caller
-        # counts T logits, one row more than the loss keeps: a 1/T difference)
-        return lambda logits, target: ForCausalLMLoss(logits, target, vocab_size=logits.shape[-1])
-    if engine == "fsdp2":
-        from torchtitan.components.loss import cross_entropy_loss  # type: ignore[import-untyped]
-
-        return cross_entropy_loss
-    # megatron-core: [s, b, V] logits, [s, b] labels (language_module.py transposes them so);
-    # a tensor-parallel group must exist (parallel_state.initialize_model_parallel)
-    import torch.distributed as dist
-
-    if not dist.is_initialized():
-        raise ValueError(
-            "engine='megatron-core' needs a process group (its loss all-reduces over the "
-            "tensor-parallel group): run it on a rank, parmem.distributed.Pool(world_size=1)"
-            ".run('parmem.measure:loss_peak_bytes', ...)"
-        )
-    from megatron.core import parallel_state as ps
-    from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
-
-    if not ps.model_parallel_is_initialized():
-        ps.initialize_model_parallel(tensor_model_parallel_size=1)
-    return lambda logits, target: vocab_parallel_cross_entropy(
-        logits.transpose(0, 1), target.transpose(0, 1)
-    ).sum()
-
-
-def loss_peak_bytes(tokens: int, vocab: int, hidden: int = 64, engine: str = "torch") -> int:
+def loss_peak_bytes(tokens: int, vocab: int, hidden: int = 64, loss: Any = None) -> int:
     """The peak bytes of the LM head's loss, forward and backward, above the head's weight and
     its input: ``tokens`` rows of bf16 logits from a bias-free ``hidden`` → ``vocab`` linear
-    layer, passed to the loss of ``engine`` (:data:`LOSS_ENGINES`), then ``backward()``.
-    ``"torch"``: ``torch.nn.functional.cross_entropy`` on the logits cast to fp32, as a model
-    without a fused loss does (Transformers' ``ForCausalLMLoss`` and torchtitan's
-    ``cross_entropy_loss`` upcast the same way); ``"megatron-core"`` runs on a rank of a process
-    group (its loss all-reduces over the tensor-parallel group, here of one rank).
+    layer, passed to ``loss`` (``loss(logits [1, tokens, vocab], targets [1, tokens])`` returning
+    a scalar), then ``backward()``. By default ``loss`` is
+    ``torch.nn.functional.cross_entropy`` on the logits cast to fp32, as a model without a fused
+    loss does; :func:`parmem.engine_losses.engine_loss_peak_bytes` passes each engine's own.
 
     Measured on the CPU as the peak of live tensor storages that the operators create
     (:class:`parmem.traces.record_allocations`, a dispatch mode; PyTorch's own ``MemTracker``
@@ -254,18 +207,22 @@ def loss_peak_bytes(tokens: int, vocab: int, hidden: int = 64, engine: str = "to
     (bytes per logit) with it. The caller's reference to the bf16 logits is dropped after the
     loss, as a training loop's is.
     """
-    from ._check import choice, integer
+    from ._check import integer
 
     tokens = integer("tokens", tokens, 1, 1 << 16)
     vocab = integer("vocab", vocab, 2, 1 << 20)
     hidden = integer("hidden", hidden, 1, 1 << 12)
-    engine = choice("engine", engine, tuple(LOSS_ENGINES))
+    if loss is not None and not callable(loss):
+        raise ValueError(f"loss must be a function of (logits, targets), got {type(loss).__name__}")
     import torch
     import torch.nn.functional as F  # noqa: N812
 
     from .traces import record_allocations
 
-    loss_fn = _loss_fn(engine)
+    def plain(logits: Any, target: Any) -> Any:
+        return F.cross_entropy(logits[0].float(), target[0])
+
+    loss_fn = plain if loss is None else loss
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(tokens, hidden, generator=gen).to(torch.bfloat16).requires_grad_()
     weight = torch.randn(vocab, hidden, generator=gen).to(torch.bfloat16).requires_grad_()

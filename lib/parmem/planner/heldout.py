@@ -382,8 +382,8 @@ class MeasuredMemory:
     """A measured run's printed peak memory on one GPU beside parmem's for the same layout and
     engine profile. ``measures`` is what the source printed (``memory_measures`` of its group):
     ``"reserved"``, PyTorch's ``max_memory_reserved`` (held against
-    :attr:`parmem.bounds.StageBounds.reserved`), or ``"nvidia-smi"``, the device's used memory
-    (held against :attr:`~parmem.bounds.StageBounds.high`: reserved plus the CUDA context,
+    ``reserved`` of :class:`parmem.bounds.StageBounds`), or ``"nvidia-smi"``, the device's used memory
+    (held against ``high``: reserved plus the CUDA context,
     NCCL's buffers and cuBLAS's workspace). ``allocated``: :func:`parmem.estimate`'s peak;
     ``modelled``: the bound held against the measurement, both of the stage with the largest
     high bound; ``loss``: the loss's transient the estimate counts on that stage
