@@ -24,7 +24,8 @@ same layer may not import each other either, so that a formula cannot drift into
     bounds, serving_log, engine_records,  allocated, reserved and the high bound; serving logs;
     measure                               recorded engine runs and their named differences; the
                                           torch side's meters (measure uses traces' recorder)
-    fit, measure_model                    the inverse queries (what fits); a reader's model measured
+    fit, measure_model, engine_losses     the inverse queries (what fits); a reader's model measured;
+                                          each engine's own loss, measured
     planner                               search and cost model
     book, distributed                     glue, tables, plots, widgets; the demos
     cli                                   the command line
@@ -54,7 +55,7 @@ LAYERS: list[set[str]] = [
     {"allocator", "traces", "analyses", "engine_analyses", "reference",
      "finetune_analyses", "serving", "serving_latency"},
     {"bounds", "serving_log", "engine_records", "measure"},
-    {"fit", "measure_model"},
+    {"fit", "measure_model", "engine_losses"},
     {"planner"},
     {"book", "distributed", "plots", "widgets", "tables"},
     {"cli"},
