@@ -309,6 +309,21 @@ def test_renumber_puts_the_new_numbers_into_the_translation():
     assert i18n.renumber("470 亿", ("47",), ("48",)) is None
 
 
+def test_equal_measured_numbers_that_part_are_told_apart_by_their_units():
+    """Chapter 13 once measured 34 % of idle time and 34 ms of hand-offs in one run, and 35 %
+    and 40 ms in the next: the one old number became two. The unit after each tells them apart
+    in both editions; without a unit that does, the message stays untranslated (a build
+    error under -W), never guessed."""
+    en_old = "measured 34% and 12%; at most 34 ms per step"
+    en_new = "measured 35% and 13%; at most 40 ms per step"
+    zh = "实测为 34% 和 12%；每步至多 34 ms"
+    cat = i18n.Translations([(en_old, zh)])
+    assert i18n.number_units(en_new) == ("%", "%", "ms")
+    assert cat.lookup(en_new) == "实测为 35% 和 13%；每步至多 40 ms"
+    assert i18n.renumber("a 2 GiB b 2 GiB", ("2", "2"), ("3", "4"), ("GiB", "GiB")) is None
+    assert i18n.renumber("a 2 b 2 ms", ("2", "2"), ("3", "4"), ("", "ms")) == "a 3 b 4 ms"
+
+
 def test_a_measured_number_that_changes_sign_keeps_its_translation():
     """Chapter 13 prints a measured difference with its sign ("from +1.7 to +6.9 points"); on a
     loaded machine the smaller one came out negative and the Chinese build lost the message

@@ -56,6 +56,7 @@ __all__ = [
     "SEARCH_EXTRA",
     "number_template",
     "renumber",
+    "number_units",
     "renumber_in_order",
     "Translations",
     "OUTPUT_LABELS",
@@ -509,24 +510,56 @@ def number_template(message: str) -> tuple[str, tuple[str, ...]]:
     return "\ufffc".join(parts), tuple(numbers)
 
 
-def renumber(msgstr: str, old: tuple[str, ...], new: tuple[str, ...]) -> str | None:
+# a unit both editions write after a number as it is: what tells apart two equal numbers that
+# measure different things ("34% ... 34 ms")
+_UNIT = re.compile(r"\s?(%|[KMGT]i?B\b|ms\b|µs\b|s\b|×)")
+
+
+def number_units(message: str) -> tuple[str, ...]:
+    """The unit written right after each number of :func:`number_template` (``%``, ``ms``,
+    ``GiB``, ...; ``""`` for none)."""
+    masked = _masked(message)
+    out = []
+    for m in _NUMBER_ANY.finditer(masked):
+        u = _UNIT.match(masked, m.end())
+        out.append(u.group(1) if u else "")
+    return tuple(out)
+
+
+def renumber(
+    msgstr: str, old: tuple[str, ...], new: tuple[str, ...], units: tuple[str, ...] | None = None
+) -> str | None:
     """The translation ``msgstr`` of a message whose numbers were ``old``, for the same message
     with the numbers ``new``: each number of ``msgstr`` that was one of ``old`` becomes its new
-    value. None when that is not well defined: an old number that became two different ones,
-    or a changed number the translation does not show as written (in 亿, say)."""
-    if len(old) != len(new):
+    value. An old number that became two different ones is told apart by the unit written after
+    each (``units``, :func:`number_units` of the English: "34%" and "34 ms"), found after it in
+    the translation too. None when that is not well defined: such a number without units that
+    tell its values apart, or a changed number the translation does not show as written (in 亿,
+    say)."""
+    if len(old) != len(new) or (units is not None and len(units) != len(old)):
         return None
-    mapping: dict[str, str] = {}
+    values: dict[str, set[str]] = {}
     for o, n in zip(old, new, strict=True):
-        if mapping.setdefault(o, n) != n:
+        values.setdefault(o, set()).add(n)
+    split = {o for o, v in values.items() if len(v) > 1}
+    if split and units is None:
+        return None
+    mapping: dict[Any, str] = {}
+    for i, (o, n) in enumerate(zip(old, new, strict=True)):
+        key = (o, units[i]) if o in split and units is not None else o
+        if mapping.setdefault(key, n) != n:
             return None
-    changed = {o for o, n in mapping.items() if o != n}
+    changed = {k for k, n in mapping.items() if (k[0] if isinstance(k, tuple) else k) != n}
     masked, out, last, seen = _masked(msgstr), [], 0, set()
     for m in _NUMBER_ANY.finditer(masked):
-        if m.group(0) in changed:
-            out += [msgstr[last : m.start()], mapping[m.group(0)]]
+        key: Any = m.group(0)
+        if key in split:
+            u = _UNIT.match(masked, m.end())
+            key = (key, u.group(1) if u else "")
+        if key in changed:
+            out += [msgstr[last : m.start()], mapping[key]]
             last = m.end()
-            seen.add(m.group(0))
+            seen.add(key)
     if seen != changed:
         return None
     return "".join([*out, msgstr[last:]])
@@ -579,7 +612,8 @@ class Translations:
             return self.exact[message]
         template, numbers = number_template(message)
         for old, msgstr in self.templates.get(template, []):
-            found = renumber(msgstr, old, numbers)
+            # the same template: the same words, so the same unit after each number
+            found = renumber(msgstr, old, numbers, number_units(message))
             if found is not None:
                 return found
         return None
