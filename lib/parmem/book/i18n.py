@@ -546,8 +546,8 @@ def renumber(
         return None
     mapping: dict[Any, str] = {}
     for i, (o, n) in enumerate(zip(old, new, strict=True)):
-        key = (o, units[i]) if o in split and units is not None else o
-        if mapping.setdefault(key, n) != n:
+        slot: Any = (o, units[i]) if o in split and units is not None else o
+        if mapping.setdefault(slot, n) != n:
             return None
     changed = {k for k, n in mapping.items() if (k[0] if isinstance(k, tuple) else k) != n}
     masked, out, last, seen = _masked(msgstr), [], 0, set()
