@@ -34,6 +34,21 @@ def test_estimate_json_matches_the_library(capsys):
     assert [s["total"] for s in got["stages"]] == [s.total for s in ref.stages]
 
 
+def test_zbv_takes_its_two_chunks_unless_told_otherwise(capsys):
+    """ZB-V runs two chunks per rank in a V: --schedule zbv alone is --vpp 2; another --vpp is
+    the one-line error that says what ZB-V needs."""
+    args = ["estimate", "--model", "llama-3-8b", "--pp", "4", "--seq", "2048", "--microbatches",
+            "8", "--schedule", "zbv", "--engine", "fsdp2", "--json"]  # fmt: skip
+    assert main(args) == 0
+    got = json.loads(capsys.readouterr().out)
+    ref = estimate(ModelSpec.preset("llama-3-8b"), ParallelConfig(pp=4, vpp=2),
+                   TrainingSetup(seq_len=2048, num_microbatches=8, schedule="zbv",
+                                 engine="fsdp2"))  # fmt: skip
+    assert got["peak_bytes"] == ref.peak_bytes
+    assert main([*args, "--vpp", "3"]) == 2
+    assert "vpp=2" in capsys.readouterr().err
+
+
 def test_kv(capsys):
     assert main(["kv", "--model", "llama-3-70b", "--seq", "8192", "--batch", "16", "--tp", "8",
                  "--json"]) == 0

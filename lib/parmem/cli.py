@@ -809,7 +809,12 @@ def _step_flags(p: argparse.ArgumentParser, seq_required: bool) -> None:
     p.add_argument("--model", required=True, help="preset name or path to a config.json")
     for flag, default in (("dp", 1), ("tp", 1), ("pp", 1), ("ep", 1), ("cp", 1)):
         p.add_argument(f"--{flag}", type=_int(), default=default)
-    p.add_argument("--vpp", type=_int(1, MAX_LAYERS), default=1)
+    p.add_argument(
+        "--vpp",
+        type=_int(1, MAX_LAYERS),
+        default=None,
+        help="model chunks per rank v (default 1; 2 with --schedule zbv, its V of two chunks)",
+    )
     p.add_argument("--sp", action="store_true", help="sequence parallelism (needs --tp >= 2)")
     p.add_argument("--zero", type=_int(0, 3), default=0, choices=(0, 1, 2, 3))
     p.add_argument(
@@ -1079,12 +1084,18 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+#: the commands with the step flags (:func:`_step_flags`), whose ``--vpp`` defaults by schedule
+_STEP_COMMANDS = (_cmd_estimate, _cmd_fit, _cmd_measure)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the ``parmem`` command with ``argv`` (default ``sys.argv[1:]``); the exit status.
     Every error is one line on stderr and status 2 (see ``parmem._check.run_guarded``)."""
 
     def body() -> int:
         args = build_parser().parse_args(argv)
+        if getattr(args, "func", None) in _STEP_COMMANDS and args.vpp is None:
+            args.vpp = 2 if args.schedule == "zbv" else 1  # ZB-V's V is two chunks per rank
         return int(args.func(args))
 
     return run_guarded("parmem", body)
