@@ -155,3 +155,42 @@ def test_megatron_qk_layernorm_is_a_per_head_norm_of_the_layers_norm_class():
     for norm in ("q_layernorm", "k_layernorm"):
         block = source[source.index(f"self.{norm} = build_module("):][:300]
         assert "hidden_size=self.hidden_size_per_attention_head" in block, norm
+
+
+def test_megatron_recomputes_layernorm_and_moe_act_without_a_matmul():
+    """parmem.planner.heldout.ELEMENTWISE_RECOMPUTE: Megatron-Core 0.16.1's recompute_modules
+    "layernorm" and "moe_act" are valid choices of its TransformerConfig, and every checkpoint
+    they make (transformer_layer.py, moe/experts.py) wraps a norm or the experts' activation
+    function, never a matmul: a run that recomputes only them does the same FLOPs."""
+    import ast
+
+    from megatron.core.transformer import moe, transformer_layer
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from parmem.planner.heldout import ELEMENTWISE_RECOMPUTE
+
+    base = dict(num_layers=2, hidden_size=64, num_attention_heads=4,
+                recompute_granularity="selective")  # fmt: skip
+    assert TransformerConfig(**base, recompute_modules=["layernorm"]).recompute_modules == [
+        "layernorm"]  # fmt: skip
+    with pytest.raises(ValueError, match="moe_grouped_gemm"):  # a valid name, grouped GEMM only
+        TransformerConfig(**base, recompute_modules=["moe_act"])
+    with pytest.raises(AssertionError, match="Invalid choices"):
+        TransformerConfig(**base, recompute_modules=["not_a_module"])
+
+    wrapped: dict[str, set[str]] = {}
+    experts = Path(moe.__file__).with_name("experts.py")
+    for path in (Path(transformer_layer.__file__), experts):
+        for node in ast.walk(ast.parse(path.read_text())):
+            f = node.func if isinstance(node, ast.Call) else None
+            if isinstance(f, ast.Attribute) and f.attr == "checkpoint" and isinstance(
+                    f.value, ast.Attribute) and f.value.attr.endswith("_checkpoint"):  # fmt: skip
+                first = node.args[0]
+                name = first.attr if isinstance(first, ast.Attribute) else first.id
+                wrapped.setdefault(f.value.attr, set()).add(name)
+    assert wrapped == {
+        "input_layernorm_checkpoint": {"input_layernorm"},  # "layernorm"
+        "pre_mlp_norm_checkpoint": {"pre_mlp_layernorm"},  # "layernorm"
+        "activation_checkpoint": {"activation_func_with_probs", "bias_act_func"},  # "moe_act"
+    }
+    assert set(ELEMENTWISE_RECOMPUTE) == {"layernorm", "moe_act"}
