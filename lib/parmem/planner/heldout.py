@@ -404,6 +404,12 @@ class MeasuredMemory:
         """Modelled over measured bytes, minus 1 (negative: parmem counts less than ran)."""
         return self.modelled / self.measured - 1
 
+    @property
+    def without_loss(self) -> int:
+        """The estimate's peak without the loss's transient: what parmem allocated for the run
+        before the engine profiles counted it (the papers' accounting of the loss)."""
+        return self.allocated - self.loss
+
 
 def _printed_gib(row: dict[str, Any]) -> float | None:
     """The row's printed peak memory in GiB: ``memory_gib``, or the used part of
