@@ -688,3 +688,15 @@ def test_deepspeed_zero3_step_gradients_are_one_sub_group_of_deepspeeds_default(
     (cat,) = [c for c in prof.states if c.name == "grad_partition" and 3 in c.stages]
     assert cat.phase == "step" and cat.max_elements == int(cfg.sub_group_size)
     assert prof.buffers.reduce_bucket == int(cfg.reduce_bucket_size)
+
+
+def test_a_profile_without_its_loss_peak_is_refused_by_name():
+    """A profile that does not say what its loss holds is not read as the papers' (no
+    transient): data/engines.toml must give loss_peak for each profile."""
+    from parmem._data import load_toml
+    from parmem.engines import _profile
+
+    doc = load_toml("engines.toml")
+    table = {k: v for k, v in doc["engines"]["fsdp2"].items() if k != "loss_peak"}
+    with pytest.raises(ValueError, match="lacks 'loss_peak'"):
+        _profile("fsdp2", table, doc.get("activations", {}))

@@ -540,7 +540,7 @@ def _profile(name: str, t: dict[str, Any], tables: dict[str, Any]) -> EngineProf
         ),
         offload=tuple(choice(f"{where} offload", o, OFFLOADS) for o in t["offload"]),
         vocab_multiple=integer(f"{where} vocab_multiple", t["vocab_multiple"]),
-        loss_peak=integer(f"{where} loss_peak", t.get("loss_peak", 4), 4, 64),
+        loss_peak=integer(f"{where} loss_peak", _get(t, "loss_peak", where), 4, 64),
         activations=act_name,
         optimizer_dtype=choice(f"{where} optimizer_dtype", t["optimizer_dtype"], STATE_DTYPES),
         grad_buckets=choice(f"{where} grad_buckets", t["grad_buckets"], ("view", "copy")),
