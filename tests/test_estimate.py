@@ -169,7 +169,7 @@ def test_the_loss_transient_sits_on_the_last_stage_only(engine, per_logit):
     pp = 1 if engine == "hf" else 2
     gpipe = engine in ("paper", "fsdp2")  # Megatron-Core has no GPipe schedule
     setup = TrainingSetup(seq_len=2048, micro_batch=2, num_microbatches=4, engine=engine,
-                          schedule="gpipe" if gpipe else "1f1b")  # fmt: skip
+                          schedule="gpipe" if gpipe else "1f1b", loss_chunks=0)  # fmt: skip
     est = estimate(spec, ParallelConfig(pp=pp), setup)
     last = est.stages[-1]
     logits_one = layout(spec, ParallelConfig(pp=pp), setup).logits_bytes
@@ -190,7 +190,7 @@ def test_recomputation_rebuilds_after_the_loss_not_beside_it():
     from parmem.layout import layout
 
     spec = ModelSpec.preset("llama-3-8b")
-    setup = TrainingSetup(seq_len=4096, engine="fsdp2", recompute="full")
+    setup = TrainingSetup(seq_len=4096, engine="fsdp2", recompute="full", loss_chunks=0)
     lay = layout(spec, ParallelConfig(), setup)
     full, kept = (sum(x) for x in activation_terms(lay)[:2])
     transient = loss_transient(lay)
@@ -200,3 +200,56 @@ def test_recomputation_rebuilds_after_the_loss_not_beside_it():
     assert peak.loss == transient - (full - kept)
     plain = estimate(spec, ParallelConfig(), replace(setup, recompute="none")).peak
     assert plain.loss == transient  # nothing rebuilt
+
+
+@pytest.mark.parametrize(("b", "chunks"), [(2, None), (1, 4), (2, 1)])
+def test_torchtitan_chunks_its_own_llama_loss(b, chunks):
+    """torchtitan 0.3.0's llama3_8b config wraps the loss in ChunkedLossWrapper (8 chunks): the
+    decoder's forward stops before the LM head, so no logits are kept through the decoder's
+    backward, and the loss's peak is, counted by hand from tests/test_measure.py's measurement
+    of the wrapper: 8 bytes per hidden-state element, the chunks' copies when b > 1 and N > 1
+    (2), the LM head's gradient (2 bytes per weight, twice from the second chunk on), and one
+    chunk's bf16 logits beside the cross-entropy's 12 bytes per logit."""
+    spec = ModelSpec.preset("llama-3-8b")
+    s, h, V = 8192, spec.hidden, spec.vocab_size
+    setup = TrainingSetup(seq_len=s, micro_batch=b, engine="fsdp2", loss_chunks=chunks)
+    last = estimate(spec, ParallelConfig(dp=8, zero=3), setup).peak
+    n = 8 if chunks is None else chunks
+    T = s * b
+    hand = 8 * T * h + (2 * T * h if b > 1 and n > 1 else 0) + 2 * V * h * (2 if n > 1 else 1)
+    hand += 14 * T * V // n
+    assert last.logits == 0
+    assert last.loss == hand
+
+
+def test_only_torchtitans_own_models_chunk_by_default():
+    """The default follows the engine's recipe for the model: torchtitan's Transformers backend
+    (every model torchtitan does not build itself) and every other engine compute the loss
+    whole, and keep the fp32 logits."""
+    from parmem.layout import layout
+
+    par = ParallelConfig(dp=8, zero=3)
+    for name, engine, chunks in (("llama-3-8b", "fsdp2", 8), ("llama-3-70b", "fsdp2", 8),
+                                 ("mistral-7b", "fsdp2", 0), ("llama-3-8b", "hf", 0),
+                                 ("llama-3-8b", "megatron-core", 0)):  # fmt: skip
+        setup = TrainingSetup(seq_len=4096, engine=engine)
+        p = {"megatron-core": ParallelConfig(dp=8, zero=1), "hf": ParallelConfig()}.get(engine, par)
+        lay = layout(ModelSpec.preset(name), p, setup)
+        assert lay.loss_chunks == chunks, (name, engine)
+        assert (estimate(ModelSpec.preset(name), p, setup).peak.logits == 0) == bool(chunks)
+
+
+@pytest.mark.parametrize(("name", "engine", "chunks", "seq", "match"), [
+    ("llama-3-8b", "megatron-core", 4, 4096, "whole micro-batch"),
+    ("llama-3-8b", "hf", 2, 4096, "whole micro-batch"),
+    ("mistral-7b", "fsdp2", 8, 4096, "Transformers backend"),
+    ("llama-3-8b", "fsdp2", 3, 4096, "must divide"),
+])  # fmt: skip
+def test_loss_chunks_an_engine_cannot_run_are_refused_by_name(name, engine, chunks, seq, match):
+    par = {"megatron-core": ParallelConfig(dp=8, zero=1), "hf": ParallelConfig()}.get(
+        engine, ParallelConfig(dp=8, zero=3))
+    setup = TrainingSetup(seq_len=seq, engine=engine, loss_chunks=chunks)
+    with pytest.raises(ValueError, match=match):
+        estimate(ModelSpec.preset(name), par, setup)
+    with pytest.raises(ValueError, match="loss_chunks"):
+        TrainingSetup(seq_len=seq, loss_chunks=-1)

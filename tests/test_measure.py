@@ -107,6 +107,28 @@ def test_each_engine_profile_holds_its_own_losss_measured_peak(engine):
     assert 0 <= peak - per_logit * tokens * vocab < 64 * tokens
 
 
+@pytest.mark.parametrize(("batch", "seq", "hidden", "vocab", "chunks"), [
+    (1, 256, 64, 4096, 1), (1, 256, 64, 4096, 8), (2, 256, 64, 4096, 8), (1, 256, 128, 4096, 8),
+    (1, 256, 64, 8192, 8), (3, 128, 32, 1024, 2), (2, 256, 64, 4096, 1),
+])  # fmt: skip
+def test_torchtitans_chunked_loss_peak(batch, seq, hidden, vocab, chunks):
+    """torchtitan 0.3.0's ChunkedLossWrapper, run on the CPU: its peak above the hidden states,
+    the head's weight and the labels is what parmem.estimate.loss_pieces counts (there with the
+    rank's V/t and s/cp): 8 bytes per hidden-state element, 2 per element for the chunks'
+    contiguous copies when batch > 1 and chunks > 1, the head's bf16 weight gradient (twice
+    from the second chunk on, old and new while they are added), and one chunk's bf16 logits
+    beside the cross-entropy's 12 bytes per logit; what is left is the labels' chunks and
+    scalars (under 32 bytes a token)."""
+    pytest.importorskip("torchtitan")
+    from parmem.distributed.runs_fsdp2 import chunked_loss_peak_bytes
+
+    T = batch * seq
+    hand = 8 * T * hidden + (2 * T * hidden if batch > 1 and chunks > 1 else 0)
+    hand += 2 * vocab * hidden * (2 if chunks > 1 else 1) + 14 * T * vocab // chunks
+    peak = chunked_loss_peak_bytes(seq, vocab, hidden, chunks, batch)
+    assert 0 <= peak - hand < 32 * T
+
+
 def test_engine_loss_refuses_what_it_does_not_run():
     from parmem.engine_losses import engine_loss
 

@@ -602,3 +602,35 @@ def test_an_engine_without_a_tp_overlap_switch_refuses_it():
     st = TrainingSetup(seq_len=4096, engine="megatron-core", tp_comm_overlap=True)
     with pytest.raises(ValueError, match="needs sequence parallelism"):
         estimate(spec, ParallelConfig(dp=2, tp=4, sp=False), st)
+
+
+@pytest.mark.parametrize(("model", "chunks", "want"), [("llama-3-8b", None, 8),
+                                                       ("llama-3-8b", 4, 4),
+                                                       ("mistral-7b", None, 0)])  # fmt: skip
+def test_the_torchtitan_recipe_runs_the_loss_the_estimate_counts(model, chunks, want):
+    """torchtitan 0.3.0's own Llama 3 configs wrap the loss in ChunkedLossWrapper (8 chunks) and
+    its Transformers backend keeps the plain CrossEntropyLoss: the recipe's parsed config runs
+    the chunks the plan's layout counts (parmem.estimate.loss_pieces), and says
+    --loss.num_chunks only where the plan's differ from the config's."""
+    from parmem.layout import layout
+
+    spec = ModelSpec.preset(model)
+    pl = plan(spec, Cluster("h100-sxm", 8, 1), 64, 4096, top=1, engine="fsdp2",
+              loss_chunks=chunks)  # fmt: skip
+    c = pl.best
+    assert layout(spec, c.parallel, c.setup, list(c.layers_per_stage)).loss_chunks == want
+    args = list(pl.recipe("torchtitan").args)
+    assert ("--loss.num_chunks" in args) == (chunks is not None)
+    cfg = torchtitan().ConfigManager().parse_args(args)
+    kind = type(cfg.loss).__qualname__.split(".")[0]
+    if want:
+        assert kind == "ChunkedLossWrapper" and cfg.loss.num_chunks == want
+    else:
+        assert kind == "CrossEntropyLoss"
+
+
+def test_a_whole_loss_for_torchtitans_own_llama_has_no_recipe():
+    spec = ModelSpec.preset("llama-3-8b")
+    pl = plan(spec, Cluster("h100-sxm", 8, 1), 64, 4096, top=1, engine="fsdp2", loss_chunks=0)
+    with pytest.raises(ValueError, match="loss_chunks=0"):
+        pl.recipe("torchtitan")

@@ -34,7 +34,7 @@ from typing import Any
 from ._check import integer
 from ._data import load_toml
 from .allocator import replay
-from .estimate import Estimate, activation_terms, first_layer_kept, loss_transient
+from .estimate import Estimate, activation_terms, first_layer_kept, kept_logits, loss_pieces
 from .hardware import Hardware, hardware_preset
 from .layout import layout
 from .pipeline import stage_order
@@ -167,10 +167,11 @@ def step_events(est: Estimate, stage: int = 0, steps: int = 2) -> list[tuple[Any
     * every micro-batch, in the order of the stage's schedule
       (:func:`~parmem.pipeline.stage_order`): each layer's forward allocates the tensors it
       keeps (:func:`~parmem.estimate.activation_terms`), the stage's shared and own tensors and
-      the last stage's logits; its backward allocates, on the last stage, the loss's transient
-      (:func:`~parmem.estimate.loss_transient`: tensors the size of the fp32 logits, as the
-      unfused loss's two gradients are) and frees it, then what recomputation rebuilds, then
-      frees the layer's tensors;
+      the last stage's logits (:func:`~parmem.estimate.kept_logits`); its backward allocates, on
+      the last stage, the loss's transient tensor by tensor
+      (:func:`~parmem.estimate.loss_pieces`: the unfused loss's gradients, the size of the fp32
+      logits; or a chunked loss's buffers and one chunk's tensors) and frees it, then what
+      recomputation rebuilds, then frees the layer's tensors;
     * the optimizer step's own buffers (DeepSpeed's fp32 gradient partition), made and freed.
 
     Interleaved schedules are traced in their 1F1B order with a stage's layers per micro-batch,
@@ -204,9 +205,9 @@ def step_events(est: Estimate, stage: int = 0, steps: int = 2) -> list[tuple[Any
     if b.comm_buffers:
         t.alloc(b.comm_buffers)
     # the fp32 logits of one micro-batch, as the estimate counts them
-    logits_unit = lay.logits_bytes if st.last else 0
-    # what the loss makes for a moment above them (the engine's loss_peak)
-    loss_unit = loss_transient(lay) if st.last else 0
+    logits_unit = kept_logits(lay) if st.last else 0
+    # what the loss makes for a moment above them, tensor by tensor (estimate.loss_pieces)
+    loss_parts = loss_pieces(lay) if st.last else ()
     for step in range(steps):
         live: dict[int, list[int]] = {}
         for op in order:
@@ -217,10 +218,8 @@ def step_events(est: Estimate, stage: int = 0, steps: int = 2) -> list[tuple[Any
                     keys.append(t.alloc(logits_unit))
                 live[op.microbatch] = keys
                 continue
-            if loss_unit:  # the loss's backward (tensors of the logits' size), then the last
-                # layer's recomputation
-                pieces = [logits_unit] * (loss_unit // logits_unit)
-                t.free([t.alloc(n) for n in [*pieces, loss_unit % logits_unit] if n])
+            if loss_parts:  # the loss's backward, then the last layer's recomputation
+                t.free([t.alloc(n) for n in loss_parts if n])
             rebuilt = [t.alloc(n) for n in recompute if n]
             t.free(rebuilt)
             t.free(live.pop(op.microbatch))

@@ -199,6 +199,7 @@ def _setup(args, seq: int) -> TrainingSetup:
         offload_activations=args.offload_activations,
         fp8=args.fp8,
         galore_rank=args.galore_rank,
+        loss_chunks=args.loss_chunks,
     )
 
 
@@ -603,6 +604,7 @@ def _cmd_plan(args) -> int:
         lora_targets=args.lora_targets,
         base_quant=args.base_quant,
         tp_comm_overlap=args.tp_comm_overlap,
+        loss_chunks=args.loss_chunks,
         **opts,
     )
     result = plan(spec, cluster, args.global_batch, args.seq, top=args.top, **kw)
@@ -796,6 +798,13 @@ def _adapter_flags(p: argparse.ArgumentParser, step: bool = True) -> None:
     )
     p.add_argument(
         "--galore-rank", type=_int(1, 65536), default=128, help="--optimizer galore-adamw's rank"
+    )
+    p.add_argument(
+        "--loss-chunks",
+        type=_int(0, 1 << 20),
+        default=None,
+        help="sequence chunks of the loss (default: the engine's for the model; torchtitan "
+        "chunks its own Llama 3 models' loss in 8; 0: the whole micro-batch at once)",
     )
     p.add_argument(
         "--offload-activations",
@@ -1071,6 +1080,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="time every TP collective as overlapped and turn the engine's switch on in --emit's "
         "recipe (Megatron-LM --tp-comm-overlap, torchtitan async TP)",
+    )
+    p.add_argument(
+        "--loss-chunks",
+        type=_int(0, 1 << 20),
+        default=None,
+        help="sequence chunks of the loss (default: the engine's for the model; torchtitan "
+        "chunks its own Llama 3 models' loss in 8; 0: the whole micro-batch at once)",
     )
     p.add_argument("--uneven-pp", action="store_true", help="allow pp not dividing the layers")
     p.add_argument("--precision", default="bf16-mixed", choices=tuple(PRECISIONS))

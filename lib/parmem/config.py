@@ -251,6 +251,14 @@ class TrainingSetup:
     ``--compile.enable_async_tensor_parallel``); off, the engine hides only the collectives its
     code issues beside a GEMM (``tp_overlap`` there). Memory does not change; the planner's time
     and recipes follow it.
+
+    ``loss_chunks``: the sequence chunks the LM head and the loss run in. ``None`` (the default)
+    is what the engine's recipe does for the model
+    (:meth:`parmem.engines.EngineProfile.default_loss_chunks`: torchtitan 0.3.0 chunks its own
+    Llama 3 models' loss in 8, ``ChunkedLossWrapper``; every other engine and model computes it
+    whole); 0 computes the loss over the whole micro-batch at once; ``N`` runs torchtitan's
+    ``ChunkedLossWrapper`` with ``N`` chunks (``engine="fsdp2"``, a model torchtitan builds
+    itself, ``N`` dividing the rank's ``s/cp``; :func:`parmem.estimate.loss_transient`).
     """
 
     seq_len: int
@@ -279,6 +287,7 @@ class TrainingSetup:
     fp8: str = "none"
     galore_rank: int = 128
     tp_comm_overlap: bool = False
+    loss_chunks: int | None = None
 
     def __post_init__(self) -> None:
         # stored as checked: ints and a float, not the NumPy numbers given (ParallelConfig)
@@ -298,6 +307,10 @@ class TrainingSetup:
         choice("engine", self.engine, engines())
         choice("offload", self.offload, OFFLOADS)
         boolean("tp_comm_overlap", self.tp_comm_overlap)
+        if self.loss_chunks is not None:
+            object.__setattr__(
+                self, "loss_chunks", integer("loss_chunks", self.loss_chunks, 0, MAX_SEQ_LEN)
+            )
         self._check_finetune()
         self._check_optional()
         self._check_autocast()

@@ -9,7 +9,9 @@ is asked for (the chapters never import this module).
 
 Sources: Transformers 5.23.0 ``transformers/loss/loss_utils.py`` (``ForCausalLMLoss``);
 torchtitan 0.3.0 ``torchtitan/components/loss.py`` (``cross_entropy_loss``); Megatron-Core 0.16.1
-``megatron/core/tensor_parallel/cross_entropy.py`` (``vocab_parallel_cross_entropy``).
+``megatron/core/tensor_parallel/cross_entropy.py`` (``vocab_parallel_cross_entropy``). torchtitan
+0.3.0's chunked loss is measured by
+:func:`parmem.distributed.runs_fsdp2.chunked_loss_peak_bytes` (it imports torchtitan under the placeholders of :mod:`parmem.distributed.engine_runs`).
 """
 
 from __future__ import annotations

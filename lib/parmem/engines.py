@@ -336,6 +336,20 @@ class EngineProfile:
     #: ``[engines.*]``): 4 is the fp32 logits the loss keeps (the ``logits`` term), more is the
     #: loss's transient (an unfused ``F.cross_entropy`` on fp32-cast logits: 12)
     loss_peak: int = 4
+    #: sequence chunks the engine's loss runs in for its own models (``loss_chunks`` of
+    #: ``[engines.*]``): 0, the loss over the whole micro-batch at once; ``N``: torchtitan's
+    #: ``ChunkedLossWrapper``, the LM head and the loss one ``s/N`` chunk at a time
+    #: (:func:`parmem.estimate.loss_transient`) for the models of ``native``
+    loss_chunks: int = 0
+    #: the models the engine builds itself (``[engines.*.native]``: parmem preset -> the
+    #: engine's own "module/config"); the others it trains through its Transformers backend
+    native: tuple[tuple[str, str], ...] = ()
+
+    def default_loss_chunks(self, model: str) -> int:
+        """The loss chunks of the engine's recipe for preset ``model``: ``loss_chunks`` for a
+        model of ``native`` (the engine's own configs chunk the loss), else 0 (the loss over
+        the whole micro-batch: every other engine, and torchtitan's Transformers backend)."""
+        return self.loss_chunks if model in dict(self.native) else 0
 
     def check_optimizer(self, optimizer: str) -> None:
         """Raise ``ValueError``, naming the profile, unless it can run ``optimizer``."""
@@ -541,6 +555,8 @@ def _profile(name: str, t: dict[str, Any], tables: dict[str, Any]) -> EngineProf
         offload=tuple(choice(f"{where} offload", o, OFFLOADS) for o in t["offload"]),
         vocab_multiple=integer(f"{where} vocab_multiple", t["vocab_multiple"]),
         loss_peak=integer(f"{where} loss_peak", _get(t, "loss_peak", where), 4, 64),
+        loss_chunks=integer(f"{where} loss_chunks", _get(t, "loss_chunks", where), 0, 1 << 16),
+        native=tuple((str(k), str(v)) for k, v in t.get("native", {}).items()),
         activations=act_name,
         optimizer_dtype=choice(f"{where} optimizer_dtype", t["optimizer_dtype"], STATE_DTYPES),
         grad_buckets=choice(f"{where} grad_buckets", t["grad_buckets"], ("view", "copy")),

@@ -65,6 +65,8 @@ __all__ = [
     "Estimate",
     "estimate",
     "activation_terms",
+    "kept_logits",
+    "loss_pieces",
     "loss_transient",
     "model_states_and_buffers",
 ]
@@ -247,12 +249,59 @@ class Estimate:
 
 
 # ---------------------------------------------------------------------------- estimator
+def kept_logits(lay: Layout) -> int:
+    """The fp32 logits the loss keeps for one micro-batch on a last-stage GPU through the
+    decoder's backward (the ``logits`` term): :attr:`~parmem.layout.Layout.logits_bytes`, or 0
+    when the loss runs in chunks (:attr:`~parmem.layout.Layout.loss_chunks`: torchtitan's
+    ``ChunkedLossWrapper`` stops the decoder's forward before the LM head and finishes each
+    chunk's backward before the decoder's starts)."""
+    return 0 if lay.loss_chunks else lay.logits_bytes
+
+
+def loss_pieces(lay: Layout) -> tuple[int, ...]:
+    """The tensors the engine's loss makes for a moment on a last-stage GPU, one micro-batch,
+    above the logits it keeps (:func:`kept_logits`), in bytes. Their sum is
+    :func:`loss_transient`; :func:`parmem.bounds.step_events` allocates them one by one.
+
+    * The loss over the whole micro-batch (``loss_chunks`` 0): ``(loss_peak − 4)`` bytes per
+      logit on the rank, in tensors the size of the fp32 logits (an unfused cross-entropy's
+      two gradients; :attr:`parmem.engines.EngineProfile.loss_peak`, measured with each engine's
+      own loss by :func:`parmem.engine_losses.engine_loss_peak_bytes`).
+    * In ``N`` chunks (torchtitan 0.3.0's ``ChunkedLossWrapper``, ``components/loss.py``), as
+      measured on the CPU with torchtitan's own wrapper
+      (:func:`parmem.distributed.runs_fsdp2.chunked_loss_peak_bytes`,
+      ``tests/test_measure.py``): 8 bytes per element of the rank's ``s/cp·b·h`` hidden states
+      (replicated over the TP group: the wrapper's fp32 buffer that gathers their gradient, 4,
+      and as much again beside it, as measured), their chunks' contiguous copies when ``b > 1`` and ``N > 1`` (2), the LM head's weight gradient
+      (2 bytes per weight of the rank's ``V/t·h``, twice that from the second chunk on, while
+      each chunk's gradient is added to it; measured on a module without FSDP), and one chunk's
+      ``(2 + loss_peak)`` bytes per logit (its bf16 logits beside the loss's peak) over
+      ``s·b·V/(t·N)`` logits.
+    """
+    prof, logits = lay.engine, lay.logits_bytes
+    n = lay.loss_chunks
+    if not n:
+        extra = logits // 4 * (prof.loss_peak - 4)
+        if not extra:
+            return ()
+        return (*[logits] * (extra // logits), *([extra % logits] if extra % logits else []))
+    hidden = lay.tokens * lay.spec.hidden
+    rows = logits // (4 * lay.tokens)  # V/t (padded) on the rank
+    pieces = [4 * hidden, 4 * hidden]  # the fp32 gradient buffer, and as much beside it
+    if lay.setup.micro_batch > 1 and n > 1:
+        pieces.append(2 * hidden)  # the chunks' contiguous copies
+    pieces += [2 * rows * lay.spec.hidden] * (2 if n > 1 else 1)  # the LM head's gradient(s)
+    chunk = logits // 4 // n  # logits of one chunk on the rank
+    pieces += [2 * chunk, *[4 * chunk] * (prof.loss_peak // 4), *([prof.loss_peak % 4 * chunk]
+               if prof.loss_peak % 4 else [])]  # fmt: skip
+    return tuple(pieces)
+
+
 def loss_transient(lay: Layout) -> int:
-    """Bytes the engine's loss makes for a moment on a last-stage GPU, one micro-batch, above the
-    fp32 logits it keeps (the ``logits`` term): ``(loss_peak − 4)`` bytes per logit on the rank
-    (:attr:`parmem.engines.EngineProfile.loss_peak`, measured with each engine's own loss by
-    :func:`parmem.engine_losses.engine_loss_peak_bytes`)."""
-    return lay.logits_bytes // 4 * (lay.engine.loss_peak - 4)
+    """Bytes the engine's loss makes for a moment on a last-stage GPU, one micro-batch, above
+    the logits it keeps: the sum of :func:`loss_pieces` (``(loss_peak − 4)·s·b·V/t`` for a loss
+    over the whole micro-batch; torchtitan's chunked loss as measured there)."""
+    return sum(loss_pieces(lay))
 
 
 def estimate(
@@ -282,14 +331,18 @@ def estimate(
       2022 §4.3);
     * ``logits``: the fp32 logits the cross-entropy keeps, 4·s·b·V/t bytes per micro-batch in
       flight on the last stage (vocab-parallel cross-entropy, Megatron-LM; V padded as the
-      profile pads it);
+      profile pads it); 0 when the loss runs in chunks (:func:`kept_logits`);
     * ``loss``: on the last stage, what the engine's loss makes for a moment above those logits
-      while it runs forward and backward, one micro-batch: ``(loss_peak − 4)·s·b·V/t`` bytes
-      (``loss_peak`` of ``[engines.*]``, measured with each engine's own loss:
+      while it runs forward and backward, one micro-batch (:func:`loss_transient`): over the
+      whole micro-batch ``(loss_peak − 4)·s·b·V/t`` bytes (``loss_peak`` of ``[engines.*]``,
+      measured with each engine's own loss:
       :func:`parmem.engine_losses.engine_loss_peak_bytes`; 12 for an unfused ``F.cross_entropy`` on
       fp32-cast logits, 6 for Megatron-Core's in-place vocab-parallel loss, 4 (none) under the
-      papers' accounting). The activations are all held at that moment (the backward starts
-      there), so it adds to the stage's peak, less the working set of the layer that
+      papers' accounting); in torchtitan's ``N`` chunks (``setup.loss_chunks``, by default 8 for
+      the Llama 3 models torchtitan 0.3.0 builds itself) one chunk's ``(2 + loss_peak)`` bytes
+      per logit, the fp32 buffer of the hidden states' gradient and the LM head's accumulated
+      gradient (:func:`loss_pieces`). The activations are all held at that moment (the backward
+      starts there), so it adds to the stage's peak, less the working set of the layer that
       recomputation rebuilds next (the two do not exist at once);
     * ``comm_buffers``: TP collective output (one 16-bit s·b·h tensor), PP send and receive
       buffers, DDP gradient buckets with ``grad_buckets="copy"``, the ZeRO-3 gather of the current
@@ -340,7 +393,7 @@ def estimate(
         first_u, last_u = ends if par.pp > 1 else (mb_units, mb_units)
         act += stage_b * bool(st.layers) * mb_units + first_b * st.first * first_u
         act += last_b * st.last * last_u
-        logits = lay.logits_bytes * last_u if st.last else 0
+        logits = kept_logits(lay) * last_u if st.last else 0
         # the loss's transient (one micro-batch) runs before the last layer's backward rebuilds
         # its tensors (full - kept, already in act): the peak holds the larger of the two
         loss = max(0, loss_transient(lay) - (full - kept)) if st.last and layer_units else 0

@@ -151,6 +151,29 @@ def _engine_problems(prof: EngineProfile, par: ParallelConfig, setup: TrainingSe
     return out
 
 
+def _loss_chunk_problems(
+    prof: EngineProfile, spec: ModelSpec, par: ParallelConfig, setup: TrainingSetup
+) -> list[str]:
+    """``setup.loss_chunks`` as the engine can run it: chunks only where the engine chunks the
+    loss of that model (torchtitan's ``ChunkedLossWrapper``, its own models), and a whole number
+    of tokens per chunk (torchtitan checks that the rank's ``s/cp`` divides)."""
+    n = setup.loss_chunks
+    if not n:
+        return []
+    if not prof.loss_chunks:
+        return [f"{prof.who} cannot run loss_chunks={n}: its loss runs over the whole "
+                "micro-batch (0)"]  # fmt: skip
+    if spec.name not in dict(prof.native):
+        return [f"{prof.who} cannot run loss_chunks={n} for {spec.name}: it trains that model "
+                "through its Transformers backend, whose loss runs over the whole micro-batch "
+                f"(chunked for {', '.join(k for k, _ in prof.native)})"]  # fmt: skip
+    local = setup.seq_len // par.cp
+    if local % n:
+        return [f"loss_chunks={n} must divide the rank's sequence, seq_len / cp = {local} "
+                "(torchtitan's ChunkedLossWrapper cuts it into equal chunks)"]  # fmt: skip
+    return []
+
+
 class Layout:
     """A model, a parallel layout and a step under one engine, checked and walked once (see the
     module docstring). Build it with :func:`layout` (cached); a layout with problems raises
@@ -212,6 +235,7 @@ class Layout:
                 f"(learned positions of {spec.name})"
             )
         out += _engine_problems(self.engine, par, setup)
+        out += _loss_chunk_problems(self.engine, spec, par, setup)
         interleaved = setup.schedule == "interleaved"
         if setup.schedule == "zbv":
             if par.vpp != 2 or par.pp < 2:
@@ -280,6 +304,14 @@ class Layout:
             self.spec.hidden, st.seq_len, st.micro_batch, tp=par.tp, sp=par.sp, cp=par.cp,
             act_bytes=self.act_bytes,
         )  # fmt: skip
+
+    @property
+    def loss_chunks(self) -> int:
+        """The sequence chunks the LM head and the loss run in: ``setup.loss_chunks``, or the
+        engine's for this model (:meth:`parmem.engines.EngineProfile.default_loss_chunks`);
+        0: the whole micro-batch at once."""
+        n = self.setup.loss_chunks
+        return self.engine.default_loss_chunks(self.spec.name) if n is None else n
 
     @property
     def logits_bytes(self) -> int:

@@ -34,7 +34,8 @@ What a CPU run changes (besides what :mod:`parmem.distributed.engine_runs` names
 ``device_type`` cpu, ``spmd_backend="partial_dtensor"``, torchtitan's
 ``ScaledDotProductAttention`` for ``FlexAttention``, summed reduce-scatters, no activation
 checkpointing): the loss is torchtitan's own ``CrossEntropyLoss`` without the
-``ChunkedLossWrapper`` its registries wrap it in (the profile models the unchunked loss); no
+``ChunkedLossWrapper`` its registries wrap it in (held against the profile's whole loss,
+``loss_chunks`` 0; :func:`chunked_loss_peak_bytes` measures the wrapper itself); no
 gradient clipping (it allocates temporaries only); ``nn.RMSNorm`` keeps what its CPU composite
 keeps (the named difference ``cpu-rmsnorm``); and the pipeline schedule is stepped
 with the whole batch, as torch 2.13's ``PipelineScheduleSingle.step`` takes it.
@@ -53,7 +54,7 @@ from parmem.distributed.engine_runs import (
     triton_stub,
 )
 
-__all__ = ["ENGINE", "CASES", "record", "dsv3_spec", "FAMILIES"]
+__all__ = ["ENGINE", "CASES", "record", "dsv3_spec", "FAMILIES", "chunked_loss_peak_bytes"]
 
 #: the parmem profile these runs are held against
 ENGINE = "fsdp2"
@@ -509,3 +510,55 @@ def _axis_values(value: int, dims, axis: str) -> list[int]:
     out = [torch.zeros((), dtype=torch.int64) for _ in range(dist.get_world_size(group))]
     dist.all_gather(out, torch.tensor(value, dtype=torch.int64), group=group)
     return [int(x) for x in out]
+
+
+def chunked_loss_peak_bytes(
+    seq: int, vocab: int, hidden: int = 64, chunks: int = 8, batch: int = 1
+) -> int:
+    """The peak bytes of torchtitan 0.3.0's ``ChunkedLossWrapper`` (``components/loss.py``, the
+    loss of its own Llama 3 configs) over ``batch`` sequences of ``seq`` bf16 hidden states of
+    width ``hidden``, a bias-free ``hidden`` → ``vocab`` bf16 LM head and ``chunks`` chunks, its
+    forward and the backward it runs itself, up to the gradient it hands the decoder; above
+    the hidden states, the head's weight and the labels, which exist before it runs. Measured
+    on the CPU as the peak of live tensor storages (:class:`parmem.traces.record_allocations`);
+    :func:`parmem.estimate.loss_pieces` is held against it in ``tests/test_measure.py``. The
+    module has no FSDP: the head's gradient is its bf16 ``.grad``."""
+    from .._check import integer
+
+    seq = integer("seq", seq, 1, 1 << 16)
+    vocab = integer("vocab", vocab, 2, 1 << 20)
+    hidden = integer("hidden", hidden, 1, 1 << 12)
+    chunks = integer("chunks", chunks, 1, seq)
+    batch = integer("batch", batch, 1, 1 << 10)
+    if seq % chunks:
+        raise ValueError(f"chunks={chunks} must divide seq={seq} (ChunkedLossWrapper's rule)")
+    import torch
+
+    from ..traces import record_allocations
+
+    with triton_stub(), datasets_stub():
+        from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss
+    cfg = ChunkedLossWrapper.Config(
+        num_chunks=chunks, loss_fn=CrossEntropyLoss.Config(global_vocab_size=vocab)
+    )
+    wrapper = ChunkedLossWrapper(cfg)
+    gen = torch.Generator().manual_seed(0)
+    head = torch.nn.Linear(hidden, vocab, bias=False).to(torch.bfloat16)
+    wrapper.set_lm_head(head)
+    x = torch.randn(batch, seq, hidden, generator=gen).to(torch.bfloat16).requires_grad_()
+    states = x * 1  # the decoder's output: a tensor of the autograd graph, not a leaf
+    labels = torch.randint(0, vocab, (batch, seq), generator=gen)
+    valid = torch.tensor(batch * seq)
+    with record_allocations(track=(x, states, head.weight, labels, valid)) as rec:
+        loss, _ = wrapper(states, labels, valid)
+        del loss
+    live = total = 0
+    size: dict[int, int] = {}
+    for event in rec.finish():
+        if event[0] == "alloc":
+            size[event[1]] = event[2]
+            live += event[2]
+            total = max(total, live)
+        else:
+            live -= size.pop(event[1])
+    return total

@@ -225,6 +225,9 @@ def _run(
         dropout=False,
         engine=group.get("profile", "paper"),
         tp_comm_overlap=bool(row.get("async_tp", row.get("tp_comm_overlap", False))),
+        # every measured run computed its loss over the whole micro-batch (torchtitan chunked
+        # it from 0.3.0 on, after these tables); a row or group may say otherwise
+        loss_chunks=int(row.get("loss_chunks", group.get("loss_chunks", 0))),
     )
     if "step_time_s" in row:
         step = float(row["step_time_s"])

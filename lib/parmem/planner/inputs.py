@@ -293,6 +293,7 @@ class SetupOptions(TypedDict):
     base_quant: str
     grad_dtype: str | None
     tp_comm_overlap: bool
+    loss_chunks: int | None
 
 
 # ---------------------------------------------------------------------------- results

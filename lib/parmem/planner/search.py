@@ -366,6 +366,7 @@ def plan(
     lora_targets: str = "all-linear",
     base_quant: str = "nf4",
     tp_comm_overlap: bool = False,
+    loss_chunks: int | None = None,
     **assumptions: Unpack[AssumptionOptions],
 ) -> Plan:
     """Search the layouts of ``cluster`` for ``spec`` at ``global_batch`` sequences of
@@ -387,7 +388,8 @@ def plan(
     (:func:`parmem.flops.step_flops` with ``adapter``). ``tp_comm_overlap=True`` times every
     tensor-parallel collective as hidden by ``tp_overlap`` (the engine's opt-in overlap, which
     its recipe then turns on); by default only those the engine's code runs beside a GEMM
-    (``[engines.*.defaults] tp_overlap``).
+    (``[engines.*.defaults] tp_overlap``). ``loss_chunks``: the sequence chunks of the loss
+    (:class:`~parmem.config.TrainingSetup`; ``None``, the engine's own for the model).
 
     ``**assumptions``: the cost model's parameters, see :class:`Assumptions` (``mfu``,
     ``headroom``, ``tp_overlap``, ``dp_overlap``, ``dp_bucket_params``, ``pp_overlap``,
@@ -417,6 +419,7 @@ def plan(
         base_quant=base_quant,
         grad_dtype=None,
         tp_comm_overlap=tp_comm_overlap,
+        loss_chunks=loss_chunks,
     )
     TrainingSetup(seq_len=seq_len, **setup_kw)  # validates every setup field, each by name
     check_setup(precision, optimizer)
@@ -520,6 +523,7 @@ def evaluate(
         base_quant=setup.base_quant,
         grad_dtype=setup.grad_dtype,
         tp_comm_overlap=setup.tp_comm_overlap,
+        loss_chunks=setup.loss_chunks,
     )
     model = CostModel(spec, cluster, G, setup.seq_len, a, setup_kw)
     est = estimate(spec, parallel, setup, layers_per_stage=list(lps))

@@ -49,21 +49,25 @@ TORCHTITAN_VERSION = "0.3.0"
 #: What :func:`torchtitan` recipes name as their target.
 TARGET = f"torchtitan {TORCHTITAN_VERSION} (python -m torchtitan.train, command-line overrides)"
 
-#: parmem model preset -> torchtitan 0.3.0 ``(--module, --config)``.
-_CONFIGS = {
-    "llama-3-8b": ("llama3", "llama3_8b"),
-    "llama-3-70b": ("llama3", "llama3_70b"),
-    "llama-3-405b": ("llama3", "llama3_405b"),
-}
 _HF = "transformers_modeling_backend"
+
+
+def _configs() -> dict[str, tuple[str, str]]:
+    """parmem model preset -> torchtitan 0.3.0 ``(--module, --config)`` of the models it builds
+    itself: the ``fsdp2`` profile's ``[engines.fsdp2.native]`` (one home: the profile's default
+    ``loss_chunks`` applies to exactly these)."""
+    from ...engines import engine
+
+    return {k: tuple(v.split("/", 1)) for k, v in engine("fsdp2").native}  # type: ignore[misc]
 
 
 def model_config(spec: ModelSpec) -> tuple[list[str], list[str]]:
     """``--module``/``--config`` (and ``--hf_model``) for ``spec``, and notes: a torchtitan model
     of that name, else torchtitan's Hugging Face backend with the model's Hugging Face id, else
     that backend with a placeholder id to replace."""
-    if spec.name in _CONFIGS:
-        module, config = _CONFIGS[spec.name]
+    configs = _configs()
+    if spec.name in configs:
+        module, config = configs[spec.name]
         return ["--module", module, "--config", config], []
     config = f"{_HF}_full_moe" if spec.is_moe else f"{_HF}_full"
     # a Hugging Face id (ASCII letters, digits, ``-_.``; not starting with ``-`` or ``.``, which
@@ -161,6 +165,25 @@ def _training(plan: Plan, par: ParallelConfig, st: TrainingSetup) -> list[str]:
     return args
 
 
+def _loss(spec: ModelSpec, st: TrainingSetup) -> list[str]:
+    """``--loss.num_chunks`` where the plan's ``loss_chunks`` is not the config's own (8 for the
+    models torchtitan builds itself, whose configs wrap the loss in ``ChunkedLossWrapper``); a
+    loss over the whole micro-batch for such a model has no command-line form."""
+    from ...engines import engine
+
+    default = engine("fsdp2").default_loss_chunks(spec.name)
+    n = default if st.loss_chunks is None else st.loss_chunks
+    if n == default:
+        return []
+    if n == 0:
+        raise ValueError(
+            f"loss_chunks=0 for {spec.name}: torchtitan {TORCHTITAN_VERSION}'s config wraps its "
+            f"loss in ChunkedLossWrapper ({default} chunks) and no command-line override "
+            "computes it whole; plan with loss_chunks=None (its default) or a chunk count"
+        )
+    return ["--loss.num_chunks", str(n)]
+
+
 def torchtitan(plan: Plan, c: Candidate) -> Recipe:
     """A torchtitan 0.3.0 launch recipe for candidate ``c`` of ``plan``."""
     par, st, spec = c.parallel, c.setup, plan.spec
@@ -175,6 +198,7 @@ def torchtitan(plan: Plan, c: Candidate) -> Recipe:
         args += ["--compile.enable", "--compile.enable_async_tensor_parallel"]
         notes.append("async TP compiles the model (torch.compile): the plan's time does not "
                      "model compiled kernels' speed")  # fmt: skip
+    args += _loss(spec, st)
     args.append(f"activation_checkpoint:{st.recompute}")
     if st.precision == "fp16-mixed":
         notes.append("torchtitan trains in bf16 or fp32, not fp16: the recipe uses bf16-mixed")
