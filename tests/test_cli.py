@@ -24,6 +24,25 @@ def test_estimate_table(capsys):
     assert "GiB per GPU" in out and "peak: stage" in out
 
 
+def test_loss_chunks_reach_the_estimate_and_are_refused_by_name(capsys):
+    """--loss-chunks is TrainingSetup.loss_chunks: absent, the engine's for the model (torchtitan
+    chunks its own Llama 3 models' loss); 0, the whole micro-batch; an engine that cannot chunk
+    is the one-line error, exit 2."""
+    args = ["estimate", "--model", "llama-3-8b", "--dp", "8", "--zero", "3", "--seq", "8192",
+            "--engine", "fsdp2", "--json"]  # fmt: skip
+    for extra, chunks in (([], None), (["--loss-chunks", "0"], 0), (["--loss-chunks", "4"], 4)):
+        assert main([*args, *extra]) == 0
+        got = json.loads(capsys.readouterr().out)
+        ref = estimate(ModelSpec.preset("llama-3-8b"), ParallelConfig(dp=8, zero=3),
+                       TrainingSetup(seq_len=8192, engine="fsdp2", loss_chunks=chunks))
+        assert got["peak_bytes"] == ref.peak_bytes
+    mc = ["estimate", "--model", "llama-3-8b", "--dp", "8", "--seq", "8192", "--engine",
+          "megatron-core", "--loss-chunks", "4"]  # fmt: skip
+    assert main(mc) == 2
+    err = capsys.readouterr().err
+    assert "loss_chunks=4" in err and len(err.strip().splitlines()) == 1
+
+
 def test_estimate_json_matches_the_library(capsys):
     main(["estimate", "--model", "llama-2-7b", "--tp", "2", "--pp", "2", "--seq", "2048",
           "--microbatches", "4", "--json"])

@@ -763,6 +763,17 @@ def _calibrate_parser(sub: Any) -> None:
     p.set_defaults(func=_cmd_calibrate)
 
 
+def _loss_chunks_flag(p: argparse.ArgumentParser) -> None:
+    """``--loss-chunks``: TrainingSetup.loss_chunks (default: the engine's for the model)."""
+    p.add_argument(
+        "--loss-chunks",
+        type=_int(0, 1 << 20),
+        default=None,
+        help="sequence chunks of the loss (default: the engine's for the model; torchtitan "
+        "chunks its own Llama 3 models' loss in 8; 0: the whole micro-batch at once)",
+    )
+
+
 def _flash_flags(p: argparse.ArgumentParser) -> None:
     """``--flash`` / ``--no-flash``; neither: the engine profile's own attention kernel."""
     flash = p.add_mutually_exclusive_group()
@@ -799,13 +810,7 @@ def _adapter_flags(p: argparse.ArgumentParser, step: bool = True) -> None:
     p.add_argument(
         "--galore-rank", type=_int(1, 65536), default=128, help="--optimizer galore-adamw's rank"
     )
-    p.add_argument(
-        "--loss-chunks",
-        type=_int(0, 1 << 20),
-        default=None,
-        help="sequence chunks of the loss (default: the engine's for the model; torchtitan "
-        "chunks its own Llama 3 models' loss in 8; 0: the whole micro-batch at once)",
-    )
+    _loss_chunks_flag(p)
     p.add_argument(
         "--offload-activations",
         action="store_true",
@@ -1081,13 +1086,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="time every TP collective as overlapped and turn the engine's switch on in --emit's "
         "recipe (Megatron-LM --tp-comm-overlap, torchtitan async TP)",
     )
-    p.add_argument(
-        "--loss-chunks",
-        type=_int(0, 1 << 20),
-        default=None,
-        help="sequence chunks of the loss (default: the engine's for the model; torchtitan "
-        "chunks its own Llama 3 models' loss in 8; 0: the whole micro-batch at once)",
-    )
+    _loss_chunks_flag(p)
     p.add_argument("--uneven-pp", action="store_true", help="allow pp not dividing the layers")
     p.add_argument("--precision", default="bf16-mixed", choices=tuple(PRECISIONS))
     p.add_argument("--optimizer", default="adamw", choices=tuple(OPTIMIZERS))

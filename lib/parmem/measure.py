@@ -231,15 +231,7 @@ def loss_peak_bytes(tokens: int, vocab: int, hidden: int = 64, loss: Any = None)
     with record_allocations(track=(x, weight, target)) as rec:
         loss = loss_fn(F.linear(x, weight).view(1, tokens, vocab), target)
         loss.backward()
-    live = total = 0
-    size: dict[int, int] = {}
-    for event in rec.finish():
-        if event[0] == "alloc":
-            size[event[1]] = event[2]
-            live += event[2]
-            total = max(total, live)
-        else:
-            live -= size.pop(event[1])
+    total = rec.peak_bytes()
     # the loss scalar, x.grad and weight.grad are counted at their own moments; the returned
     # bytes are the peak less what existed before the head ran
     return total - held

@@ -120,6 +120,19 @@ class record_allocations:  # noqa: N801 - used like a function: ``with record_al
         """Number of recorded storages still alive."""
         return len(self._live)
 
+    def peak_bytes(self) -> int:
+        """The largest sum of live recorded storages at any moment (after :meth:`finish`)."""
+        live = total = 0
+        size: dict[int, int] = {}
+        for event in self.finish():
+            if event[0] == "alloc":
+                size[event[1]] = event[2]
+                live += event[2]
+                total = max(total, live)
+            else:
+                live -= size.pop(event[1])
+        return total
+
 
 def training_step_events(
     spec: ModelSpec,

@@ -552,13 +552,5 @@ def chunked_loss_peak_bytes(
     with record_allocations(track=(x, states, head.weight, labels, valid)) as rec:
         loss, _ = wrapper(states, labels, valid)
         del loss
-    live = total = 0
-    size: dict[int, int] = {}
-    for event in rec.finish():
-        if event[0] == "alloc":
-            size[event[1]] = event[2]
-            live += event[2]
-            total = max(total, live)
-        else:
-            live -= size.pop(event[1])
+    total = rec.peak_bytes()
     return total
