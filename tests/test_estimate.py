@@ -202,30 +202,48 @@ def test_recomputation_rebuilds_after_the_loss_not_beside_it():
     assert plain.loss == transient  # nothing rebuilt
 
 
-@pytest.mark.parametrize(("b", "chunks"), [(2, None), (1, 4), (2, 1)])
+@pytest.mark.parametrize(("b", "chunks"), [(2, None), (1, 4), (2, 1), (1, 32)])
 def test_torchtitan_chunks_its_own_llama_loss(b, chunks):
     """torchtitan 0.3.0's llama3_8b config wraps the loss in ChunkedLossWrapper (8 chunks): the
-    decoder's forward stops before the LM head, so no logits are kept through the decoder's
-    backward, and the loss's peak is, counted by hand from tests/test_measure.py's measurement
-    of the wrapper: 8 bytes per hidden-state element, the chunks' copies when b > 1 and N > 1
-    (2), the LM head's gradient (2 bytes per weight, twice from the second chunk on), and one
-    chunk's bf16 logits beside the cross-entropy's 12 bytes per logit."""
+    decoder's forward stops before the LM head, so what the last stage keeps through the
+    decoder's backward is the hidden states' bf16 gradient, not fp32 logits, and the loss's
+    peak is, counted by hand from tests/test_measure.py's measurement of the wrapper under
+    FSDP2: the fp32 gradient buffer (4 bytes per hidden-state element), the chunks' copies when
+    b > 1 and N > 1 (2), the head's gathered bf16 weight (2 per weight) and, with N > 1, its
+    fp32 gradient accumulator (4); then the larger of one chunk's bf16 logits beside the
+    cross-entropy's 12 bytes per logit, and (N > 1) the head's new gradient (4 per weight) with
+    2 per logit and the chunk's input gradient."""
     spec = ModelSpec.preset("llama-3-8b")
     s, h, V = 8192, spec.hidden, spec.vocab_size
     setup = TrainingSetup(seq_len=s, micro_batch=b, engine="fsdp2", loss_chunks=chunks)
     last = estimate(spec, ParallelConfig(dp=8, zero=3), setup).peak
     n = 8 if chunks is None else chunks
-    T = s * b
-    hand = 8 * T * h + (2 * T * h if b > 1 and n > 1 else 0) + 2 * V * h * (2 if n > 1 else 1)
-    hand += 14 * T * V // n
-    assert last.logits == 0
+    T, ch = s * b, s * b * V // n
+    hand = 4 * T * h + (2 * T * h if b > 1 and n > 1 else 0) + 2 * V * h
+    hand += 4 * V * h if n > 1 else 0
+    hand += max(14 * ch, (4 * V * h + 2 * ch + 2 * T * h // n) if n > 1 else 0)
+    assert last.logits == 2 * T * h
     assert last.loss == hand
+
+
+def test_the_engines_default_chunks_must_divide_the_sequence():
+    """torchtitan checks that its chunks divide the rank's sequence: a layout whose default 8
+    chunks do not is refused by name (and parmem.fit.max_seq_len steps by them)."""
+    from parmem.fit import max_seq_len
+
+    spec, par = ModelSpec.preset("llama-3-8b"), ParallelConfig(dp=8, zero=3)
+    with pytest.raises(ValueError, match="chunks the loss of llama-3-8b in 8"):
+        estimate(spec, par, TrainingSetup(seq_len=4100, engine="fsdp2"))
+    estimate(spec, par, TrainingSetup(seq_len=4100, engine="fsdp2", loss_chunks=0))
+    ans = max_seq_len(spec, par, TrainingSetup(seq_len=1, engine="fsdp2"), "h100-sxm")
+    assert ans.value % 8 == 0
 
 
 def test_only_torchtitans_own_models_chunk_by_default():
     """The default follows the engine's recipe for the model: torchtitan's Transformers backend
     (every model torchtitan does not build itself) and every other engine compute the loss
     whole, and keep the fp32 logits."""
+    from parmem.estimate import kept_logits
     from parmem.layout import layout
 
     par = ParallelConfig(dp=8, zero=3)
@@ -236,7 +254,9 @@ def test_only_torchtitans_own_models_chunk_by_default():
         p = {"megatron-core": ParallelConfig(dp=8, zero=1), "hf": ParallelConfig()}.get(engine, par)
         lay = layout(ModelSpec.preset(name), p, setup)
         assert lay.loss_chunks == chunks, (name, engine)
-        assert (estimate(ModelSpec.preset(name), p, setup).peak.logits == 0) == bool(chunks)
+        peak = estimate(ModelSpec.preset(name), p, setup).peak
+        assert peak.logits == (kept_logits(lay) if chunks else lay.logits_bytes)
+        assert (peak.logits < lay.logits_bytes) == bool(chunks)
 
 
 @pytest.mark.parametrize(("name", "engine", "chunks", "seq", "match"), [

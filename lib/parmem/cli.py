@@ -767,7 +767,7 @@ def _loss_chunks_flag(p: argparse.ArgumentParser) -> None:
     """``--loss-chunks``: TrainingSetup.loss_chunks (default: the engine's for the model)."""
     p.add_argument(
         "--loss-chunks",
-        type=_int(0, 1 << 20),
+        type=_int(0, MAX_SEQ_LEN),
         default=None,
         help="sequence chunks of the loss (default: the engine's for the model; torchtitan "
         "chunks its own Llama 3 models' loss in 8; 0: the whole micro-batch at once)",

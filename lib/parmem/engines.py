@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from ._check import choice, integer
+from ._check import MAX_SEQ_LEN, choice, integer
 from ._data import load_toml
 
 __all__ = [
@@ -463,6 +463,14 @@ def offloads_to_host(rule: str, offload: str) -> bool:
 
 
 # ---------------------------------------------------------------------------- loading
+def _native(model: Any, config: Any, where: str) -> tuple[str, str]:
+    """One ``[engines.*.native]`` entry: a parmem preset and the engine's "module/config"."""
+    if not isinstance(config, str) or config.count("/") != 1 or "" in config.split("/"):
+        raise ValueError(f"data/engines.toml: {where} native {model!r} = {config!r} must be "
+                         '"module/config"')  # fmt: skip
+    return str(model), config
+
+
 def _get(table: dict[str, Any], key: str, where: str) -> Any:
     if key not in table:
         raise ValueError(f"data/engines.toml: {where} lacks {key!r}")
@@ -555,8 +563,8 @@ def _profile(name: str, t: dict[str, Any], tables: dict[str, Any]) -> EngineProf
         offload=tuple(choice(f"{where} offload", o, OFFLOADS) for o in t["offload"]),
         vocab_multiple=integer(f"{where} vocab_multiple", t["vocab_multiple"]),
         loss_peak=integer(f"{where} loss_peak", _get(t, "loss_peak", where), 4, 64),
-        loss_chunks=integer(f"{where} loss_chunks", _get(t, "loss_chunks", where), 0, 1 << 16),
-        native=tuple((str(k), str(v)) for k, v in t.get("native", {}).items()),
+        loss_chunks=integer(f"{where} loss_chunks", _get(t, "loss_chunks", where), 0, MAX_SEQ_LEN),
+        native=tuple(_native(k, v, where) for k, v in t.get("native", {}).items()),
         activations=act_name,
         optimizer_dtype=choice(f"{where} optimizer_dtype", t["optimizer_dtype"], STATE_DTYPES),
         grad_buckets=choice(f"{where} grad_buckets", t["grad_buckets"], ("view", "copy")),

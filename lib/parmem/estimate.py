@@ -250,33 +250,43 @@ class Estimate:
 
 # ---------------------------------------------------------------------------- estimator
 def kept_logits(lay: Layout) -> int:
-    """The fp32 logits the loss keeps for one micro-batch on a last-stage GPU through the
-    decoder's backward (the ``logits`` term): :attr:`~parmem.layout.Layout.logits_bytes`, or 0
-    when the loss runs in chunks (:attr:`~parmem.layout.Layout.loss_chunks`: torchtitan's
-    ``ChunkedLossWrapper`` stops the decoder's forward before the LM head and finishes each
-    chunk's backward before the decoder's starts)."""
-    return 0 if lay.loss_chunks else lay.logits_bytes
+    """What the loss keeps for one micro-batch on a last-stage GPU through the decoder's
+    backward (the ``logits`` term): the fp32 logits, :attr:`~parmem.layout.Layout.logits_bytes`;
+    or, when the loss runs in chunks (:attr:`~parmem.layout.Layout.loss_chunks`: torchtitan's
+    ``ChunkedLossWrapper``, which stops the decoder's forward before the LM head and finishes
+    each chunk's backward before the decoder's starts), the bf16 gradient of the rank's
+    ``s/cp·b·h`` hidden states that it gathers and keeps for the decoder's backward (replicated
+    over the TP group; measured: :func:`parmem.distributed.runs_fsdp2.chunked_loss_peak_bytes`)."""
+    if lay.loss_chunks:
+        return 2 * lay.tokens * lay.spec.hidden
+    return lay.logits_bytes
 
 
 def loss_pieces(lay: Layout) -> tuple[int, ...]:
     """The tensors the engine's loss makes for a moment on a last-stage GPU, one micro-batch,
-    above the logits it keeps (:func:`kept_logits`), in bytes. Their sum is
-    :func:`loss_transient`; :func:`parmem.bounds.step_events` allocates them one by one.
+    above what it keeps (:func:`kept_logits`), in bytes. Their sum is :func:`loss_transient`;
+    :func:`parmem.bounds.step_events` allocates them one by one.
 
     * The loss over the whole micro-batch (``loss_chunks`` 0): ``(loss_peak − 4)`` bytes per
       logit on the rank, in tensors the size of the fp32 logits (an unfused cross-entropy's
       two gradients; :attr:`parmem.engines.EngineProfile.loss_peak`, measured with each engine's
       own loss by :func:`parmem.engine_losses.engine_loss_peak_bytes`).
-    * In ``N`` chunks (torchtitan 0.3.0's ``ChunkedLossWrapper``, ``components/loss.py``), as
-      measured on the CPU with torchtitan's own wrapper
+    * In ``N`` chunks (torchtitan 0.3.0's ``ChunkedLossWrapper``, ``components/loss.py``, on an
+      LM head under FSDP2 with torchtitan's mixed precision), as measured on the CPU
       (:func:`parmem.distributed.runs_fsdp2.chunked_loss_peak_bytes`,
-      ``tests/test_measure.py``): 8 bytes per element of the rank's ``s/cp·b·h`` hidden states
-      (replicated over the TP group: the wrapper's fp32 buffer that gathers their gradient, 4,
-      and as much again beside it, as measured), their chunks' contiguous copies when ``b > 1`` and ``N > 1`` (2), the LM head's weight gradient
-      (2 bytes per weight of the rank's ``V/t·h``, twice that from the second chunk on, while
-      each chunk's gradient is added to it; measured on a module without FSDP), and one chunk's
-      ``(2 + loss_peak)`` bytes per logit (its bf16 logits beside the loss's peak) over
-      ``s·b·V/(t·N)`` logits.
+      ``tests/test_measure.py``): the fp32 buffer that gathers the hidden states' gradient (4
+      bytes per element of the rank's ``s/cp·b·h``, replicated over the TP group); the chunks'
+      contiguous copies of the hidden states when ``b > 1`` and ``N > 1`` (2); the head's
+      gathered bf16 weight (2 bytes per weight of the rank's ``V/t·h``: the wrapper keeps it
+      unsharded through the chunks) and, when ``N > 1``, FSDP2's fp32 accumulator of its
+      gradient (4: gradient sync is off until the last chunk), neither of them where the
+      profile's ZeRO-3 buffers already hold the stage unsharded (``pipeline_zero3 = "stage"``
+      under PP); then the larger of two moments of a chunk: its bf16 logits beside the
+      cross-entropy's peak, ``(2 + loss_peak)`` bytes per logit over ``s·b·V/(t·N)`` logits; or,
+      when ``N > 1``, the head's new gradient, 4 bytes per weight (bf16, and as much again beside
+      it), with 2 bytes per logit and the chunk's 16-bit input gradient, ``2·s·b·h/N``. Which
+      moment is larger turns on ``h`` against the ``s·b/N`` tokens of a chunk: for Llama 3 8B
+      at 8 chunks of ``s·b`` = 16,384 tokens they are within a few percent.
     """
     prof, logits = lay.engine, lay.logits_bytes
     n = lay.loss_chunks
@@ -285,15 +295,21 @@ def loss_pieces(lay: Layout) -> tuple[int, ...]:
         if not extra:
             return ()
         return (*[logits] * (extra // logits), *([extra % logits] if extra % logits else []))
-    hidden = lay.tokens * lay.spec.hidden
-    rows = logits // (4 * lay.tokens)  # V/t (padded) on the rank
-    pieces = [4 * hidden, 4 * hidden]  # the fp32 gradient buffer, and as much beside it
+    par, hidden = lay.parallel, lay.tokens * lay.spec.hidden
+    head = logits // (4 * lay.tokens) * lay.spec.hidden  # the head's weights on the rank, V/t·h
+    pieces = [4 * hidden]  # the fp32 buffer of the hidden states' gradient
     if lay.setup.micro_batch > 1 and n > 1:
         pieces.append(2 * hidden)  # the chunks' contiguous copies
-    pieces += [2 * rows * lay.spec.hidden] * (2 if n > 1 else 1)  # the LM head's gradient(s)
+    staged = par.pp > 1 and par.zero == 3 and prof.buffers.pipeline_zero3 == "stage"
+    if not (staged and lay.dp_group > 1):
+        pieces.append(2 * head)  # the gathered bf16 weight
+        if n > 1:
+            pieces.append(4 * head)  # FSDP2's fp32 gradient accumulator
     chunk = logits // 4 // n  # logits of one chunk on the rank
-    pieces += [2 * chunk, *[4 * chunk] * (prof.loss_peak // 4), *([prof.loss_peak % 4 * chunk]
-               if prof.loss_peak % 4 else [])]  # fmt: skip
+    cross = [2 * chunk, *[4 * chunk] * (prof.loss_peak // 4),
+             *([prof.loss_peak % 4 * chunk] if prof.loss_peak % 4 else [])]  # fmt: skip
+    grad = [2 * head, 2 * head, 2 * chunk, 2 * hidden // n] if n > 1 else []
+    pieces += cross if sum(cross) >= sum(grad) else grad
     return tuple(pieces)
 
 

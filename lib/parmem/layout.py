@@ -158,6 +158,14 @@ def _loss_chunk_problems(
     loss of that model (torchtitan's ``ChunkedLossWrapper``, its own models), and a whole number
     of tokens per chunk (torchtitan checks that the rank's ``s/cp`` divides)."""
     n = setup.loss_chunks
+    if n is None:  # the engine's own for the model: its rule holds too
+        n = prof.default_loss_chunks(spec.name)
+        if n and (setup.seq_len // par.cp) % n:
+            return [f"seq_len={setup.seq_len} (cp={par.cp}): {prof.who} chunks the loss of "
+                    f"{spec.name} in {n} (its own config), which must divide the rank's "
+                    f"sequence, seq_len / cp = {setup.seq_len // par.cp}: choose such a seq_len, "
+                    "or set loss_chunks"]  # fmt: skip
+        return []
     if not n:
         return []
     if not prof.loss_chunks:

@@ -422,6 +422,7 @@ _SETUP_DEFAULT: tuple[tuple[str, object, str], ...] = (
     ("fp8", "none", "--fp8"),
     ("grad_dtype", None, "--grad-dtype"),
     ("offload_activations", False, "--offload-activations"),
+    ("loss_chunks", None, "--loss-chunks"),
 )
 #: (engine, zero) -> how the step runs, and the precisions it runs
 _MODES = {

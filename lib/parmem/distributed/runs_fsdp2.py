@@ -514,15 +514,22 @@ def _axis_values(value: int, dims, axis: str) -> list[int]:
 
 def chunked_loss_peak_bytes(
     seq: int, vocab: int, hidden: int = 64, chunks: int = 8, batch: int = 1
-) -> int:
+) -> dict[str, int]:
     """The peak bytes of torchtitan 0.3.0's ``ChunkedLossWrapper`` (``components/loss.py``, the
-    loss of its own Llama 3 configs) over ``batch`` sequences of ``seq`` bf16 hidden states of
-    width ``hidden``, a bias-free ``hidden`` → ``vocab`` bf16 LM head and ``chunks`` chunks, its
-    forward and the backward it runs itself, up to the gradient it hands the decoder; above
-    the hidden states, the head's weight and the labels, which exist before it runs. Measured
-    on the CPU as the peak of live tensor storages (:class:`parmem.traces.record_allocations`);
-    :func:`parmem.estimate.loss_pieces` is held against it in ``tests/test_measure.py``. The
-    module has no FSDP: the head's gradient is its bf16 ``.grad``."""
+    loss of its own Llama 3 configs) as its trainer runs it: a bias-free ``hidden`` → ``vocab``
+    LM head under ``fully_shard`` with torchtitan's mixed-precision policy (fp32 parameters,
+    bf16 compute, fp32 reduction: ``config/configs.py``, ``llama3/parallelize.py``) on this
+    rank's process group, ``batch`` sequences of ``seq`` bf16 hidden states and ``chunks``
+    chunks; its forward and the backward it runs itself, up to the loss it returns (whose
+    backward hands the decoder the gathered gradient). Run it on a rank:
+    ``Pool(world_size=1).run("parmem.distributed.runs_fsdp2:chunked_loss_peak_bytes", ...)``.
+
+    Returns ``peak``, the peak of live tensor storages above those that exist before it runs
+    (the hidden states, the labels, the head's sharded fp32 weight;
+    :class:`parmem.traces.record_allocations`), and ``kept``, what is still live when it returns
+    (the gradient it keeps for the decoder's backward, with the head's gradient).
+    :func:`parmem.estimate.loss_pieces` and :func:`parmem.estimate.kept_logits` are held
+    against them in ``tests/test_measure.py``."""
     from .._check import integer
 
     seq = integer("seq", seq, 1, 1 << 16)
@@ -533,9 +540,15 @@ def chunked_loss_peak_bytes(
     if seq % chunks:
         raise ValueError(f"chunks={chunks} must divide seq={seq} (ChunkedLossWrapper's rule)")
     import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     from ..traces import record_allocations
 
+    if not dist.is_initialized():
+        raise ValueError("chunked_loss_peak_bytes runs FSDP2: run it on a rank, "
+                         "parmem.distributed.Pool(world_size=1)")  # fmt: skip
     with triton_stub(), datasets_stub():
         from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss
     cfg = ChunkedLossWrapper.Config(
@@ -543,14 +556,29 @@ def chunked_loss_peak_bytes(
     )
     wrapper = ChunkedLossWrapper(cfg)
     gen = torch.Generator().manual_seed(0)
-    head = torch.nn.Linear(hidden, vocab, bias=False).to(torch.bfloat16)
+    head = torch.nn.Linear(hidden, vocab, bias=False)
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    fully_shard(head, mesh=mesh, mp_policy=mp)
     wrapper.set_lm_head(head)
     x = torch.randn(batch, seq, hidden, generator=gen).to(torch.bfloat16).requires_grad_()
     states = x * 1  # the decoder's output: a tensor of the autograd graph, not a leaf
     labels = torch.randint(0, vocab, (batch, seq), generator=gen)
     valid = torch.tensor(batch * seq)
-    with record_allocations(track=(x, states, head.weight, labels, valid)) as rec:
+    before = (x, states, labels, valid, *(p.to_local() for p in head.parameters()))
+    held = sum(t.untyped_storage().nbytes() for t in before)
+    with record_allocations(track=before) as rec:
         loss, _ = wrapper(states, labels, valid)
-        del loss
-    total = rec.peak_bytes()
-    return total
+        kept = sum(n for n in _live_bytes(rec))
+    return {"peak": rec.peak_bytes() - held, "kept": kept - held, "loss": float(loss)}
+
+
+def _live_bytes(rec) -> list[int]:
+    """The sizes of the storages a recording holds live now."""
+    size: dict[int, int] = {}
+    for event in rec.finish():
+        if event[0] == "alloc":
+            size[event[1]] = event[2]
+        else:
+            size.pop(event[1])
+    return list(size.values())

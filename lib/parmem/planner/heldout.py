@@ -171,7 +171,9 @@ def run_from_row(
     :class:`MeasuredRun`; ``org``: the organisation (default: :data:`ORGS`' for ``name``). A row
     that cannot be scored is a ``ValueError`` giving the reason (:func:`skipped`'s)."""
     if "metric" not in group:  # a reader's file: what the row gives, and nothing assumed
-        group = {**group, "metric": "step_time" if "step_time_s" in row else "tokens_per_s"}
+        # a reader's own run: nothing assumed, so the engine's own loss chunks (loss_chunks None)
+        group = {"loss_chunks": None, **group,
+                 "metric": "step_time" if "step_time_s" in row else "tokens_per_s"}  # fmt: skip
         for key, where in (("gpu", "the row or its group"), ("profile", "the group")):
             if key not in row and key not in group:
                 raise ValueError(f"{name}: no {key} in {where} (an engine profile: fsdp2, "
@@ -225,9 +227,9 @@ def _run(
         dropout=False,
         engine=group.get("profile", "paper"),
         tp_comm_overlap=bool(row.get("async_tp", row.get("tp_comm_overlap", False))),
-        # every measured run computed its loss over the whole micro-batch (torchtitan chunked
-        # it from 0.3.0 on, after these tables); a row or group may say otherwise
-        loss_chunks=int(row.get("loss_chunks", group.get("loss_chunks", 0))),
+        # every run of the bundled tables computed its loss over the whole micro-batch
+        # (torchtitan chunks it from 0.3.0 on, after them); a row or group may say otherwise
+        loss_chunks=row.get("loss_chunks", group.get("loss_chunks", 0)),
     )
     if "step_time_s" in row:
         step = float(row["step_time_s"])
