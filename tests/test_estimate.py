@@ -273,3 +273,20 @@ def test_loss_chunks_an_engine_cannot_run_are_refused_by_name(name, engine, chun
         estimate(ModelSpec.preset(name), par, setup)
     with pytest.raises(ValueError, match="loss_chunks"):
         TrainingSetup(seq_len=seq, loss_chunks=-1)
+
+
+def test_torchtitans_tensor_parallel_loss_holds_sixteen_bytes_a_logit():
+    """Under TP torchtitan's cross_entropy_loss runs _LossParallelCrossEntropy on the
+    vocab-sharded logits, measured at 16 bytes per logit (tests/test_measure.py), 4 more than
+    the plain F.cross_entropy: the whole loss's transient is 12 per logit of the rank's V/t
+    above the kept fp32 logits, and a chunk's cross-entropy moment (2 + 16) per chunk logit."""
+    from parmem.estimate import loss_pieces
+    from parmem.layout import layout
+
+    spec = ModelSpec.preset("llama-3-8b")
+    par = ParallelConfig(dp=4, tp=2, sp=True, zero=3)
+    whole = layout(spec, par, TrainingSetup(seq_len=8192, engine="fsdp2", loss_chunks=0))
+    assert estimate(spec, par, whole.setup).peak.loss == whole.logits_bytes // 4 * 12
+    chunked = layout(spec, par, TrainingSetup(seq_len=8192, engine="fsdp2", loss_chunks=1))
+    assert sum(loss_pieces(chunked)) == (4 * 8192 * spec.hidden + 2 * spec.vocab_size // 2
+                                         * spec.hidden + 18 * 8192 * spec.vocab_size // 2)

@@ -81,29 +81,33 @@ def test_loss_peak_is_three_fp32_logits(tokens, vocab, hidden):
     assert loss_peak_bytes(tokens, vocab, hidden) == 12 * tokens * vocab + 8
 
 
-@pytest.mark.parametrize("engine", ["hf", "deepspeed", "fsdp2", "megatron-core"])
-def test_each_engine_profile_holds_its_own_losss_measured_peak(engine):
+@pytest.mark.parametrize(("engine", "tp"), [("hf", False), ("deepspeed", False),
+                                          ("fsdp2", False), ("megatron-core", False),
+                                          ("fsdp2", True), ("megatron-core", True)])  # fmt: skip
+def test_each_engine_profile_holds_its_own_losss_measured_peak(engine, tp):
     """Each profile's ``loss_peak`` (bytes per logit at the loss's peak, data/engines.toml) is
     the peak of the engine's own loss code, measured: Transformers' ForCausalLMLoss (hf, and
     DeepSpeed, which trains the Transformers model), torchtitan's cross_entropy_loss (fsdp2),
     Megatron-Core's vocab_parallel_cross_entropy (on one gloo rank: it all-reduces over the
-    tensor-parallel group). What a loss keeps per token (targets, the per-token loss, the
+    tensor-parallel group); ``loss_peak_tp`` the loss each runs under tensor parallelism,
+    measured on one rank's group (torchtitan's _LossParallelCrossEntropy; Megatron-Core's is
+    the same code at any t). What a loss keeps per token (targets, the per-token loss, the
     softmax's sums) is under 64 bytes a token; the rest is per logit. The unfused ones equal
     the plain F.cross_entropy counted by hand above."""
     from parmem.engine_losses import engine_loss_peak_bytes
     from parmem.engines import engine as profile
 
     tokens, vocab = 256, 4096
-    if engine == "megatron-core":
+    if engine == "megatron-core" or tp:
         from parmem.distributed import Pool
 
         with Pool(world_size=1) as pool:
             (peak,) = pool.run("parmem.engine_losses:engine_loss_peak_bytes", engine=engine,
-                               tokens=tokens, vocab=vocab, timeout=120)  # fmt: skip
+                               tokens=tokens, vocab=vocab, tp=tp, timeout=120)  # fmt: skip
     else:
         peak = engine_loss_peak_bytes(engine, tokens, vocab)
         assert peak == 12 * tokens * vocab + 8
-    per_logit = profile(engine).loss_peak
+    per_logit = profile(engine).loss_peak_at(2 if tp else 1)
     assert 0 <= peak - per_logit * tokens * vocab < 64 * tokens
 
 
@@ -155,6 +159,10 @@ def test_engine_loss_refuses_what_it_does_not_run():
         engine_loss("paper")
     with pytest.raises(ValueError, match="process group"):
         engine_loss("megatron-core")  # no process group in this process
+    with pytest.raises(ValueError, match="process group"):
+        engine_loss("fsdp2", tp=True)
+    with pytest.raises(ValueError, match="tensor-parallel loss"):
+        engine_loss("hf", tp=True)
 
 
 def test_loss_peak_refuses_bad_sizes():

@@ -33,29 +33,40 @@ LOSS_ENGINES = {
 }
 
 
-def engine_loss(engine: str) -> Callable[[Any, Any], Any]:
+def engine_loss(engine: str, tp: bool = False) -> Callable[[Any, Any], Any]:
     """The loss of ``engine`` (:data:`LOSS_ENGINES`) as ``f(bf16 logits [1, T, V], int64
-    targets [1, T]) -> scalar``. ``"megatron-core"`` needs a process group (its loss all-reduces
-    over the tensor-parallel group; a group of one rank is made if none exists): run it on a
-    rank, ``parmem.distributed.Pool(world_size=1).run("parmem.engine_losses:engine_loss_peak_bytes",
-    ...)``."""
+    targets [1, T]) -> scalar``; with ``tp``, the loss it runs under tensor parallelism (the
+    vocabulary sharded over the TP group; this process's group stands for it). A loss that
+    all-reduces needs a process group: Megatron-Core's at any ``t`` (a group of one rank is
+    made if none exists) and torchtitan's under TP (``_LossParallelCrossEntropy``, what its
+    ``cross_entropy_loss`` runs when the logits are vocab-sharded); run it on a rank,
+    ``parmem.distributed.Pool(world_size=1).run("parmem.engine_losses:engine_loss_peak_bytes",
+    ...)``. Transformers' loss has no TP form (``hf`` and ``deepspeed`` refuse t > 1)."""
     engine = choice("engine", engine, tuple(LOSS_ENGINES))
+    if tp and engine in ("hf", "deepspeed"):
+        raise ValueError(f"engine={engine!r} has no tensor-parallel loss (tp=True)")
     if engine in ("hf", "deepspeed"):
         from transformers.loss.loss_utils import ForCausalLMLoss
 
         # ForCausalLMLoss shifts the labels itself (it pads them: all T logits are scored)
         return lambda logits, target: ForCausalLMLoss(logits, target, vocab_size=logits.shape[-1])
-    if engine == "fsdp2":
-        from torchtitan.components.loss import cross_entropy_loss  # type: ignore[import-untyped]
-
-        return cross_entropy_loss
     import torch.distributed as dist
 
-    if not dist.is_initialized():
+    if (tp or engine == "megatron-core") and not dist.is_initialized():
         raise ValueError(
-            "engine='megatron-core' needs a process group (its loss all-reduces over the "
+            f"engine={engine!r} needs a process group (its loss all-reduces over the "
             "tensor-parallel group): run it on a rank, parmem.distributed.Pool(world_size=1)"
             ".run('parmem.engine_losses:engine_loss_peak_bytes', ...)"
+        )
+    if engine == "fsdp2":
+        from torchtitan.components import loss as tt  # type: ignore[import-untyped]
+
+        if not tp:
+            return tt.cross_entropy_loss
+        group = dist.group.WORLD
+        # cross_entropy_loss's vocab-sharded branch: the local fp32 logits, summed
+        return lambda logits, target: tt._LossParallelCrossEntropy.apply(
+            logits.flatten(0, 1).float(), target.flatten(0, 1), group, logits.shape[-1], "sum"
         )
     from megatron.core import parallel_state as ps
     from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
@@ -68,7 +79,10 @@ def engine_loss(engine: str) -> Callable[[Any, Any], Any]:
     ).sum()
 
 
-def engine_loss_peak_bytes(engine: str, tokens: int, vocab: int, hidden: int = 64) -> int:
-    """:func:`parmem.measure.loss_peak_bytes` with the loss of ``engine``: the peak bytes of
-    its forward and backward above the LM head's weight and input, measured on the CPU."""
-    return loss_peak_bytes(tokens, vocab, hidden, loss=engine_loss(engine))
+def engine_loss_peak_bytes(
+    engine: str, tokens: int, vocab: int, hidden: int = 64, tp: bool = False
+) -> int:
+    """:func:`parmem.measure.loss_peak_bytes` with the loss of ``engine`` (under tensor
+    parallelism with ``tp``): the peak bytes of its forward and backward above the LM head's
+    weight and input, measured on the CPU."""
+    return loss_peak_bytes(tokens, vocab, hidden, loss=engine_loss(engine, tp))

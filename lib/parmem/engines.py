@@ -336,6 +336,9 @@ class EngineProfile:
     #: ``[engines.*]``): 4 is the fp32 logits the loss keeps (the ``logits`` term), more is the
     #: loss's transient (an unfused ``F.cross_entropy`` on fp32-cast logits: 12)
     loss_peak: int = 4
+    #: ``loss_peak`` under tensor parallelism, t > 1 (``loss_peak_tp`` of ``[engines.*]``): the
+    #: vocabulary-parallel loss the engine runs there
+    loss_peak_tp: int = 4
     #: sequence chunks the engine's loss runs in for its own models (``loss_chunks`` of
     #: ``[engines.*]``): 0, the loss over the whole micro-batch at once; ``N``: torchtitan's
     #: ``ChunkedLossWrapper``, the LM head and the loss one ``s/N`` chunk at a time
@@ -344,6 +347,11 @@ class EngineProfile:
     #: the models the engine builds itself (``[engines.*.native]``: parmem preset -> the
     #: engine's own "module/config"); the others it trains through its Transformers backend
     native: tuple[tuple[str, str], ...] = ()
+
+    def loss_peak_at(self, tp: int) -> int:
+        """Bytes per logit at the loss's peak on a rank of a TP group of ``tp``: ``loss_peak``,
+        or ``loss_peak_tp`` when ``tp > 1``."""
+        return self.loss_peak_tp if tp > 1 else self.loss_peak
 
     def default_loss_chunks(self, model: str) -> int:
         """The loss chunks of the engine's recipe for preset ``model``: ``loss_chunks`` for a
@@ -563,6 +571,7 @@ def _profile(name: str, t: dict[str, Any], tables: dict[str, Any]) -> EngineProf
         offload=tuple(choice(f"{where} offload", o, OFFLOADS) for o in t["offload"]),
         vocab_multiple=integer(f"{where} vocab_multiple", t["vocab_multiple"]),
         loss_peak=integer(f"{where} loss_peak", _get(t, "loss_peak", where), 4, 64),
+        loss_peak_tp=integer(f"{where} loss_peak_tp", _get(t, "loss_peak_tp", where), 4, 64),
         loss_chunks=integer(f"{where} loss_chunks", _get(t, "loss_chunks", where), 0, MAX_SEQ_LEN),
         native=tuple(_native(k, v, where) for k, v in t.get("native", {}).items()),
         activations=act_name,

@@ -269,8 +269,9 @@ def loss_pieces(lay: Layout) -> tuple[int, ...]:
 
     * The loss over the whole micro-batch (``loss_chunks`` 0): ``(loss_peak − 4)`` bytes per
       logit on the rank, in tensors the size of the fp32 logits (an unfused cross-entropy's
-      two gradients; :attr:`parmem.engines.EngineProfile.loss_peak`, measured with each engine's
-      own loss by :func:`parmem.engine_losses.engine_loss_peak_bytes`).
+      two gradients; :meth:`parmem.engines.EngineProfile.loss_peak_at`, measured with each
+      engine's own loss, its vocabulary-parallel form under TP, by
+      :func:`parmem.engine_losses.engine_loss_peak_bytes`).
     * In ``N`` chunks (torchtitan 0.3.0's ``ChunkedLossWrapper``, ``components/loss.py``, on an
       LM head under FSDP2 with torchtitan's mixed precision), as measured on the CPU
       (:func:`parmem.distributed.runs_fsdp2.chunked_loss_peak_bytes`,
@@ -289,9 +290,10 @@ def loss_pieces(lay: Layout) -> tuple[int, ...]:
       at 8 chunks of ``s·b`` = 16,384 tokens they are within a few percent.
     """
     prof, logits = lay.engine, lay.logits_bytes
+    peak = prof.loss_peak_at(lay.parallel.tp)
     n = lay.loss_chunks
     if not n:
-        extra = logits // 4 * (prof.loss_peak - 4)
+        extra = logits // 4 * (peak - 4)
         if not extra:
             return ()
         return (*[logits] * (extra // logits), *([extra % logits] if extra % logits else []))
@@ -306,8 +308,7 @@ def loss_pieces(lay: Layout) -> tuple[int, ...]:
         if n > 1:
             pieces.append(4 * head)  # FSDP2's fp32 gradient accumulator
     chunk = logits // 4 // n  # logits of one chunk on the rank
-    cross = [2 * chunk, *[4 * chunk] * (prof.loss_peak // 4),
-             *([prof.loss_peak % 4 * chunk] if prof.loss_peak % 4 else [])]  # fmt: skip
+    cross = [2 * chunk, *[4 * chunk] * (peak // 4), *([peak % 4 * chunk] if peak % 4 else [])]
     grad = [2 * head, 2 * head, 2 * chunk, 2 * hidden // n] if n > 1 else []
     pieces += cross if sum(cross) >= sum(grad) else grad
     return tuple(pieces)
@@ -351,6 +352,7 @@ def estimate(
     * ``loss``: on the last stage, what the engine's loss makes for a moment above those logits
       while it runs forward and backward, one micro-batch (:func:`loss_transient`): over the
       whole micro-batch ``(loss_peak − 4)·s·b·V/t`` bytes (``loss_peak`` of ``[engines.*]``,
+      ``loss_peak_tp`` when t > 1: torchtitan's vocabulary-parallel loss holds 16,
       measured with each engine's own loss:
       :func:`parmem.engine_losses.engine_loss_peak_bytes`; 12 for an unfused ``F.cross_entropy`` on
       fp32-cast logits, 6 for Megatron-Core's in-place vocab-parallel loss, 4 (none) under the
