@@ -131,9 +131,11 @@ def test_torchtitans_chunked_loss_is_what_the_estimate_counts(one_rank, batch, s
     so the fsdp2 profile chunks its loss), up to the labels' chunk copies and a few scalars
     (under 16 bytes a token); what it leaves for the decoder's backward is kept_logits (the
     hidden states' bf16 gradient) and 6 bytes per head weight, which do not grow with the
-    tokens (the head's fp32 gradient, and 2 bytes per weight the estimate does not count after
-    the loss: not investigated). The shapes cover both moments of a chunk: the cross-entropy's
-    (small h against the chunk's tokens) and the head's new gradient (large h)."""
+    tokens: the head's fp32 gradient (its share of the estimate's gradients) and FSDP2's
+    all-gather output of its bf16 weight, which FSDP2 frees by resizing its storage to 0 (0
+    bytes once the wrapper returns, checked on 1 and 2 ranks), a free record_allocations does
+    not see. The shapes cover both moments of a chunk: the cross-entropy's (small h against
+    the chunk's tokens) and the head's new gradient (large h)."""
     from dataclasses import replace
 
     from parmem.estimate import kept_logits, loss_pieces
