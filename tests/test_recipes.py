@@ -634,3 +634,30 @@ def test_a_whole_loss_for_torchtitans_own_llama_has_no_recipe():
     pl = plan(spec, Cluster("h100-sxm", 8, 1), 64, 4096, top=1, engine="fsdp2", loss_chunks=0)
     with pytest.raises(ValueError, match="loss_chunks=0"):
         pl.recipe("torchtitan")
+
+
+def test_every_native_torchtitan_config_chunks_the_loss_as_the_profile_says():
+    """[engines.fsdp2.native] against torchtitan 0.3.0's own config registry: each preset's
+    "--module/--config" parses, and its loss is ChunkedLossWrapper with the profile's
+    loss_chunks (the default every estimate of those models uses)."""
+    prof = engine_profile("fsdp2")
+    assert prof.native and prof.loss_chunks
+    for model, config in prof.native:
+        module, name = config.split("/")
+        cfg = torchtitan().ConfigManager().parse_args(["--module", module, "--config", name])
+        assert type(cfg.loss).__qualname__.split(".")[0] == "ChunkedLossWrapper", model
+        assert cfg.loss.num_chunks == prof.loss_chunks == prof.default_loss_chunks(model)
+
+
+def test_torchtitans_vocab_sharded_loss_is_the_one_measured_under_tp():
+    """engine_loss('fsdp2', tp=True) measures _LossParallelCrossEntropy (loss_peak_tp): it is
+    what torchtitan's cross_entropy_loss calls on vocab-sharded logits, in both SPMD backends."""
+    import ast
+    import inspect
+
+    from torchtitan.components.loss import cross_entropy_loss
+
+    calls = [n for n in ast.walk(ast.parse(inspect.getsource(cross_entropy_loss)))
+             if isinstance(n, ast.Attribute) and n.attr == "apply"
+             and getattr(n.value, "id", "") == "_LossParallelCrossEntropy"]  # fmt: skip
+    assert len(calls) == 2

@@ -359,6 +359,11 @@ class EngineProfile:
         the whole micro-batch: every other engine, and torchtitan's Transformers backend)."""
         return self.loss_chunks if model in dict(self.native) else 0
 
+    def loss_chunks_for(self, model: str, requested: int | None) -> int:
+        """The chunks a step of preset ``model`` runs its loss in: ``requested``
+        (``TrainingSetup.loss_chunks``), or :meth:`default_loss_chunks` when it is ``None``."""
+        return self.default_loss_chunks(model) if requested is None else requested
+
     def check_optimizer(self, optimizer: str) -> None:
         """Raise ``ValueError``, naming the profile, unless it can run ``optimizer``."""
         if self.optimizers and optimizer not in self.optimizers:

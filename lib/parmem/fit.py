@@ -352,9 +352,7 @@ def max_seq_len(
     spec, par, given = _inputs(spec, parallel, setup, False)
     base = given or TrainingSetup(seq_len=1)
     step = par.cp * (par.tp if par.sp else 1)
-    chunks = base.loss_chunks
-    if chunks is None:
-        chunks = engine_profile(base.engine).default_loss_chunks(spec.name)
+    chunks = engine_profile(base.engine).loss_chunks_for(spec.name, base.loss_chunks)
     if chunks:  # torchtitan's chunked loss cuts the rank's s/cp into equal chunks
         step = math.lcm(step, par.cp * chunks)
     top = spec.max_positions if spec.position == "learned" else MAX_SEQ_LEN

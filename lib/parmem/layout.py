@@ -318,8 +318,7 @@ class Layout:
         """The sequence chunks the LM head and the loss run in: ``setup.loss_chunks``, or the
         engine's for this model (:meth:`parmem.engines.EngineProfile.default_loss_chunks`);
         0: the whole micro-batch at once."""
-        n = self.setup.loss_chunks
-        return self.engine.default_loss_chunks(self.spec.name) if n is None else n
+        return self.engine.loss_chunks_for(self.spec.name, self.setup.loss_chunks)
 
     @property
     def logits_bytes(self) -> int:

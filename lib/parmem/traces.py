@@ -120,8 +120,8 @@ class record_allocations:  # noqa: N801 - used like a function: ``with record_al
         """Number of recorded storages still alive."""
         return len(self._live)
 
-    def peak_bytes(self) -> int:
-        """The largest sum of live recorded storages at any moment (after :meth:`finish`)."""
+    def _walk(self) -> tuple[int, dict[int, int]]:
+        """The events replayed: the largest sum of live storages, and the sizes still live."""
         live = total = 0
         size: dict[int, int] = {}
         for event in self.finish():
@@ -131,7 +131,15 @@ class record_allocations:  # noqa: N801 - used like a function: ``with record_al
                 total = max(total, live)
             else:
                 live -= size.pop(event[1])
-        return total
+        return total, size
+
+    def peak_bytes(self) -> int:
+        """The largest sum of live recorded storages at any moment (after :meth:`finish`)."""
+        return self._walk()[0]
+
+    def live_bytes(self) -> int:
+        """The sum of the recorded storages alive now (tracked ones included)."""
+        return sum(self._walk()[1].values())
 
 
 def training_step_events(

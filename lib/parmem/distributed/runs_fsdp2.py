@@ -569,16 +569,5 @@ def chunked_loss_peak_bytes(
     held = sum(t.untyped_storage().nbytes() for t in before)
     with record_allocations(track=before) as rec:
         loss, _ = wrapper(states, labels, valid)
-        kept = sum(n for n in _live_bytes(rec))
-    return {"peak": rec.peak_bytes() - held, "kept": kept - held, "loss": float(loss)}
-
-
-def _live_bytes(rec) -> list[int]:
-    """The sizes of the storages a recording holds live now."""
-    size: dict[int, int] = {}
-    for event in rec.finish():
-        if event[0] == "alloc":
-            size[event[1]] = event[2]
-        else:
-            size.pop(event[1])
-    return list(size.values())
+        kept = rec.live_bytes()
+    return {"peak": rec.peak_bytes() - held, "kept": kept - held, "loss": loss.detach().item()}

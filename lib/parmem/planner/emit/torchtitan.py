@@ -171,8 +171,11 @@ def _loss(spec: ModelSpec, st: TrainingSetup) -> list[str]:
     loss over the whole micro-batch for such a model has no command-line form."""
     from ...engines import engine
 
-    default = engine("fsdp2").default_loss_chunks(spec.name)
-    n = default if st.loss_chunks is None else st.loss_chunks
+    prof = engine("fsdp2")
+    default, n = (
+        prof.default_loss_chunks(spec.name),
+        prof.loss_chunks_for(spec.name, st.loss_chunks),
+    )
     if n == default:
         return []
     if n == 0:
