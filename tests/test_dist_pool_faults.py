@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import subprocess
 import sys
 import time
@@ -335,3 +336,55 @@ def test_ranks_exit_within_5_s_of_the_parent_being_killed(target, from_thread, t
             proc.wait(10)
 
 
+
+
+def test_a_rank_that_joins_late_does_not_fail_a_short_group_timeout():
+    """On a loaded machine one rank may import torch seconds after its peer. The rendezvous (the
+    store's connect and gloo's full-mesh connect) waits up to the start timeout, not the group's:
+    here rank 1 joins 2.5 s after rank 0 under a 1 s group timeout (the failure this fixes:
+    "DistStoreError: wait timeout after 3000ms" in a pool's start under load). Once joined, the
+    group's collectives take the 1 s timeout again."""
+    import subprocess
+    import sys
+    from datetime import timedelta
+    from multiprocessing import Pipe
+
+    import torch.distributed as dist
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [os.path.join(os.path.dirname(here), "lib"), here])}  # fmt: skip
+    store = dist.TCPStore("127.0.0.1", 0, world_size=3, is_master=True,
+                          timeout=timedelta(seconds=60), wait_for_workers=False)  # fmt: skip
+    body = (
+        "import sys, time\n"
+        "from multiprocessing.connection import Connection\n"
+        "from parmem.distributed.launcher import _worker\n"
+        "time.sleep(float(sys.argv[3]))\n"
+        "_worker(int(sys.argv[2]), 2, '127.0.0.1', int(sys.argv[4]), 'gloo', (1.0, 60.0),\n"
+        "        Connection(int(sys.argv[1])))\n"
+    )
+    procs, conns = [], []
+    try:
+        for rank, delay in ((0, 0.0), (1, 2.5)):
+            parent, child = Pipe()
+            procs.append(subprocess.Popen(
+                [sys.executable, "-c", body, str(child.fileno()), str(rank), str(delay),
+                 str(store.port)], pass_fds=(child.fileno(),), env=env))  # fmt: skip
+            child.close()
+            conns.append(parent)
+        replies = [c.recv() if c.poll(90) else None for c in conns]
+        assert replies == [(0, "ready", None)] * 2, replies
+        # joined: an all-reduce whose peer never comes gives up after the group's 1 s
+        conns[0].send((1, "dist_faults:hang_in_collective", pickle.dumps({"which": 1}), 0))
+        assert conns[0].poll(30)
+        task, kind, _ = pickle.loads(conns[0].recv_bytes())
+        assert (task, kind) == (1, "collective")
+        for c in conns:
+            c.send(None)
+        for p in procs:
+            assert p.wait(60) == 0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()

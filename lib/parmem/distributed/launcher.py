@@ -272,9 +272,9 @@ def _rank_body(conn: Any, parent: int, death_signal: bool) -> None:
     import sys
 
     die_with_parent(parent, death_signal)
-    rank_, ws, host, port, backend_, pg_timeout, path = conn.recv()
+    rank_, ws, host, port, backend_, timeouts, path = conn.recv()
     sys.path[:] = path
-    _worker(rank_, ws, host, port, backend_, pg_timeout, conn)
+    _worker(rank_, ws, host, port, backend_, timeouts, conn)
     _kill_group_members()  # processes its tasks started (the parent may be gone: EOF)
     # the group is destroyed; skip the interpreter's slow teardown of torch (about 0.5 s)
     sys.stdout.flush()
@@ -649,11 +649,17 @@ def die_with_parent(parent: int, death_signal: bool = True) -> None:
 
 
 def _worker(
-    rank_: int, ws: int, host: str, port: int, backend_: str, pg_timeout: float, conn
+    rank_: int, ws: int, host: str, port: int, backend_: str, timeouts: tuple[float, float], conn
 ) -> None:
     """Body of one rank: join the group, then run tasks until told to stop. Every reply carries
     the id of the message it answers (``0``: the start), so the parent never takes a reply to an
-    earlier request for the answer to the current one."""
+    earlier request for the answer to the current one.
+
+    ``timeouts``: the group's (``pg_timeout``) and the start's (``start_timeout``). The
+    rendezvous (the store's connect, gloo's full-mesh connect, which waits for every peer's
+    address) waits up to the longer of the two: on a loaded machine a peer may take seconds more
+    to import torch than this rank, and a short group timeout must not fail the start. Once joined,
+    the group and the store take ``pg_timeout``."""
     from datetime import timedelta
 
     import torch
@@ -665,13 +671,20 @@ def _worker(
     except RuntimeError:
         pass
     try:
+        pg_timeout, start_timeout = timeouts
         timeout = timedelta(seconds=pg_timeout)
-        store = dist.TCPStore(host, port, world_size=ws, is_master=False, timeout=timeout)
+        join = timedelta(seconds=max(pg_timeout, start_timeout))
+        store = dist.TCPStore(host, port, world_size=ws, is_master=False, timeout=join)
         set_state(rank_, ws, backend_)
         kw = {"device_id": device()} if backend_ == "nccl" else {}
         dist.init_process_group(
-            backend_, store=store, rank=rank_, world_size=ws, timeout=timeout, **kw
+            backend_, store=store, rank=rank_, world_size=ws, timeout=join, **kw
         )
+        if join != timeout:
+            from torch.distributed.distributed_c10d import _set_pg_timeout
+
+            _set_pg_timeout(timeout)
+            store.set_timeout(timeout)
         conn.send((0, "ready", None))
     except BaseException:
         _reply(conn, 0, "error", traceback.format_exc())
@@ -894,7 +907,7 @@ class Pool:
             0,
             world_size=self.world_size + 1,
             is_master=True,
-            timeout=timedelta(seconds=self.pg_timeout),
+            timeout=timedelta(seconds=max(self.pg_timeout, self.start_timeout)),
             wait_for_workers=False,
         )
         env = _rank_env()
@@ -936,7 +949,7 @@ class Pool:
                     "127.0.0.1",
                     self._store.port,
                     self.backend,
-                    self.pg_timeout,
+                    (self.pg_timeout, self.start_timeout),
                     list(sys.path),
                 )
             )
