@@ -107,8 +107,8 @@ def per_cluster() -> None:
 
 #: the grids of the joint fits (--joint), and the defaults the descent starts from
 JOINT_GRIDS = {
-    "mfu_ampere_scale": tuple(round(1.2 + 0.05 * i, 2) for i in range(9)),  # 1.2 .. 1.6
-    "mfu_hopper_scale": tuple(round(0.8 + 0.05 * i, 2) for i in range(9)),  # 0.8 .. 1.2
+    "mfu_ampere_scale": tuple(round(1.2 + 0.05 * i, 2) for i in range(11)),  # 1.2 .. 1.7
+    "mfu_hopper_scale": tuple(round(0.8 + 0.05 * i, 2) for i in range(13)),  # 0.8 .. 1.4
     "mfu_half_tokens": (0, 512, 768, 1024, 1280, 1536, 2048),
     "dp_overlap_on": tuple(round(0.1 * i, 1) for i in range(11)),
     "attention_efficiency": (0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.2, 1.4),

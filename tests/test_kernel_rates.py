@@ -6,6 +6,7 @@ not from the model."""
 from __future__ import annotations
 
 import tomllib
+from dataclasses import replace
 
 import pytest
 from helpers import gpt
@@ -14,6 +15,7 @@ from parmem import Cluster, ParallelConfig, TrainingSetup
 from parmem._data import data_path
 from parmem.hardware import hardware_preset, hardware_presets
 from parmem.planner import Assumptions, evaluate
+from parmem.planner.cost import flop_byte_ratio
 from parmem.planner.heldout import ORGS, Scored, leave_one_out, measured_runs, score
 
 PEAK = {"a100-80gb": 312e12, "h100-sxm": 989e12}  # dense BF16, the datasheets
@@ -84,6 +86,38 @@ def test_the_defaults_slow_hopper_below_ampere():
     of the H100, 50-73 % of the A100), and current engines beat the 2021 paper runs on A100s."""
     a = Assumptions()
     assert a.mfu_hopper_scale < a.mfu_ampere_scale and a.mfu_ampere_scale > 1
+
+
+# HBM bandwidth, bytes/s: the datasheets' "GPU Memory Bandwidth" (A100 80GB SXM, H100 SXM, H200)
+BANDWIDTH = {"a100-80gb": 2039e9, "h100-sxm": 3350e9, "h200": 4800e9}
+
+
+@pytest.mark.parametrize("gpu", ["a100-80gb", "h100-sxm", "h200"])
+def test_the_elementwise_work_weighs_by_the_gpus_flop_to_byte_ratio(gpu):
+    """Under an engine profile the hidden size at which the kernels run at half their rate is
+    mfu_half_hidden times the GPU's peak-to-bandwidth ratio over the A100 80GB's (datasheet
+    numbers: 989/3350 over 312/2039 is 1.93 on an H100); the paper profile keeps 1."""
+    peak = {**PEAK, "h200": 989e12}[gpu]
+    ratio = (peak / BANDWIDTH[gpu]) / (312e12 / 2039e9)
+    assert flop_byte_ratio(hardware_preset(gpu), "fsdp2") == pytest.approx(ratio, rel=1e-12)
+    assert flop_byte_ratio(hardware_preset(gpu), "paper") == 1.0
+    spec, par, st = _eq3_setup("fsdp2")
+    G, s, h, L, V = 64, 2048, 2048, 24, 51200
+    eq3 = 96 * G * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
+    kw = {**PLAIN, "mfu_half_hidden": 1000, "mfu_ampere_scale": 1.0, "mfu_hopper_scale": 1.0}
+    c = evaluate(spec, Cluster(gpu, 8, 1), par, st, **kw)
+    want = eq3 / 8 / (peak * 0.5 * h / (h + 1000 * ratio))
+    assert c.time.compute + c.time.recompute == pytest.approx(want, rel=1e-12)
+    spec, par, st = _eq3_setup("paper")
+    p = evaluate(spec, Cluster(gpu, 8, 1), par, st, **kw)
+    assert p.time.compute + p.time.recompute == pytest.approx(
+        eq3 / 8 / (peak * 0.5 * h / (h + 1000)), rel=1e-12)  # fmt: skip
+
+
+def test_a_gpu_of_no_stated_bandwidth_keeps_the_reference_weight():
+    """A custom GPU without ``memory_bandwidth`` (0: not stated) is not weighed at all."""
+    hw = replace(hardware_preset("h100-sxm"), memory_bandwidth=0.0)
+    assert flop_byte_ratio(hw, "fsdp2") == 1.0
 
 
 def test_the_attention_core_runs_at_its_own_rate():

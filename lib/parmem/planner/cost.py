@@ -15,7 +15,9 @@ on one GPU::
   scores and the weighted sum of values each cost ``2·s²`` per query width. The last stage adds
   the LM head, ``2·s·h·V``. Work is divided by ``t·cp``. An engine profile's micro-batch of
   ``b·s`` tokens costs the compute of ``b·s + mfu_half_tokens`` (small micro-batches run
-  their kernels less busy: Narayanan et al. 2021 §3.4, Figure 7).
+  their kernels less busy: Narayanan et al. 2021 §3.4, Figure 7). The elementwise work
+  between the GEMMs (``mfu_half_hidden`` of :func:`busy_fraction`) weighs by the GPU's
+  FLOP-to-byte ratio under an engine profile (:func:`flop_byte_ratio`: it streams through HBM).
 * **fine-tuning** (``adapter``): a frozen weight's matmul computes only its input's gradient in
   the backward (one forward's work, not two); the attention core and the LoRA adapters
   (``2·s`` FLOPs per adapter value, :func:`parmem.flops.lora_flops_per_sequence`) still cost
@@ -72,6 +74,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
+from functools import cache
 
 from ..comm import (
     CATEGORIES,
@@ -87,7 +90,7 @@ from ..engines import TP_OPS
 from ..engines import engine as engine_profile
 from ..estimate import Estimate, estimate
 from ..flops import flops_per_sequence, lora_flops_per_sequence, selective_flops_per_sequence
-from ..hardware import Hardware
+from ..hardware import Hardware, hardware_preset
 from ..layout import Layout, Stage, layout
 from ..model import ModelSpec
 from ..pipeline import bubble_ratio, zbv_bubble
@@ -97,6 +100,8 @@ from .inputs import Assumptions, Cluster, SetupOptions
 __all__ = [
     "busy_fraction",
     "kernel_scale",
+    "flop_byte_ratio",
+    "FLOP_BYTE_REFERENCE",
     "CostModel",
     "StageComm",
     "StepTime",
@@ -142,16 +147,47 @@ class StepTime:
 
 
 # ---------------------------------------------------------------------------- the model
-def busy_fraction(a: Assumptions, hidden: int, tp: int = 1, scale: float = 1.0) -> float:
+def busy_fraction(
+    a: Assumptions, hidden: int, tp: int = 1, scale: float = 1.0, flop_byte: float = 1.0
+) -> float:
     """Fraction of the dense BF16 peak the training kernels sustain for a model of hidden size
-    ``h`` split ``t`` ways: ``scale · mfu · w/(w + mfu_half_width) · h/(h + mfu_half_hidden)``
-    with ``w = h/t`` the width of each GPU's matrix multiplications and ``scale`` the engine's
-    and GPU generation's (:func:`kernel_scale`). Narrow GEMMs run further from peak, and a
-    smaller model does more elementwise work (norms, activations, softmax) per FLOP. The form
-    and its parameters are fitted to published runs (:mod:`parmem.planner.calibration`), the
-    scales to measured ones (:mod:`parmem.planner.heldout`)."""
+    ``h`` split ``t`` ways: ``scale · mfu · w/(w + mfu_half_width) · h/(h + flop_byte ·
+    mfu_half_hidden)`` with ``w = h/t`` the width of each GPU's matrix multiplications,
+    ``scale`` the engine's and GPU generation's (:func:`kernel_scale`) and ``flop_byte`` the
+    GPU's FLOP-to-byte ratio relative to the A100 80GB's (:func:`flop_byte_ratio`). Narrow GEMMs
+    run further from peak, and a smaller model does more elementwise work (norms, activations,
+    softmax) per FLOP: that work is memory-bound, ``∝ h`` bytes a token against ``∝ h²`` FLOPs
+    (Williams et al. 2009, the roofline), so its share of the time is ``∝ (peak/bandwidth)/h``.
+    The form and its parameters are fitted to published runs (:mod:`parmem.planner.calibration`),
+    the scales to measured ones (:mod:`parmem.planner.heldout`)."""
     w = hidden / tp
-    return scale * a.mfu * w / (w + a.mfu_half_width) * hidden / (hidden + a.mfu_half_hidden)
+    half = flop_byte * a.mfu_half_hidden
+    return scale * a.mfu * w / (w + a.mfu_half_width) * hidden / (hidden + half)
+
+
+#: the GPU whose FLOP-to-byte ratio ``mfu_half_hidden`` is stated for (:func:`flop_byte_ratio`)
+FLOP_BYTE_REFERENCE = "a100-80gb"
+
+
+def flop_byte_ratio(hw: Hardware, engine: str) -> float:
+    """The GPU's dense BF16 peak over its HBM bandwidth (``peak_flops_bf16 /
+    memory_bandwidth``, FLOPs per byte), over the same ratio of the A100 80GB
+    (:data:`FLOP_BYTE_REFERENCE`; 312 TFLOP/s over 2,039 GB/s, the datasheet): the factor on
+    ``mfu_half_hidden`` for a run of profile ``engine``. The elementwise kernels between the
+    matrix multiplications stream their tensors through HBM, so their time per FLOP of the
+    layer grows with it: an H100 SXM (989 TFLOP/s, 3.35 TB/s) has 1.93 times the A100 80GB's
+    ratio, and its elementwise work weighs 1.93 times as much against its GEMMs. 1 for the
+    ``paper`` profile (``mfu_half_hidden`` is fitted to its published runs as they are:
+    :mod:`parmem.planner.calibration`) and for a GPU of no stated bandwidth."""
+    if engine_profile(engine).defaults.timing == "papers" or not hw.memory_bandwidth:
+        return 1.0
+    return hw.peak_flops_bf16 / hw.memory_bandwidth / _reference_flop_byte()
+
+
+@cache
+def _reference_flop_byte() -> float:
+    ref = hardware_preset(FLOP_BYTE_REFERENCE)
+    return ref.peak_flops_bf16 / ref.memory_bandwidth
 
 
 def kernel_scale(a: Assumptions, generation: str, engine: str) -> float:
@@ -516,7 +552,8 @@ class StepTimer:
         # an engine profile's micro-batch also costs mfu_half_tokens tokens' compute (b0 sequences)
         papers = lay.engine.defaults.timing == "papers"
         self.b0 = 0.0 if papers else a.mfu_half_tokens / model.s
-        busy = busy_fraction(a, model.spec.hidden, par.tp, scale)
+        busy = busy_fraction(a, model.spec.hidden, par.tp, scale,
+                             flop_byte_ratio(model.hw, lay.engine.name))  # fmt: skip
         split_rate = par.tp * par.cp * model.peak * busy
         ad = model.f_adapter / model.spec.layers  # the adapters' forward per layer
         # the attention core at attention_efficiency of the GEMM rate: its FLOPs weigh 1/eff
