@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import sys
 
-from parmem.planner.heldout import Scored, leave_one_out, score, skipped, summary
+from parmem.planner.heldout import Scored, by_table, leave_one_out, score, skipped, summary
 
 
 def main(rows: bool = False) -> None:
@@ -47,6 +47,16 @@ def main(rows: bool = False) -> None:
         for org, (n, mean, worst) in sorted(res["by organisation"].items()):
             print(f"{'':>18}{org:<20}{n:>4}  mean {mean:6.1%}  worst {worst:6.1%}")
 
+
+    tables = by_table(scored)
+    print("by source table (defaults): offset = mean signed error; the last column is the mean "
+          "|error| once the table's offset is taken out")
+    for t in tables:
+        print(f"  {t.group:<32} {t.org:<18} {t.rows:>3}  offset {t.offset:+6.1%}  mean "
+              f"{t.mean:6.1%}  without offset {t.mean_without_offset:6.1%}")
+    rows = sum(t.rows for t in tables)
+    print(f"  pooled mean |error| without each table's offset: "
+          f"{sum(t.mean_without_offset * t.rows for t in tables) / rows:.1%}")
 
     neutral = summary(score(mfu_ampere_scale=1.0, mfu_hopper_scale=1.0))
     print(f"{'scales = 1':>16}: {neutral['scored']} scored, mean |error| "

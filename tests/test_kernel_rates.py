@@ -207,3 +207,22 @@ def test_a_loop_without_gradient_accumulation_runs_the_local_batch_at_once():
             assert r.setup.micro_batch in local and r.setup.num_microbatches == 1, r.key
         if r.group == "ibm_fsdp_blog_2024_03":
             assert (r.setup.micro_batch, r.setup.num_microbatches) == (1, 2), r.key
+
+
+def test_by_table_separates_a_tables_offset_from_its_spread():
+    """Three rows of one table modelled 10 % slow, 10 % fast and 30 % slow: offset +10 %, mean
+    |error| 1/6, and 2/15 once the offset is out (|0|, |-0.2|, |+0.2|); a one-row table's error
+    is all offset. Rows the planner could not model are not counted."""
+    from parmem.planner.heldout import by_table
+
+    runs = measured_runs()
+    first = [r for r in runs if r.group == runs[0].group][:3]
+    other = next(r for r in runs if r.group != runs[0].group)
+    scored = [Scored(r, r.step_time * (1 + e)) for r, e in zip(first, (0.1, -0.1, 0.3), strict=True)]
+    scored += [Scored(other, other.step_time * 0.8), (other, "not modelled")]
+    a, b = by_table(scored)
+    assert (a.group, a.org, a.rows) == (first[0].group, first[0].org, 3)
+    assert a.offset == pytest.approx(0.1) and a.mean == pytest.approx(1 / 6)
+    assert a.mean_without_offset == pytest.approx(2 / 15)
+    assert (b.group, b.rows, b.offset, b.mean_without_offset) == (
+        other.group, 1, pytest.approx(-0.2), pytest.approx(0.0))  # fmt: skip

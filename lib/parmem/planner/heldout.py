@@ -41,6 +41,8 @@ __all__ = [
     "MeasuredRun",
     "Scored",
     "Fold",
+    "TableOffset",
+    "by_table",
     "measured_runs",
     "run_from_row",
     "step_seconds",
@@ -331,6 +333,43 @@ def summary(scored: list[Scored | tuple[MeasuredRun, str]]) -> dict[str, Any]:
         "worst |error|": max(errs, default=math.nan),
         "by organisation": {k: (len(v), sum(v) / len(v), max(v)) for k, v in by_org.items()},
     }
+
+
+@dataclass(frozen=True)
+class TableOffset:
+    """One source table's scored rows (:func:`by_table`): its group and organisation, how many,
+    the mean signed error (the table's offset: positive, the model is too slow on it), the mean
+    absolute error, and the mean absolute error left once that offset is taken out."""
+
+    group: str
+    org: str
+    rows: int
+    offset: float
+    mean: float
+    mean_without_offset: float
+
+
+def by_table(scored: list[Scored | tuple[MeasuredRun, str]]) -> list[TableOffset]:
+    """The scored rows grouped by source table (a group of ``data/measured_runs.toml``: one
+    cluster, one software version), each with its offset, in the order the tables come.
+
+    What it separates: an error common to a whole table (a power-limited GPU, another container,
+    a version's kernels: nothing the layout says) from the error that varies across its layouts
+    (what the time model's shape gets wrong). A reader's own calibration (``parmem calibrate``)
+    fits the first away on their cluster; a held-out organisation's offset is what no fit to the
+    others can know."""
+    groups: dict[str, list[Scored]] = {}
+    for s in scored:
+        if isinstance(s, Scored):
+            groups.setdefault(s.run.group, []).append(s)
+    out = []
+    for group, rows in groups.items():
+        errs = [s.error for s in rows]
+        offset = sum(errs) / len(errs)
+        out.append(TableOffset(
+            group, rows[0].run.org, len(rows), offset, sum(map(abs, errs)) / len(errs),
+            sum(abs(e - offset) for e in errs) / len(errs)))  # fmt: skip
+    return out
 
 
 @dataclass(frozen=True)
