@@ -33,8 +33,9 @@ def test_presets_name_their_generation():
 def _eq3_setup(engine: str, recompute: str = "full"):
     spec = gpt("gpt-1.3b", heads=16, hidden=2048, layers=24)
     par = ParallelConfig(dp=8, zero=3 if engine == "fsdp2" else 1)
+    # the scores kept (no FlashAttention): eq. (3)'s backward of two forwards, the core's too
     st = TrainingSetup(seq_len=2048, micro_batch=2, num_microbatches=4, recompute=recompute,
-                       engine=engine)  # fmt: skip
+                       engine=engine, flash_attention=False)  # fmt: skip
     return spec, par, st
 
 
@@ -118,6 +119,21 @@ def test_a_gpu_of_no_stated_bandwidth_keeps_the_reference_weight():
     """A custom GPU without ``memory_bandwidth`` (0: not stated) is not weighed at all."""
     hw = replace(hardware_preset("h100-sxm"), memory_bandwidth=0.0)
     assert flop_byte_ratio(hw, "fsdp2") == 1.0
+
+
+def test_flash_attentions_backward_recomputes_the_scores():
+    """FlashAttention's backward recomputes QKᵀ: five matmuls of 2·s²·d_head a head against the
+    forward's two (Dao et al. 2022, Algorithm 4), so the core's backward costs 2.5 of its
+    forwards, 0.5 more than the two that eq. (3) counts. The core's forward is 4·s²·h FLOPs per
+    layer and sequence; nothing else in the step changes."""
+    spec, par, st = _eq3_setup("paper", recompute="none")
+    G, s, h, L = 64, 2048, 2048, 24
+    cluster = Cluster("a100-80gb", 8, 1)
+    kept = evaluate(spec, cluster, par, replace(st, flash_attention=False), **PLAIN)
+    flash = evaluate(spec, cluster, par, replace(st, flash_attention=True), **PLAIN)
+    extra = 0.5 * (4 * s * s * h) * L * G / 8 / (312e12 * 0.5)
+    assert flash.time.compute - kept.time.compute == pytest.approx(extra, rel=1e-9)
+    assert flash.time.recompute == kept.time.recompute == 0
 
 
 def test_the_attention_core_runs_at_its_own_rate():

@@ -23,6 +23,7 @@ from parmem.hardware import hardware_preset
 from parmem.papers import narayanan_gpt, table
 from parmem.pipeline import simulate
 from parmem.planner import Assumptions, evaluate, pareto_front
+from parmem.planner.cost import FLASH_CORE_BACKWARD
 from parmem.planner.search import TIE
 from parmem.units import GIB
 
@@ -290,7 +291,9 @@ def test_zbv_bubble_is_the_simulated_v_with_the_weight_gradient_split_off(p, m):
     c = evaluate(spec, cluster, par, st, pp_overlap=1.0, dp_overlap_on=1.0, mfu_half_tokens=0)
     f_layer, f_core, _ = flops_per_sequence(spec, 2048)
     w = (f_layer - f_core) / f_layer  # W per forward (attention_efficiency 1: FLOPs weigh alike)
-    sim = simulate("zbv", p, m, 2, t_fwd=1.0, t_bwd=2.0, w_share=w / 2)
+    # the backward: two forwards, and FlashAttention's recomputed scores (half a core forward)
+    t_bwd = 2.0 + (FLASH_CORE_BACKWARD - 2) * f_core / f_layer
+    sim = simulate("zbv", p, m, 2, t_fwd=1.0, t_bwd=t_bwd, w_share=w / t_bwd)
     share = c.time.bubble / (c.step_time - c.time.dp)
     assert share == pytest.approx(sim.bubble_fraction, rel=2e-3)
     one = evaluate(spec, cluster, ParallelConfig(dp=8 // p, pp=p, zero=0),
@@ -573,7 +576,8 @@ def test_an_engines_gradient_reduction_prices_the_dp_time():
     par = ParallelConfig(dp=8, zero=1)
     out, sent = {}, {}
     for profile in ("paper", "megatron-core"):
-        st = TrainingSetup(seq_len=4096, micro_batch=1, num_microbatches=8, engine=profile)
+        st = TrainingSetup(seq_len=4096, micro_batch=1, num_microbatches=8, engine=profile,
+                           flash_attention=True)  # the same attention kernel under both
         # the engine's kernels as the paper's: same compute (no micro-batch cost, and no
         # elementwise term, which an engine weighs by the H100's FLOP-to-byte ratio)
         same = {"mfu_hopper_scale": 1.0, "mfu_half_tokens": 0, "mfu_half_hidden": 0}
@@ -610,7 +614,8 @@ def test_the_step_time_overlaps_dp_as_the_engines_recipe_does():
     par = ParallelConfig(dp=8, zero=1)
     for profile, own, other in (("paper", "dp_overlap", "dp_overlap_on"),
                                 ("megatron-core", "dp_overlap_on", "dp_overlap")):
-        st = TrainingSetup(seq_len=4096, micro_batch=1, num_microbatches=8, engine=profile)
+        st = TrainingSetup(seq_len=4096, micro_batch=1, num_microbatches=8, engine=profile,
+                           flash_attention=True)  # the same attention kernel under both
         lo, hi = (evaluate(spec, cluster, par, st, **{own: v}) for v in (0.0, 1.0))
         assert hi.time.dp < lo.time.dp, profile
         a, b = (evaluate(spec, cluster, par, st, **{other: v}) for v in (0.0, 1.0))

@@ -7,7 +7,8 @@ on one GPU::
     t_i = compute_i + recompute_i + exposed TP/SP + exposed CP + exposed EP + exposed PP
 
 * **compute**: forward FLOPs times 3 (forward + backward, Narayanan et al. 2021 §5.1: the
-  backward pass costs two forwards) divided by ``peak_flops_bf16 · mfu`` (times the engine's
+  backward pass costs two forwards; the attention core's backward under FlashAttention 2.5,
+  :data:`FLASH_CORE_BACKWARD`, since it recomputes the scores) divided by ``peak_flops_bf16 · mfu`` (times the engine's
   and GPU generation's :func:`kernel_scale`; the attention core's FLOPs weigh
   ``1/attention_efficiency``). Forward FLOPs of one
   sequence through one layer are ``2·s·W + 4·s²·(a·d_head)``: every weight matrix ``W`` (Q, K, V,
@@ -102,6 +103,7 @@ __all__ = [
     "kernel_scale",
     "flop_byte_ratio",
     "FLOP_BYTE_REFERENCE",
+    "FLASH_CORE_BACKWARD",
     "CostModel",
     "StageComm",
     "StepTime",
@@ -164,6 +166,15 @@ def busy_fraction(
     half = flop_byte * a.mfu_half_hidden
     return scale * a.mfu * w / (w + a.mfu_half_width) * hidden / (hidden + half)
 
+
+#: forwards of the attention core that its backward costs under FlashAttention: the backward
+#: recomputes the scores ``S = QKᵀ`` and then forms ``dV = PᵀdO``, ``dP = dO·Vᵀ``, ``dQ = dS·K``
+#: and ``dK = dSᵀ·Q``, five matmuls of ``2·s²·d_head`` FLOPs a head against the forward's two
+#: (Dao et al. 2022, "FlashAttention", Algorithm 4; FlashAttention-2 keeps the recomputation,
+#: Dao 2023 §3.1.2). The FLOP counts the sources report (Narayanan et al. 2021 eq. (3), the
+#: MFU and HFU of MosaicML's and torchtitan's tables) leave it out, and so does
+#: :func:`parmem.flops.step_flops`: it is time the kernel spends, not model FLOPs.
+FLASH_CORE_BACKWARD = 2.5
 
 #: the GPU whose FLOP-to-byte ratio ``mfu_half_hidden`` is stated for (:func:`flop_byte_ratio`)
 FLOP_BYTE_REFERENCE = "a100-80gb"
@@ -559,6 +570,10 @@ class StepTimer:
         # the attention core at attention_efficiency of the GEMM rate: its FLOPs weigh 1/eff
         core = model.f_core / a.attention_efficiency
         f_layer = model.f_layer - model.f_core + core
+        # the core's backward: FlashAttention's recomputes the scores QKᵀ (it keeps no s × s
+        # matrix), five matmuls against the forward's two (Dao et al. 2022, Algorithm 4), 2.5
+        # forwards of the core; with the scores kept, four, 2 forwards as the weights' matmuls
+        core_bwd = (FLASH_CORE_BACKWARD if lay.setup.flash else 2.0) * core
         # selective: the attention core (weighed as above) or the engine's own set of matmuls
         sel = core if model.selective_rule == "core" else model.f_selective
         rc_flops = {"none": 0, "selective": sel, "full": f_layer + ad}[recompute]
@@ -567,11 +582,11 @@ class StepTimer:
             n = st.layers
             head = model.f_head if st.last else 0
             fwd = (n * (f_layer + ad) + head) / split_rate
-            bwd = 2 * fwd
+            bwd = 2 * fwd + n * (core_bwd - 2 * core) / split_rate
             # the weights' gradient: one forward of every weight matrix (not the attention core)
             wgt = (n * (model.f_layer - model.f_core + ad) + head) / split_rate
             if model.frozen:  # input gradients only, but the attention core and adapters twice
-                bwd = (n * (f_layer - core + 2 * core + 2 * ad) + head) / split_rate
+                bwd = (n * (f_layer - core + core_bwd + 2 * ad) + head) / split_rate
                 wgt = n * ad / split_rate
             frac = min(1.0, a.dp_bucket_params / max(st.params, 1))
             self.groups.append(
@@ -581,7 +596,7 @@ class StepTimer:
                     fwd,
                     bwd,
                     n * rc_flops / split_rate,
-                    3 * n * core / split_rate,
+                    n * (core + core_bwd) / split_rate,
                     wgt,
                     comm(lay, st),
                     frac,

@@ -82,7 +82,7 @@ class Assumptions:
     published runs of ``data/published_runs.toml`` (Narayanan et al. 2021 Tables 1 and 2, the
     Megatron-Core Mixtral-8x7B reference; :mod:`parmem.planner.calibration`)."""
 
-    mfu_ampere_scale: float = 1.45
+    mfu_ampere_scale: float = 1.5
     """The busy fraction of an engine profile's run (any ``engine`` but ``"paper"``: a current
     engine version) on an Ampere GPU (A100: ``Hardware.generation == "ampere"``), relative to
     ``mfu``: its kernels sustain ``mfu_ampere_scale · mfu`` of the peak. ``mfu`` is fitted to
@@ -93,11 +93,12 @@ class Assumptions:
     paper profile. Fitted to the measured runs of ``data/measured_runs.toml`` leaving each
     organisation out (:func:`parmem.planner.heldout.leave_one_out`; every scored run there
     is an engine profile's): with ``mfu_hopper_scale``, ``mfu_half_tokens`` and
-    ``dp_overlap_on``, all organisations together pick 1.45 on a grid of 0.05, and so do the folds
-    that leave one organisation out but MosaicML's, which picks 1.5 (refitted on 2026-12-04, once
+    ``dp_overlap_on``, all organisations together pick 1.5 on a grid of 0.05, and so do the folds
+    that leave one organisation out but MosaicML's, which picks 1.55 (refitted on 2026-12-04, once
     the elementwise work weighs by the GPU's FLOP-to-byte ratio,
-    :func:`~parmem.planner.cost.flop_byte_ratio`; 1.4 before). The paper profile and a GPU of
-    no stated generation take 1."""
+    :func:`~parmem.planner.cost.flop_byte_ratio`, and FlashAttention's backward costs what it
+    runs, :data:`~parmem.planner.cost.FLASH_CORE_BACKWARD`; 1.4 before). The paper profile and
+    a GPU of no stated generation take 1."""
 
     mfu_hopper_scale: float = 1.2
     """As ``mfu_ampere_scale``, on a Hopper GPU (H100, H200: ``Hardware.generation ==
@@ -109,9 +110,9 @@ class Assumptions:
     streams through HBM: the H100's peak grew 3.2 times over the A100 80GB's, its bandwidth 1.6
     times, and :func:`~parmem.planner.cost.flop_byte_ratio` weighs that work by the difference.
     Fitted with ``mfu_ampere_scale``, ``mfu_half_tokens`` and ``dp_overlap_on``: all
-    organisations together 1.2 (mean absolute error 6.9 % over 117 runs), the folds that leave
-    one organisation out 1.1-1.2 (refitted on 2026-12-04; 1.05 before the FLOP-to-byte ratio,
-    at 7.9 %), so an engine's GEMMs on an H100 run at 1.2/1.45 = 0.83 of its A100 fraction of the
+    organisations together 1.2 (mean absolute error 6.4 % over 117 runs), the folds that leave
+    one organisation out 1.15-1.2 (refitted on 2026-12-04; 1.05 before the FLOP-to-byte ratio,
+    at 7.9 %), so an engine's GEMMs on an H100 run at 1.2/1.5 = 0.8 of its A100 fraction of the
     peak."""
 
     attention_efficiency: float = 1.0
@@ -125,8 +126,10 @@ class Assumptions:
     measured runs only MosaicML's sweep the sequence length (512 to 65,536 tokens), so leaving
     an organisation out cannot test it: fitted with the two scales and ``mfu_half_tokens``, the
     folds pick 0.8-0.9, but 1.0 when MosaicML's rows are the ones left out, and the held-out
-    error hardly moves (8.4 % pooled without it, 8.2 % with it; worst 29.2 % both:
-    ``benchmarks/heldout_runs.py --joint``, 2026-12-04)."""
+    error does not move (7.8 % pooled without it, 7.9 % with it; worst 28.2 % both:
+    ``benchmarks/heldout_runs.py --joint``, 2026-12-04, once FlashAttention's backward is
+    timed with its recomputation of the scores, :data:`~parmem.planner.cost.FLASH_CORE_BACKWARD`,
+    which the fitted values below 1 had stood in for)."""
 
     mfu_half_tokens: int = 1280
     """Tokens per micro-batch (``b·s``) at which an engine profile's kernels (any ``engine`` but
@@ -160,7 +163,8 @@ class Assumptions:
     the elementwise work is memory-bound. Introduced on 2026-12-04, that factor cut the
     held-out error of the measured runs, each organisation left out in turn, from 11.4 % to
     8.4 % (worst 30.0 % to 29.2 %; in-sample 7.9 % to 6.9 %: ``benchmarks/heldout_runs.py
-    --joint``)."""
+    --joint``); timing FlashAttention's backward as it runs then took it to 7.8 % (worst 28.2 %;
+    in-sample 6.4 %)."""
 
     headroom: float = MARGIN
     """Fraction of GPU memory kept free for what :func:`~parmem.estimate.estimate` does not count:
@@ -202,8 +206,8 @@ class Assumptions:
     with the kernel scales and ``mfu_half_tokens`` (``benchmarks/heldout_runs.py --joint``): all
     organisations together pick 0.3, and the folds that leave one organisation out 0.2-0.4
     (refitted on 2026-12-03, once TP overlap follows the engine, ``tp_overlap``; before that the
-    folds scattered over 0.2-0.9 and 1 was kept; refitted on 2026-12-04, 0.3 again, the folds
-    0.2-0.3). Less than the whole window: collectives that
+    folds scattered over 0.2-0.9 and 1 was kept; refitted on 2026-12-04, 0.3 again, and so do
+    all the folds). Less than the whole window: collectives that
     run beside the backward pass also slow it (they share the GPU's memory bandwidth and take
     streaming multiprocessors for NCCL's kernels), which this model, with no such term, can only
     count as exposed time. 1: all of the window the engine overlaps in."""
