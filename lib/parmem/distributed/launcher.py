@@ -797,8 +797,9 @@ class Pool:
 
     Parameters (checked here, before any process starts): ``world_size`` (1 to
     :data:`MAX_WORLD_SIZE`; default :func:`default_world_size`), ``backend`` (``"gloo"``;
-    ``"nccl"`` needs one GPU per rank), ``pg_timeout`` (seconds for every collective and the
-    rendezvous), ``start_timeout`` (seconds for all ranks to join); timeouts are finite numbers
+    ``"nccl"`` needs one GPU per rank), ``pg_timeout`` (seconds for every collective and store
+    wait once the ranks have joined), ``start_timeout`` (seconds for all ranks to join: the
+    rendezvous waits up to the longer of the two); timeouts are finite numbers
     of seconds, more than 0 and at most :data:`MAX_TIMEOUT_S`; ``share``: relay to the
     :class:`PoolServer` at ``$PARMEM_SHARED_POOL`` when one serves this world size and backend.
 
