@@ -23,7 +23,15 @@ from __future__ import annotations
 
 import sys
 
-from parmem.planner.heldout import Scored, by_table, leave_one_out, score, skipped, summary
+from parmem.planner.heldout import (
+    Scored,
+    by_table,
+    leave_one_out,
+    pooled_spread,
+    score,
+    skipped,
+    summary,
+)
 
 
 def main(rows: bool = False) -> None:
@@ -54,9 +62,7 @@ def main(rows: bool = False) -> None:
     for t in tables:
         print(f"  {t.group:<32} {t.org:<18} {t.rows:>3}  offset {t.offset:+6.1%}  mean "
               f"{t.mean:6.1%}  without offset {t.mean_without_offset:6.1%}")
-    rows = sum(t.rows for t in tables)
-    print(f"  pooled mean |error| without each table's offset: "
-          f"{sum(t.mean_without_offset * t.rows for t in tables) / rows:.1%}")
+    print(f"  pooled mean |error| without each table's offset: {pooled_spread(tables):.1%}")
 
     neutral = summary(score(mfu_ampere_scale=1.0, mfu_hopper_scale=1.0))
     print(f"{'scales = 1':>16}: {neutral['scored']} scored, mean |error| "

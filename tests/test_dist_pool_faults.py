@@ -336,16 +336,12 @@ def test_ranks_exit_within_5_s_of_the_parent_being_killed(target, from_thread, t
             proc.wait(10)
 
 
-
-
 def test_a_rank_that_joins_late_does_not_fail_a_short_group_timeout():
     """On a loaded machine one rank may import torch seconds after its peer. The rendezvous (the
     store's connect and gloo's full-mesh connect) waits up to the start timeout, not the group's:
     here rank 1 joins 2.5 s after rank 0 under a 1 s group timeout (the failure this fixes:
     "DistStoreError: wait timeout after 3000ms" in a pool's start under load). Once joined, the
     group's collectives take the 1 s timeout again."""
-    import subprocess
-    import sys
     from datetime import timedelta
     from multiprocessing import Pipe
 

@@ -229,7 +229,7 @@ def test_by_table_separates_a_tables_offset_from_its_spread():
     """Three rows of one table modelled 10 % slow, 10 % fast and 30 % slow: offset +10 %, mean
     |error| 1/6, and 2/15 once the offset is out (|0|, |-0.2|, |+0.2|); a one-row table's error
     is all offset. Rows the planner could not model are not counted."""
-    from parmem.planner.heldout import by_table
+    from parmem.planner.heldout import by_table, pooled_spread
 
     runs = measured_runs()
     first = [r for r in runs if r.group == runs[0].group][:3]
@@ -242,3 +242,23 @@ def test_by_table_separates_a_tables_offset_from_its_spread():
     assert a.mean_without_offset == pytest.approx(2 / 15)
     assert (b.group, b.rows, b.offset, b.mean_without_offset) == (
         other.group, 1, pytest.approx(-0.2), pytest.approx(0.0))  # fmt: skip
+    # pooled over the four rows: (3 · 2/15 + 1 · 0) / 4
+    assert pooled_spread([a, b]) == pytest.approx(0.1)
+
+
+def test_flash_backward_is_what_pytorchs_flop_counter_counts_for_its_kernels():
+    """PyTorch's own FLOP accounting of its fused attention kernels (torch.utils.flop_counter,
+    registered for the flash, memory-efficient and cuDNN SDPA backward ops) counts the backward
+    as the recomputed scores plus four gradient matmuls: 2.5 of the forward's count, the
+    factor the time model takes (cost.FLASH_CORE_BACKWARD)."""
+    from torch.utils import flop_counter
+
+    from parmem.planner.cost import FLASH_CORE_BACKWARD
+
+    ops = {str(k) for k in flop_counter.flop_registry}
+    assert {"aten._scaled_dot_product_flash_attention_backward",
+            "aten._scaled_dot_product_cudnn_attention_backward"} <= ops  # fmt: skip
+    for shape in ((1, 8, 2048, 128), (2, 32, 4096, 64)):  # batch, heads, s, d_head
+        fwd = flop_counter.sdpa_flop_count(shape, shape, shape)
+        bwd = flop_counter.sdpa_backward_flop_count(shape, shape, shape, shape)
+        assert bwd / fwd == FLASH_CORE_BACKWARD

@@ -43,6 +43,7 @@ __all__ = [
     "Fold",
     "TableOffset",
     "by_table",
+    "pooled_spread",
     "measured_runs",
     "run_from_row",
     "step_seconds",
@@ -370,6 +371,13 @@ def by_table(scored: list[Scored | tuple[MeasuredRun, str]]) -> list[TableOffset
             group, rows[0].run.org, len(rows), offset, sum(map(abs, errs)) / len(errs),
             sum(abs(e - offset) for e in errs) / len(errs)))  # fmt: skip
     return out
+
+
+def pooled_spread(tables: list[TableOffset]) -> float:
+    """The mean absolute error over every row of ``tables`` (:func:`by_table`) with each table's
+    own offset taken out: the error the time model's shape leaves across layouts."""
+    rows = sum(t.rows for t in tables)
+    return sum(t.mean_without_offset * t.rows for t in tables) / rows if rows else math.nan
 
 
 @dataclass(frozen=True)
