@@ -77,7 +77,13 @@ def test_every_measured_run_fits_the_estimate():
     recipe's distributed optimizer and bf16 gradient reduction to: data/measured_runs.toml."""
     runs = [s.run for s in score() if isinstance(s, Scored)]
     assert len(runs) >= 100
+    # InternLM's ZeRO-1 within a node is timed as DDP (its gradients are all-reduced over the
+    # whole data-parallel group): that layout's memory is not the run's, so it is not held here
+    timed_as = [r for r in runs if r.timed_as]
+    assert {r.group for r in timed_as} == {"internlm_a100_2023"} and len(timed_as) == 22
     for r in runs:
+        if r.timed_as:
+            continue
         est = estimate(r.spec, r.parallel, r.setup,
                        layers_per_stage=even_split(r.spec.layers, r.parallel.pp),
                        gpus_per_node=r.cluster.gpus_per_node)  # fmt: skip

@@ -69,6 +69,7 @@ ORGS = {
     "flagperf": "BAAI",
     "megatron_bridge": "NVIDIA",
     "nemo": "NVIDIA",
+    "internlm": "Shanghai AI Lab (InternLM)",
 }
 
 
@@ -82,7 +83,11 @@ ELEMENTWISE_RECOMPUTE = ("layernorm", "moe_act")
 @dataclass(frozen=True)
 class MeasuredRun:
     """One measured row: its group and organisation, the model, the cluster, the layout, the
-    global batch (sequences) and sequence length, and the measured step time (seconds)."""
+    global batch (sequences) and sequence length, and the measured step time (seconds).
+    ``timed_as``: empty where ``parallel`` is the source's own layout; else what the source ran
+    and why its time is that layout's (InternLM's ZeRO-1 sharded within a node, which all-reduces
+    every gradient over the whole data-parallel group, is timed as DDP: ``zero_as_printed``).
+    Only the time stands for the run then: the memory of ``parallel`` is not the run's."""
 
     key: str
     group: str
@@ -92,6 +97,7 @@ class MeasuredRun:
     parallel: ParallelConfig
     setup: TrainingSetup
     step_time: float
+    timed_as: str = ""
 
 
 @dataclass(frozen=True)
@@ -133,6 +139,11 @@ def _why_not(group: dict[str, Any], row: dict[str, Any]) -> str | None:
         return "a utilisation only (its FLOP count is the source's)"
     if row.get("cpu_offload"):
         return "CPU offload"
+    if row.get("packed_documents"):
+        return (
+            "documents packed into each sequence with attention inside each document (the "
+            "attention's cost depends on document lengths the source does not give)"
+        )
     if row.get("fsdp") or row.get("sharding") in ("HYBRID_SHARD",):
         return "a sharding group smaller than the data-parallel group (HSDP)"
     if "seq_len" not in row:
@@ -239,26 +250,33 @@ def _run(
     else:
         step = step_seconds(batch, seq, float(row["tokens_per_s_per_gpu"]), gpus)
     key = f"{name} {spec.name} {gpus} GPUs t{t} p{p} cp{cp} e{e} d{d} z{zero} b{b} s{seq}"
+    timed_as = (f"ZeRO as printed {row['zero_as_printed']!r}, timed as zero = {zero}"
+                if "zero_as_printed" in row else "")  # fmt: skip
     return MeasuredRun(key, name, org or _org(name), spec,
                        Cluster(_gpu(group, row), per_node, max(gpus // per_node, 1)),
-                       par, setup, step)  # fmt: skip
+                       par, setup, step, timed_as)  # fmt: skip
 
 
 def _gpu(group: dict[str, Any], row: dict[str, Any]) -> str | Hardware:
     """The row's GPU: a preset, or, where the source ran a variant of it, the preset with the
     variant's dense BF16 peak (``peak_flops_bf16`` of the row or its group: the H100 SXM with
-    HBM2e and a lower power limit of Meta's Grand Teton hosts) or NVLink bandwidth
-    (``nvlink_bandwidth``, bytes/s a direction: the A800)."""
+    HBM2e and a lower power limit of Meta's Grand Teton hosts), NVLink bandwidth
+    (``nvlink_bandwidth``, bytes/s a direction: the A800) or network bandwidth
+    (``internode_bandwidth``, bytes/s a direction per GPU: a node's ports over its GPUs, where
+    the cluster has fewer or slower ports than the preset's one 200 or 400 Gb/s port per GPU)."""
     where = row if "gpu" in row else group  # a row's own GPU takes its own variant only
     name = str(where.get("gpu", "h100-sxm"))
     peak, nvlink = where.get("peak_flops_bf16"), where.get("nvlink_bandwidth")
-    if peak is None and nvlink is None:
+    net = where.get("internode_bandwidth")
+    if peak is None and nvlink is None and net is None:
         return name
     hw = hardware_preset(name)
     if peak is not None:
         hw = replace(hw, peak_flops_bf16=float(peak))
     if nvlink is not None:  # NVIDIA's A800: the A100 with NVLink at 400 GB/s (200 a direction)
         hw = replace(hw, intra_node=replace(hw.intra_node, bandwidth=float(nvlink)))
+    if net is not None:  # InternLM's A100 nodes: 4 x 100 Gb/s RoCE for 8 GPUs
+        hw = replace(hw, inter_node=replace(hw.inter_node, bandwidth=float(net)))
     return hw
 
 
@@ -491,6 +509,8 @@ def measured_memory() -> list[MeasuredMemory]:
         if measures not in ("reserved", "nvidia-smi"):
             raise ValueError(f"{name}: memory_measures = {measures!r}: reserved or nvidia-smi")
         r = _run(name, g, row)
+        if r.timed_as:  # the layout stands in for the run's time, not for its memory
+            continue
         est = estimate(r.spec, r.parallel, r.setup,
                        layers_per_stage=even_split(r.spec.layers, r.parallel.pp),
                        gpus_per_node=r.cluster.gpus_per_node)  # fmt: skip
