@@ -677,3 +677,26 @@ def test_assumptions_are_documented():
         # every assumption has a docstring right under its field
         assert re.search(rf"\n    {f.name}: [^\n]+\n    \"\"\"", src), f.name
     assert math.isclose(Assumptions().headroom, 0.10)
+
+
+@pytest.mark.parametrize(
+    ("engine", "zero", "field", "kw"),
+    [
+        ("hf", 0, "fp8", {"fp8": "te", "precision": "bf16"}),
+        ("hf", 0, "offload_activations", {"offload_activations": True}),
+        ("deepspeed", 2, "offload", {"offload": "optimizer"}),
+    ],
+)
+def test_evaluate_refuses_a_setting_it_has_no_time_for(engine, zero, field, kw):
+    """FP8 GEMMs and host offload change the step time in ways the model has no term for, so
+    evaluate() names the setting instead of timing the run as if it were off (it did: an FP8
+    setup came back with the BF16 step time to the digit); the memory estimate still takes it."""
+    spec = ModelSpec.preset("llama-2-7b")
+    par = ParallelConfig(dp=8, zero=zero)
+    setup = TrainingSetup(seq_len=4096, micro_batch=1, num_microbatches=8, engine=engine, **kw)
+    assert estimate(spec, par, setup).peak_bytes > 0
+    with pytest.raises(ValueError, match=rf"^{field}="):
+        evaluate(spec, Cluster("h100-sxm", 8, 1), par, setup)
+    plain = {k: v for k, v in kw.items() if k == "precision"}
+    base = TrainingSetup(seq_len=4096, micro_batch=1, num_microbatches=8, engine=engine, **plain)
+    assert evaluate(spec, Cluster("h100-sxm", 8, 1), par, base).step_time > 0

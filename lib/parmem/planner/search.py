@@ -486,6 +486,22 @@ def plan(
     )
 
 
+def _refuse_untimed(setup: TrainingSetup) -> None:
+    """A setting whose time the step-time model does not have is refused by name, not timed as
+    the setting without it (:func:`parmem.estimate` models the memory of each): FP8 GEMMs (the
+    model has BF16 kernel rates only), and host offload of the optimizer or of the activations
+    (no PCIe transfer or CPU optimizer step is timed)."""
+    if setup.fp8 != "none":
+        raise ValueError(f"fp8={setup.fp8!r}: the step-time model has BF16 kernel rates only "
+                         "(FP8 GEMMs are not timed); parmem.estimate models its memory")  # fmt: skip
+    if setup.offload != "none":
+        raise ValueError(f"offload={setup.offload!r}: the step-time model times no host "
+                         "offload (PCIe transfers, a CPU optimizer step)")  # fmt: skip
+    if setup.offload_activations:
+        raise ValueError("offload_activations=True: the step-time model times no host offload "
+                         "(the activations' PCIe transfers)")  # fmt: skip
+
+
 def evaluate(
     spec: ModelSpec,
     cluster: Cluster,
@@ -505,6 +521,7 @@ def evaluate(
         raise ValueError(f"cluster must be a Cluster, got {type(cluster).__name__}")
     lps = tuple(check_layout(spec, parallel, setup, layers_per_stage))  # the engine's rules too
     parallel.check_world_size(cluster.world_size)
+    _refuse_untimed(setup)
     a = Assumptions.from_kwargs(assumptions)
     if parallel.tp > cluster.gpus_per_node:
         raise ValueError(f"tp={parallel.tp} crosses nodes ({cluster.gpus_per_node} GPUs per node)")
