@@ -4,9 +4,10 @@ how they move with the DP overlap (dp_overlap, 0.05, is the paper profile's, fro
 software; dp_overlap_on that of the engines that overlap), and the leave-one-organisation-out
 fits: dp_overlap_on, the engines' kernel scales by GPU generation (mfu_ampere_scale,
 mfu_hopper_scale), those with mfu_half_tokens, and those with attention_efficiency. With
---per-cluster instead: what `parmem calibrate` does for a reader with one cluster's runs: each source's table on one GPU
-preset is calibrated on its own (mfu; then mfu and the inter-node bandwidth factor), every run
-predicted from the others of its cluster. Not part of `make bench` (minutes):
+--per-cluster instead: what `parmem calibrate` does for a reader with one cluster's runs: each
+source's table on one GPU preset is calibrated on its own (mfu; then mfu and the inter-node
+bandwidth factor), every run predicted from the others of its cluster and from each single
+other run. Not part of `make bench` (minutes):
 
     PYTHONPATH=lib python benchmarks/heldout_runs.py [--rows | --per-cluster | --joint | --memory]
 
@@ -95,30 +96,32 @@ def main(rows: bool = False) -> None:
 
 
 def per_cluster() -> None:
-    """Each (source table, GPU) with three runs or more calibrated on its own runs."""
-    from parmem.planner.heldout import measured_runs
-    from parmem.planner.own_runs import calibrate, group_runs
+    """Each (source table, GPU) with two runs or more calibrated on its own runs
+    (parmem.planner.own_runs.calibration_study): every run predicted with the defaults, from
+    the fit to its cluster's other runs, and from the fit to one other run alone."""
+    from parmem.planner.own_runs import calibration_study, cluster_tables
 
-    clusters = sorted({(r.group, r.cluster.hardware.name) for r in measured_runs()})
+    tables = cluster_tables()
     for fit in (("mfu",), ("mfu", "inter_node_scale")):
-        errs: list[float] = []
-        print(f"fitted per cluster: {', '.join(fit)}; each run predicted from its cluster's others")
-        for group, gpu in clusters:
-            try:
-                cal = calibrate(group_runs(group, gpu), fit=fit)
-            except ValueError as e:
-                print(f"  {group:<32}{gpu:<11} not modelled: {e}")
-                continue
-            if len(cal.runs) < 3:
-                continue
-            held = [abs(x) for x in cal.errors("held_out")]
-            errs += held
-            fitted = ", ".join(f"{k} {v:.3f}" for k, v in cal.fitted.items())
-            print(f"  {group:<32}{gpu:<11}{len(cal.runs):>3} runs  defaults "
-                  f"{cal.mean_error('before'):6.1%}  held out {cal.mean_error('held_out'):6.1%}"
-                  f" (worst {max(held):6.1%})  {fitted}")
-        print(f"  pooled over {len(errs)} runs: held-out mean |error| {sum(errs) / len(errs):.1%},"
-              f" median {sorted(errs)[len(errs) // 2]:.1%}, worst {max(errs):.1%}")
+        print(f"fitted per cluster: {', '.join(fit)}; mean |error| (worst) of each run predicted"
+              " with the defaults, from its cluster's other runs, from one other run")
+        rows = calibration_study(tables, fit=fit)
+        for s in rows:
+            print(f"  {s.group:<32}{s.gpu:<11}{s.runs:>3} runs  "
+                  + "  ".join(f"{name} {m:6.1%} ({w:5.1%})" for name, (m, w) in (
+                      ("defaults", s.defaults), ("others", s.others), ("one", s.one or (0, 0)))
+                      if s.one or name != "one"))
+        n = sum(s.runs for s in rows)
+        for name in ("defaults", "others"):
+            mean = sum(getattr(s, name)[0] * s.runs for s in rows) / n
+            print(f"  pooled over {n} runs, {name}: mean |error| {mean:.1%}, worst "
+                  f"{max(getattr(s, name)[1] for s in rows):.1%}")
+        ones = [(s.one, s.runs * (s.runs - 1)) for s in rows if s.one]
+        if ones:
+            pairs = sum(k for _, k in ones)
+            mean = sum(one[0] * k for one, k in ones) / pairs
+            print(f"  pooled over {pairs} pairs, one run: mean |error| {mean:.1%}, worst "
+                  f"{max(one[1] for one, _ in ones):.1%}")
 
 
 #: the grids of the joint fits (--joint), and the defaults the descent starts from

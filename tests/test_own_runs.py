@@ -333,3 +333,24 @@ def test_the_world_of_a_torchtitan_mesh_is_torchtitans(mesh):
     ParallelDims(**mesh, world_size=world)  # validated on construction
     with pytest.raises(AssertionError, match="Invalid parallel dims"):
         ParallelDims(**mesh, world_size=world * 2)
+
+
+def test_a_calibration_study_recovers_a_cluster_whose_runs_follow_the_model():
+    """Four layouts of one cluster whose "measured" times are the model's own at mfu = 0.5 (a
+    cluster whose one unknown is its kernel efficiency): fitted to the other runs, or to any
+    single one, every run is predicted to the rounding of the fit, while the defaults (mfu
+    0.64) are off by the efficiency's ratio; a cluster of one run is left out."""
+    from parmem.planner.own_runs import calibration_study, cluster_tables
+
+    runs = cluster_tables()[("torchtitan_asynctp_h100_202506", "h100-sxm")]
+    true = [OwnRun(r.name, replace(r.run, step_time=_model_time_at(r, mfu=0.5))) for r in runs]
+    lone = cluster_tables()[("fms_fsdp_readme", "h100-sxm")]
+    (s,) = calibration_study({("synthetic", "h100-sxm"): true, ("one", "h100-sxm"): lone})
+    assert (s.group, s.runs) == ("synthetic", 4)
+    assert s.others[1] < 2e-3 and s.one[1] < 2e-3
+    assert s.defaults[0] > 0.05
+
+
+def _model_time_at(r: OwnRun, **kw: float) -> float:
+    m = r.run
+    return evaluate(m.spec, m.cluster, m.parallel, m.setup, **kw).step_time

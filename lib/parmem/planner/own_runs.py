@@ -60,6 +60,9 @@ __all__ = [
     "scaled_cluster",
     "calibrate",
     "group_runs",
+    "cluster_tables",
+    "CalibrationStudy",
+    "calibration_study",
     "LINK_SCALES",
 ]
 
@@ -673,3 +676,65 @@ def group_runs(group: str, gpu: str | None = None) -> list[OwnRun]:
             f"group={group!r}, gpu={gpu!r}: no scorable rows in data/measured_runs.toml"
         )
     return [OwnRun(r.key, r) for r in runs]
+
+
+def cluster_tables() -> dict[tuple[str, str], list[OwnRun]]:
+    """Every group of ``data/measured_runs.toml`` split by GPU preset, as :class:`OwnRun` s:
+    each one cluster's runs (:func:`group_runs`), keyed by (group, GPU); only rows the planner
+    times (a layout it cannot express is left out)."""
+    from .heldout import Scored, measured_runs, score
+
+    timed = {s.run.key for s in score() if isinstance(s, Scored)}
+    out: dict[tuple[str, str], list[OwnRun]] = {}
+    for r in measured_runs():
+        if r.key in timed:
+            out.setdefault((r.group, r.cluster.hardware.name), []).append(OwnRun(r.key, r))
+    return out
+
+
+@dataclass(frozen=True)
+class CalibrationStudy:
+    """One cluster's runs predicted three ways, as mean absolute step-time errors (fractions)
+    and the worst: with the defaults (``defaults``); each from ``fit`` fitted to the cluster's
+    other runs (``others``, :func:`calibrate`'s held-out); and each from ``fit`` fitted to one
+    other run alone, over every pair (``one``: a reader who measured a single layout; None
+    where ``fit`` names more than one run can determine)."""
+
+    group: str
+    gpu: str
+    runs: int
+    defaults: tuple[float, float]
+    others: tuple[float, float]
+    one: tuple[float, float] | None
+
+
+def calibration_study(
+    tables: Mapping[tuple[str, str], list[OwnRun]] | None = None, fit: Iterable[str] = ("mfu",)
+) -> list[CalibrationStudy]:
+    """What calibrating on a cluster's own runs buys (:func:`calibrate`, fitting ``fit``), per
+    cluster of ``tables`` (default :func:`cluster_tables`; a cluster whose other runs cannot
+    determine ``fit``, one run a fitted value, is left out): each run predicted with the defaults, from the cluster's other runs, and from a
+    single other run. The source tables stand in for a reader's cluster; nothing is fitted to
+    the run being predicted."""
+    names = tuple(fit)
+    out = []
+    for (group, gpu), runs in sorted((cluster_tables() if tables is None else tables).items()):
+        if len(runs) <= len(names):
+            continue
+        c = calibrate(runs, fit=names)
+        defaults = [abs(e) for e in c.errors("before")]
+        others = [abs(e) for e in c.errors("held_out")]
+        one: list[float] = []
+        for i, r in enumerate(runs if len(names) == 1 else ()):
+            alone = calibrate([r], fit=names)
+            kw = {**alone.start, **{n: v for n, v in alone.fitted.items()
+                                    if n not in alone.undetermined}}  # fmt: skip
+            one += [abs(_model_time(o, kw) / o.run.step_time - 1) for j, o in enumerate(runs)
+                    if j != i]  # fmt: skip
+        out.append(CalibrationStudy(group, gpu, len(runs), _mean_worst(defaults),
+                                    _mean_worst(others), _mean_worst(one) if one else None))  # fmt: skip
+    return out
+
+
+def _mean_worst(errors: list[float]) -> tuple[float, float]:
+    return sum(errors) / len(errors), max(errors)
