@@ -84,7 +84,9 @@ def test_leave_one_organisation_out_never_fits_on_what_it_scores():
         assert f.value == min(grid, key=lambda v, o=other: mean_err(o, v))
         assert f.held_out_mean == pytest.approx(mean_err(f.held_out, f.value))
         assert f.train_mean == pytest.approx(mean_err(other, f.value))
-        assert f.held_out_rows == sum(r.org == f.held_out for r in runs)
+        # the rows scored: a layout the planner refuses (DeepSeek-V3's uneven stages) is not
+        assert f.held_out_rows == sum(isinstance(s, Scored)
+                                      for s in score([r for r in runs if r.org == f.held_out]))
 
 
 def test_a_gpu_variant_runs_at_its_own_peak_and_a_loop_without_accumulation_at_its_batch():
@@ -148,3 +150,26 @@ def test_internlms_cluster_runs_at_its_own_network_and_packed_documents_are_left
     fast = replace(big, cluster=replace(big.cluster, gpu="a100-80gb"))
     slow_t, fast_t = (s.modelled for s in score([big, fast]))
     assert slow_t > fast_t
+
+
+def test_an_fsdp_degree_equal_to_data_parallel_is_full_sharding_not_hsdp():
+    """NeMo AutoModel prints FSDP as its dp_shard degree and shards over dp_shard x cp: its
+    Llama3 70B row (64 GPUs, CP 2, FSDP 32 = d) is ZeRO-3 over all 64 ranks, scored, with the
+    full recomputation its recipe turns on (without it parmem's estimate of the layout exceeds
+    the H100, so the run could not have run so); the GPT-OSS row, whose printed EP contradicts
+    its recipe, is left out with that reason, and a degree below d stays HSDP."""
+    from parmem.config import even_split
+    from parmem.estimate import estimate
+    from parmem.planner.heldout import _hsdp
+
+    (r,) = [r for r in measured_runs() if r.group == "nemo_automodel_h100"
+            and r.spec.name == "llama-3-70b"]  # fmt: skip
+    assert (r.parallel.dp, r.parallel.cp, r.parallel.zero, r.parallel.dp_group) == (32, 2, 3, 64)
+    assert r.setup.recompute == "full"
+    bare = estimate(r.spec, r.parallel, replace(r.setup, recompute="none"),
+                    layers_per_stage=even_split(r.spec.layers, 1), gpus_per_node=8)  # fmt: skip
+    assert bare.peak_bytes > r.cluster.hardware.memory_bytes
+    why = [w for g, w in skipped() if g == "nemo_automodel_h100"]
+    assert len(why) == 1 and "EP" in why[0] and "recipe" in why[0]
+    assert _hsdp({"gpus": 64, "cp": 2, "fsdp": 16}) and not _hsdp({"gpus": 64, "cp": 2, "fsdp": 32})
+    assert not _hsdp({"gpus": 8, "fsdp": 0})

@@ -144,7 +144,9 @@ def _why_not(group: dict[str, Any], row: dict[str, Any]) -> str | None:
             "documents packed into each sequence with attention inside each document (the "
             "attention's cost depends on document lengths the source does not give)"
         )
-    if row.get("fsdp") or row.get("sharding") in ("HYBRID_SHARD",):
+    if row.get("left_out"):
+        return str(row["left_out"])
+    if _hsdp(row) or row.get("sharding") in ("HYBRID_SHARD",):
         return "a sharding group smaller than the data-parallel group (HSDP)"
     if "seq_len" not in row:
         return "no sequence length"
@@ -156,6 +158,18 @@ def _why_not(group: dict[str, Any], row: dict[str, Any]) -> str | None:
         return ("every n-th block checkpointed in full (fms-fsdp's and torchtitan's block-wise "
                 "selective checkpointing: not a recompute mode parmem models)")  # fmt: skip
     return None
+
+
+def _hsdp(row: dict[str, Any]) -> bool:
+    """Whether the row's FSDP sharding degree as printed (``fsdp``: NeMo AutoModel's dp_shard,
+    which shards over dp_shard x cp; Megatron-Bridge's GPUs / (TP x PP)) is smaller than its
+    data-parallel size d = GPUs / (t·p·cp), so that replicas of the shards exist: HSDP. An
+    ``fsdp`` of 0 (DDP) or of at least d shards over the whole group, as ZeRO-3 does."""
+    fsdp = int(row.get("fsdp", 0))
+    if not fsdp or "gpus" not in row:
+        return bool(fsdp)
+    d = int(row["gpus"]) // (int(row.get("t", 1)) * int(row.get("p", 1)) * int(row.get("cp", 1)))
+    return fsdp < d
 
 
 def _grad_reduce(group: dict[str, Any], row: dict[str, Any]) -> str | None:
