@@ -98,9 +98,8 @@ class Assumptions:
     the elementwise work weighs by the GPU's FLOP-to-byte ratio,
     :func:`~parmem.planner.cost.flop_byte_ratio`, and FlashAttention's backward costs what it
     runs, :data:`~parmem.planner.cost.FLASH_CORE_BACKWARD`; 1.4 before; with InternLM's A100
-    table added, six organisations, all together still pick 1.5 and the folds 1.45-1.55). The
-    paper profile and
-    a GPU of no stated generation take 1."""
+    table added, six organisations, all together still pick 1.5 and the folds 1.45-1.5). The
+    paper profile and a GPU of no stated generation take 1."""
 
     mfu_hopper_scale: float = 1.2
     """As ``mfu_ampere_scale``, on a Hopper GPU (H100, H200: ``Hardware.generation ==
@@ -112,9 +111,9 @@ class Assumptions:
     streams through HBM: the H100's peak grew 3.2 times over the A100 80GB's, its bandwidth 1.6
     times, and :func:`~parmem.planner.cost.flop_byte_ratio` weighs that work by the difference.
     Fitted with ``mfu_ampere_scale``, ``mfu_half_tokens`` and ``dp_overlap_on``: all
-    organisations together 1.2 (mean absolute error 6.4 % over 117 runs; 7.0 % over 139 runs of
+    organisations together 1.2 (mean absolute error 6.4 % over 117 runs; 7.0 % over 140 runs of
     six organisations once InternLM's table is added, still 1.2), the folds that leave one
-    organisation out 1.15-1.2 (refitted on 2026-12-04; 1.05 before the FLOP-to-byte ratio, at
+    organisation out 1.1-1.2 (refitted on 2026-12-04; 1.05 before the FLOP-to-byte ratio, at
     7.9 %), so an engine's GEMMs on an H100 run at 1.2/1.5 = 0.8 of its A100 fraction of the
     peak."""
 
@@ -145,14 +144,15 @@ class Assumptions:
     ``paper`` profile takes 0: ``mfu`` is fitted to its runs, at 2,048-token micro-batches
     mostly, and holds their rate. Fitted to the measured runs of ``data/measured_runs.toml``
     with the kernel scales and ``dp_overlap_on`` (``benchmarks/heldout_runs.py --joint``): all
-    organisations together pick 1,280; leaving each organisation out, the folds pick 1,024 or
-    1,280 (2026-12-03; still 1,280 with InternLM's table, 2026-12-04, whose own rows disagree:
-    at the same 16,384 tokens a GPU a step, 8-sequence micro-batches with full recomputation are
-    modelled 11.9 % too fast on average and 2-sequence ones without it 6.3 % too slow, a spread a constant in
-    tokens cannot close). Introduced with the kernel scales alone, it cut the pooled held-out error from
-    14.1 % to 10.6 % (worst 41.1 % to 35.6 %): without it the model ran 8 % fast on runs of at
-    most 8,192 tokens a micro-batch and 15 % slow on those of more than 32,768 (2,048-token
-    sequences or shorter). 0 switches it off."""
+    organisations together pick 1,280; leaving each organisation out, the folds pick 1,024 or 1,280
+    (2026-12-03; still 1,280 with InternLM's table, 2026-12-04, the folds 1,024-1,280, or 512-1,280
+    with ``dp_overlap_on`` fitted too; InternLM's own rows disagree: at the same 16,384 tokens a GPU
+    a step, 8-sequence micro-batches with full recomputation are modelled 11.9 % too fast on average
+    and 2-sequence ones without it 6.3 % too slow, a spread no constant in tokens closes).
+    Introduced with the kernel scales alone, it cut the pooled held-out error from 14.1 % to 10.6 %
+    (worst 41.1 % to 35.6 %): without it the model ran 8 % fast on runs of at most 8,192 tokens a
+    micro-batch and 15 % slow on those of more than 32,768 (2,048-token sequences or shorter). 0
+    switches it off."""
 
     mfu_half_width: int = 100
     """Per-GPU GEMM width ``w = h/t`` at which the kernels reach half of ``mfu`` (the factor
@@ -212,11 +212,13 @@ class Assumptions:
     with the kernel scales and ``mfu_half_tokens`` (``benchmarks/heldout_runs.py --joint``): all
     organisations together pick 0.3, and the folds that leave one organisation out 0.2-0.4
     (refitted on 2026-12-03, once TP overlap follows the engine, ``tp_overlap``; before that the
-    folds scattered over 0.2-0.9 and 1 was kept; refitted on 2026-12-04, 0.3 again, and so do
-    all the folds; 0.3 with InternLM's table too, its folds 0.2-0.3). Less than the whole window: collectives that
-    run beside the backward pass also slow it (they share the GPU's memory bandwidth and take
-    streaming multiprocessors for NCCL's kernels), which this model, with no such term, can only
-    count as exposed time. 1: all of the window the engine overlaps in."""
+    folds scattered over 0.2-0.9 and 1 was kept; refitted on 2026-12-04, 0.3 again, and so do all
+    the folds; 0.3 with InternLM's table too, the folds 0-0.3: left out, MosaicML's 77 runs take
+    their micro-batch and overlap evidence with them, and the other organisations pick 0 with
+    ``mfu_half_tokens`` 512). Less than the whole window: collectives that run beside the backward
+    pass also slow it (they share the GPU's memory bandwidth and take streaming multiprocessors for
+    NCCL's kernels), which this model, with no such term, can only count as exposed time. 1: all of
+    the window the engine overlaps in."""
 
     dp_bucket_params: int = 40_000_000
     """Parameters per gradient bucket. The last bucket's reduction starts after the last

@@ -713,9 +713,9 @@ def calibration_study(
 ) -> list[CalibrationStudy]:
     """What calibrating on a cluster's own runs buys (:func:`calibrate`, fitting ``fit``), per
     cluster of ``tables`` (default :func:`cluster_tables`; a cluster whose other runs cannot
-    determine ``fit``, one run a fitted value, is left out): each run predicted with the defaults, from the cluster's other runs, and from a
-    single other run. The source tables stand in for a reader's cluster; nothing is fitted to
-    the run being predicted."""
+    determine ``fit``, one run a fitted value, is left out): each run predicted with the
+    defaults, from the cluster's other runs, and from a single other run. The source tables
+    stand in for a reader's cluster; nothing is fitted to the run being predicted."""
     names = tuple(fit)
     out = []
     for (group, gpu), runs in sorted((cluster_tables() if tables is None else tables).items()):
@@ -732,7 +732,8 @@ def calibration_study(
             one += [abs(_model_time(o, kw) / o.run.step_time - 1) for j, o in enumerate(runs)
                     if j != i]  # fmt: skip
         out.append(CalibrationStudy(group, gpu, len(runs), _mean_worst(defaults),
-                                    _mean_worst(others), _mean_worst(one) if one else None))  # fmt: skip
+                                    _mean_worst(others),
+                                    _mean_worst(one) if one else None))  # fmt: skip
     return out
 
 

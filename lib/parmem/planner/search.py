@@ -514,7 +514,8 @@ def evaluate(
     """Model one given layout the way :func:`plan` ranks layouts (exact communication, a real
     :func:`~parmem.estimate.estimate`); ``global_batch`` is ``d · b · m``. It need not fit:
     compare ``candidate.peak_bytes`` with ``(1 − headroom)`` of the GPU. ``**assumptions`` as
-    for :func:`plan`."""
+    for :func:`plan`. A setting the step-time model has no time for (``fp8``, ``offload``,
+    ``offload_activations``) is a ``ValueError`` naming it."""
     if not isinstance(spec, ModelSpec):
         raise ValueError(f"spec must be a ModelSpec, got {type(spec).__name__}")
     if not isinstance(cluster, Cluster):
