@@ -173,3 +173,27 @@ def test_an_fsdp_degree_equal_to_data_parallel_is_full_sharding_not_hsdp():
     assert len(why) == 1 and "EP" in why[0] and "recipe" in why[0]
     assert _hsdp({"gpus": 64, "cp": 2, "fsdp": 16}) and not _hsdp({"gpus": 64, "cp": 2, "fsdp": 32})
     assert not _hsdp({"gpus": 8, "fsdp": 0})
+
+
+def test_grid_fit_tries_every_point_and_its_best_is_scores_best():
+    """grid_fit scores every combination (with the retimed path) and returns, on all rows, the
+    point whose mean absolute error under score() (evaluate's full path) is the smallest, with
+    that mean; its folds are leave_one_out's."""
+    from itertools import product
+
+    from parmem.planner.heldout import grid_fit, leave_one_out
+
+    runs = [r for r in measured_runs() if r.org in ("BAAI", "IBM", "NVIDIA")]
+    names = ("mfu_ampere_scale", "mfu_hopper_scale")
+    grid = ((1.3, 1.5), (1.0, 1.2, 1.4))
+    fit = grid_fit(names, grid, runs)
+
+    def mean(point):
+        e = [abs(s.error) for s in score(runs, **dict(zip(names, point, strict=True)))
+             if isinstance(s, Scored)]  # fmt: skip
+        return sum(e) / len(e)
+
+    best = min(product(*grid), key=mean)
+    assert fit.value == dict(zip(names, best, strict=True))
+    assert fit.mean == pytest.approx(mean(best), rel=1e-9)
+    assert fit.folds == leave_one_out(names, grid, runs)

@@ -700,3 +700,50 @@ def test_evaluate_refuses_a_setting_it_has_no_time_for(engine, zero, field, kw):
     plain = {k: v for k, v in kw.items() if k == "precision"}
     base = TrainingSetup(seq_len=4096, micro_batch=1, num_microbatches=8, engine=engine, **plain)
     assert evaluate(spec, Cluster("h100-sxm", 8, 1), par, base).step_time > 0
+
+
+def test_step_times_is_evaluates_step_time_under_any_assumptions():
+    """The grid path of the held-out fits (the layout and its communication built once, the
+    rates and overlaps per call) gives evaluate()'s step time exactly, on a pipeline with
+    interleaving, on a TP + ZeRO-1 layout across nodes and on FSDP with recomputation, and
+    refuses what evaluate refuses."""
+    from parmem.planner import step_times
+
+    cases = [
+        (ModelSpec.preset("llama-2-70b"), Cluster("a100-80gb", 8, 8),
+         ParallelConfig(dp=2, tp=8, pp=4, vpp=2, sp=True, zero=1),
+         TrainingSetup(seq_len=4096, micro_batch=1, num_microbatches=16, engine="megatron-core",
+                       schedule="interleaved")),
+        (ModelSpec.preset("llama-3-8b"), Cluster("h100-sxm", 8, 2),
+         ParallelConfig(dp=4, tp=4, sp=True, zero=1),
+         TrainingSetup(seq_len=8192, micro_batch=1, num_microbatches=4, engine="megatron-core")),
+        (ModelSpec.preset("llama-2-7b"), Cluster("h100-sxm", 8, 4), ParallelConfig(dp=32, zero=3),
+         TrainingSetup(seq_len=4096, micro_batch=2, num_microbatches=2, engine="fsdp2",
+                       recompute="full")),
+    ]  # fmt: skip
+    points = [{}, {"mfu_hopper_scale": 0.9, "mfu_half_tokens": 512, "dp_overlap_on": 1.0},
+              {"mfu_ampere_scale": 1.3, "tp_overlap": 0.1, "attention_efficiency": 0.7,
+               "pp_overlap": 0.0}]  # fmt: skip
+    for spec, cluster, par, su in cases:
+        at = step_times(spec, cluster, par, su)
+        for kw in points:
+            want = evaluate(spec, cluster, par, su, **kw).step_time
+            assert at(Assumptions.from_kwargs(kw)) == pytest.approx(want, rel=1e-12)
+    # each run is timed once per value of its own GPU generation's scale (the other's is set
+    # aside): the other's changes nothing, its own changes the time
+    for spec, cluster, par, su in cases[:2]:
+        at = step_times(spec, cluster, par, su)
+        own, other = (("mfu_ampere_scale", "mfu_hopper_scale")
+                      if cluster.hardware.generation == "ampere"
+                      else ("mfu_hopper_scale", "mfu_ampere_scale"))  # fmt: skip
+        base = at(Assumptions())
+        assert at(Assumptions.from_kwargs({other: 0.7})) == base
+        moved = at(Assumptions.from_kwargs({own: 0.7}))
+        assert moved > base
+        assert moved == pytest.approx(evaluate(spec, cluster, par, su, **{own: 0.7}).step_time,
+                                      rel=1e-12)  # fmt: skip
+    with pytest.raises(ValueError, match="^fp8="):
+        step_times(ModelSpec.preset("llama-2-7b"), Cluster("h100-sxm", 8, 1),
+                   ParallelConfig(dp=8),
+                   TrainingSetup(seq_len=4096, micro_batch=1, num_microbatches=8, engine="hf",
+                                 precision="bf16", fp8="te"))  # fmt: skip

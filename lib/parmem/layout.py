@@ -197,6 +197,7 @@ class Layout:
         "dropout",
         "act_bytes",
         "_stages",
+        "_distinct",
     )
 
     def __init__(
@@ -219,6 +220,7 @@ class Layout:
         self.dropout = setup.dropout_for(spec)
         self.act_bytes = PRECISIONS[setup.precision]["act"]
         self._stages: tuple[Stage, ...] | None = None
+        self._distinct: list[tuple[Stage, int]] | None = None
 
     # ------------------------------------------------------------------ rules
     def _rule_problems(self) -> list[str]:
@@ -390,7 +392,9 @@ class Layout:
     def distinct_stages(self) -> list[tuple[Stage, int]]:
         """The stages that differ, each with how many stages share it (equal layer count, MoE
         layers and ends hold and send the same), in stage order."""
-        return list(_distinct(self.stages))
+        if self._distinct is None:  # asked for each time a timer is built: kept
+            self._distinct = list(_distinct(self.stages))
+        return list(self._distinct)
 
     def __repr__(self) -> str:
         return (

@@ -17,8 +17,9 @@ The package, from the bottom up:
 * :mod:`parmem.planner.result`: :class:`Candidate` and :class:`Plan` and their tables;
 * :mod:`parmem.planner.families`: the request checked and the families of layouts enumerated;
 * :mod:`parmem.planner.search`: :func:`plan` (validate, enumerate the families, search each,
-  rank with ties of 1% going to the simpler layout, the Pareto front: :func:`pareto_front`) and
-  :func:`evaluate`;
+  rank with ties of 1% going to the simpler layout, the Pareto front: :func:`pareto_front`),
+  :func:`evaluate` and :func:`step_times` (one layout's step time as a function of the
+  assumptions, for fits over a grid of them);
 * :mod:`parmem.planner.calibration`: the published runs of ``data/published_runs.toml`` ranked
   and modelled; the defaults of :class:`Assumptions` are fitted to them.
 
@@ -41,7 +42,7 @@ from .cost import StepTime
 from .emit import ENGINES
 from .inputs import Assumptions, Cluster
 from .result import Candidate, Plan
-from .search import evaluate, pareto_front, plan
+from .search import evaluate, pareto_front, plan, step_times
 
 __all__ = [
     "Assumptions",
@@ -52,5 +53,6 @@ __all__ = [
     "evaluate",
     "pareto_front",
     "plan",
+    "step_times",
     "ENGINES",
 ]

@@ -74,7 +74,7 @@ Liu et al. 2023 (ring attention).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from functools import cache
 
 from ..comm import (
@@ -190,7 +190,11 @@ def flop_byte_ratio(hw: Hardware, engine: str) -> float:
     ratio, and its elementwise work weighs 1.93 times as much against its GEMMs. 1 for the
     ``paper`` profile (``mfu_half_hidden`` is fitted to its published runs as they are:
     :mod:`parmem.planner.calibration`) and for a GPU of no stated bandwidth."""
-    if engine_profile(engine).defaults.timing == "papers" or not hw.memory_bandwidth:
+    return _flop_byte_ratio(hw, engine_profile(engine).defaults.timing == "papers")
+
+
+def _flop_byte_ratio(hw: Hardware, papers: bool) -> float:
+    if papers or not hw.memory_bandwidth:
         return 1.0
     return hw.peak_flops_bf16 / hw.memory_bandwidth / _reference_flop_byte()
 
@@ -206,7 +210,11 @@ def kernel_scale(a: Assumptions, generation: str, engine: str) -> float:
     (:attr:`parmem.hardware.Hardware.generation`): 1 for the ``paper`` profile (the published
     runs ``mfu`` is fitted to) and a GPU of no stated generation, else ``mfu_ampere_scale`` or
     ``mfu_hopper_scale``."""
-    if engine_profile(engine).defaults.timing == "papers":
+    return _kernel_scale(a, generation, engine_profile(engine).defaults.timing == "papers")
+
+
+def _kernel_scale(a: Assumptions, generation: str, papers: bool) -> float:
+    if papers:
         return 1.0
     if generation == "ampere":
         return a.mfu_ampere_scale
@@ -507,6 +515,34 @@ class CostModel:
         lay = self.layout(par, recompute, lps, 1, par.pp if sched == "interleaved" else 1, sched)
         return StepTimer(self, lay, self.stage_comm_linear)
 
+    def exact_times(
+        self, par: ParallelConfig, setup: TrainingSetup, lps: tuple[int, ...]
+    ) -> Callable[[Assumptions], float]:
+        """:meth:`exact_time`'s step time (seconds) of one layout as a function of the
+        assumptions. The layout and its exact communication do not depend on them (they are
+        set by the model, the layout, the hardware and the engine), so they are built once and
+        each call builds only the :class:`StepTimer` of the rates and overlaps: what scoring
+        many assumptions on one run (a fit's grid) needs."""
+        b, m = setup.micro_batch, setup.num_microbatches
+        lay = self.layout(par, setup.recompute, lps, b, m, setup.schedule)
+        comm = {st.index: self.stage_comm_exact(lay, st) for st, _ in lay.distinct_stages()}
+
+        # one GPU generation's kernel scale is all a run reads (kernel_scale): the other's is
+        # set aside, so a grid over both times each run once per value of its own
+        other = {"ampere": "mfu_hopper_scale", "hopper": "mfu_ampere_scale"}.get(self.hw.generation)
+        names = [f.name for f in fields(Assumptions) if f.name != other]
+        seen: dict[tuple[object, ...], float] = {}
+
+        def at(a: Assumptions) -> float:
+            key = tuple(getattr(a, n) for n in names)
+            t = seen.get(key)
+            if t is None:
+                timer = StepTimer(self, lay, lambda _lay, st: comm[st.index], a)
+                t = seen[key] = timer.breakdown(b, m)[0].total
+            return t
+
+        return at
+
     def exact_time(
         self, par: ParallelConfig, setup: TrainingSetup, lps: tuple[int, ...]
     ) -> tuple[StepTime, int]:
@@ -551,20 +587,22 @@ class StepTimer:
         model: CostModel,
         lay: Layout,
         comm: Callable[[Layout, Stage], StageComm],
+        a: Assumptions | None = None,
     ) -> None:
+        """``a``: the assumptions to time with, if not ``model``'s."""
         par, recompute = lay.parallel, lay.setup.recompute
-        self.a = a = model.a
+        self.a = a = model.a if a is None else a
         self.p, self.v = par.pp, par.vpp
         self.zero = par.zero
         self.zbv = par.pp > 1 and lay.setup.schedule == "zbv"
         # engine-aware: the engine (as parmem's recipe launches it) overlaps DP collectives or not
         self.dp_overlap = a.dp_overlap_on if lay.engine.defaults.dp_overlap else a.dp_overlap
-        scale = kernel_scale(a, model.hw.generation, lay.engine.name)
-        # an engine profile's micro-batch also costs mfu_half_tokens tokens' compute (b0 sequences)
         papers = lay.engine.defaults.timing == "papers"
+        scale = _kernel_scale(a, model.hw.generation, papers)
+        # an engine profile's micro-batch also costs mfu_half_tokens tokens' compute (b0 sequences)
         self.b0 = 0.0 if papers else a.mfu_half_tokens / model.s
         busy = busy_fraction(a, model.spec.hidden, par.tp, scale,
-                             flop_byte_ratio(model.hw, lay.engine.name))  # fmt: skip
+                             _flop_byte_ratio(model.hw, papers))  # fmt: skip
         split_rate = par.tp * par.cp * model.peak * busy
         ad = model.f_adapter / model.spec.layers  # the adapters' forward per layer
         # the attention core at attention_efficiency of the GEMM rate: its FLOPs weigh 1/eff

@@ -26,6 +26,7 @@ group smaller than the data-parallel group) are left out with the reason (:func:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from itertools import product
 from typing import Any, Unpack
@@ -34,8 +35,8 @@ from .._data import load_toml
 from ..config import ParallelConfig, TrainingSetup, even_split, vpp_schedule
 from ..hardware import Hardware, hardware_preset
 from ..model import ModelSpec
-from .inputs import AssumptionOptions, Cluster
-from .search import evaluate
+from .inputs import AssumptionOptions, Assumptions, Cluster
+from .search import evaluate, step_times
 
 __all__ = [
     "MeasuredRun",
@@ -51,6 +52,9 @@ __all__ = [
     "score",
     "summary",
     "leave_one_out",
+    "GridFit",
+    "grid_fit",
+    "FIT_GRID",
     "ORGS",
     "ELEMENTWISE_RECOMPUTE",
     "MeasuredMemory",
@@ -351,6 +355,23 @@ def score(
     return out
 
 
+def _step_times(
+    runs: list[MeasuredRun],
+) -> list[tuple[MeasuredRun, Callable[[Assumptions], float]]]:
+    """Each run the planner times (a refused layout is left out, as :func:`score` reports it)
+    with its step time as a function of the assumptions (:func:`~parmem.planner.search.step_times`:
+    the same time as :func:`score`'s, its layout and communication built once)."""
+    out = []
+    for r in runs:
+        try:
+            at = step_times(r.spec, r.cluster, r.parallel, r.setup,
+                            layers_per_stage=even_split(r.spec.layers, r.parallel.pp))  # fmt: skip
+        except ValueError:
+            continue
+        out.append((r, at))
+    return out
+
+
 def summary(scored: list[Scored | tuple[MeasuredRun, str]]) -> dict[str, Any]:
     """Mean and worst absolute error over the scored runs, overall and per organisation, and how
     many the planner could not model."""
@@ -437,27 +458,80 @@ def leave_one_out(
     combination is tried) by the smallest mean absolute step-time error, once per organisation
     with that organisation's rows left out, and score it on them; ``fixed`` assumptions hold
     in every trial. The fit never sees the rows it is scored on: the split is by organisation
-    (:data:`ORGS`), not by row."""
+    (:data:`ORGS`), not by row; and it is the grid's best point for the rows it may see, found
+    by trying every point (:func:`grid_fit`), so no start fitted to the held-out rows steers it."""
+    return grid_fit(name, grid, runs, **fixed).folds
+
+
+#: The grid the engine profiles' kernel scales and micro-batch cost are fitted on
+#: (:func:`grid_fit`; ``benchmarks/heldout_runs.py --joint``, chapter 18): every combination is
+#: tried. The defaults of :class:`~parmem.planner.Assumptions` are its best point on all the
+#: measured runs.
+FIT_GRID: dict[str, tuple[float, ...]] = {
+    "mfu_ampere_scale": tuple(round(1.2 + 0.05 * i, 2) for i in range(11)),  # 1.2 .. 1.7
+    "mfu_hopper_scale": tuple(round(0.8 + 0.05 * i, 2) for i in range(13)),  # 0.8 .. 1.4
+    "mfu_half_tokens": (0, 512, 768, 1024, 1280, 1536, 2048),
+}
+
+
+@dataclass(frozen=True)
+class GridFit:
+    """:func:`grid_fit`'s answer: the grid's best value on every organisation's rows
+    (``value``: one value, or a dict of them by name), its mean and worst absolute error there,
+    the rows, and the :class:`Fold` of each organisation left out."""
+
+    value: Any
+    mean: float
+    worst: float
+    rows: int
+    folds: list[Fold]
+
+
+def grid_fit(
+    name: str | tuple[str, ...],
+    grid: tuple[Any, ...],
+    runs: list[MeasuredRun] | None = None,
+    **fixed: Any,
+) -> GridFit:
+    """Every point of ``grid`` (as :func:`leave_one_out`) scored on every run, once: the best
+    point on all organisations' rows (how a default is chosen) and on each organisation's
+    complement (its fold). Each run's layout and communication are built once and only the
+    rates and overlaps are retimed per point (:func:`~parmem.planner.search.step_times`)."""
     runs = measured_runs() if runs is None else runs
     names = (name,) if isinstance(name, str) else tuple(name)
     points: list[Any] = list(grid) if isinstance(name, str) else list(product(*grid))
+    timed = _step_times(runs)
     errors = {}
     for v in points:
         kw: dict[str, Any] = dict(fixed, **dict(zip(names, (v,) if isinstance(name, str) else v,
                                                     strict=True)))  # fmt: skip
-        errors[v] = [(s.run.org, abs(s.error)) for s in score(runs, **kw) if isinstance(s, Scored)]
+        a = Assumptions.from_kwargs(kw)  # type: ignore[arg-type]
+        errors[v] = [(r.org, abs(at(a) / r.step_time - 1)) for r, at in timed]
     orgs = sorted({o for o, _ in errors[points[0]]})
 
-    def mean(v: Any, org: str, inside: bool) -> tuple[float, float, int]:
-        e = [x for o, x in errors[v] if (o == org) == inside]
+    def named(v: Any) -> Any:
+        return v if isinstance(name, str) else dict(zip(names, v, strict=True))
+
+    def mean(v: Any, keep: Callable[[str], bool]) -> tuple[float, float, int]:
+        e = [x for o, x in errors[v] if keep(o)]
         return sum(e) / len(e), max(e), len(e)
+
+    def everyone(o: str) -> bool:
+        return True
 
     folds = []
     for org in orgs:
-        best = min(points, key=lambda v: mean(v, org, False)[0])  # noqa: B023 (used at once)
-        value = best if isinstance(name, str) else dict(zip(names, best, strict=True))
-        folds.append(Fold(org, value, mean(best, org, False)[0], *mean(best, org, True)))
-    return folds
+
+        def others(o: str, org: str = org) -> bool:
+            return o != org
+
+        def own(o: str, org: str = org) -> bool:
+            return o == org
+
+        best = min(points, key=lambda v: mean(v, others)[0])  # noqa: B023 (used at once)
+        folds.append(Fold(org, named(best), mean(best, others)[0], *mean(best, own)))
+    every = min(points, key=lambda v: mean(v, everyone)[0])
+    return GridFit(named(every), *mean(every, everyone), folds)
 
 
 # ---------------------------------------------------------------------------- memory

@@ -90,16 +90,14 @@ class Assumptions:
     135-163 TFLOP/s per GPU, 43-52 % of the peak: Narayanan et al. 2021 Table 1) and Megatron-Core on H100s; the
     engines of 2023-2025 run the same A100 faster (FlashAttention-2 trains GPT-style models at
     up to 225 TFLOP/s per A100, 72 % model FLOPs utilisation: Dao 2023, abstract). 1: as the
-    paper profile. Fitted to the measured runs of ``data/measured_runs.toml`` leaving each
-    organisation out (:func:`parmem.planner.heldout.leave_one_out`; every scored run there
-    is an engine profile's): with ``mfu_hopper_scale``, ``mfu_half_tokens`` and
-    ``dp_overlap_on``, all organisations together pick 1.5 on a grid of 0.05, and so do the folds
-    that leave one organisation out but MosaicML's, which picks 1.55 (refitted on 2026-12-04, once
-    the elementwise work weighs by the GPU's FLOP-to-byte ratio,
-    :func:`~parmem.planner.cost.flop_byte_ratio`, and FlashAttention's backward costs what it
-    runs, :data:`~parmem.planner.cost.FLASH_CORE_BACKWARD`; 1.4 before; with InternLM's A100
-    table added, six organisations, all together still pick 1.5 and the folds 1.45-1.5). The
-    paper profile and a GPU of no stated generation take 1."""
+    paper profile. Fitted with ``mfu_hopper_scale`` and ``mfu_half_tokens`` to the measured runs of
+    ``data/measured_runs.toml`` (every scored run there is an engine profile's) on every point of
+    :data:`~parmem.planner.heldout.FIT_GRID` (:func:`~parmem.planner.heldout.grid_fit`): the six
+    organisations' 140 runs together pick 1.5 (2026-12-04, once the elementwise work weighs by the
+    GPU's FLOP-to-byte ratio, :func:`~parmem.planner.cost.flop_byte_ratio`, and FlashAttention's
+    backward costs what it runs, :data:`~parmem.planner.cost.FLASH_CORE_BACKWARD`; 1.4 before);
+    leaving one organisation out, the folds pick 1.3-1.5 (1.3 without MosaicML's runs). The paper
+    profile and a GPU of no stated generation take 1."""
 
     mfu_hopper_scale: float = 1.2
     """As ``mfu_ampere_scale``, on a Hopper GPU (H100, H200: ``Hardware.generation ==
@@ -110,12 +108,10 @@ class Assumptions:
     (Dubey et al. 2024, Table 4). Part of that is the elementwise work between the GEMMs, which
     streams through HBM: the H100's peak grew 3.2 times over the A100 80GB's, its bandwidth 1.6
     times, and :func:`~parmem.planner.cost.flop_byte_ratio` weighs that work by the difference.
-    Fitted with ``mfu_ampere_scale``, ``mfu_half_tokens`` and ``dp_overlap_on``: all
-    organisations together 1.2 (mean absolute error 6.4 % over 117 runs; 7.0 % over 140 runs of
-    six organisations once InternLM's table is added, still 1.2), the folds that leave one
-    organisation out 1.1-1.2 (refitted on 2026-12-04; 1.05 before the FLOP-to-byte ratio, at
-    7.9 %), so an engine's GEMMs on an H100 run at 1.2/1.5 = 0.8 of its A100 fraction of the
-    peak."""
+    Fitted with them as ``mfu_ampere_scale`` is: 1.2, at a mean absolute error of 7.0 % over the 140
+    runs (worst 27.2 %); the folds that leave one organisation out pick 1.05-1.2 (1.05 without
+    MosaicML's runs); 1.05 before the FLOP-to-byte ratio (2026-12-04). So an engine's GEMMs on an
+    H100 run at 1.2/1.5 = 0.8 of its A100 fraction of the peak."""
 
     attention_efficiency: float = 1.0
     """Rate of the attention core (scores and the weighted sum of values, ``4·s²·a·d_head``
@@ -141,18 +137,15 @@ class Assumptions:
     pays fixed costs (kernel launches, the per-layer work that does not grow with the tokens):
     Narayanan et al. 2021 (§3.4 and Figure 7) measured per-GPU throughput rising with the
     micro-batch size and time it with per-micro-batch functions ``t_f(b)``, ``t_b(b)``. The
-    ``paper`` profile takes 0: ``mfu`` is fitted to its runs, at 2,048-token micro-batches
-    mostly, and holds their rate. Fitted to the measured runs of ``data/measured_runs.toml``
-    with the kernel scales and ``dp_overlap_on`` (``benchmarks/heldout_runs.py --joint``): all
-    organisations together pick 1,280; leaving each organisation out, the folds pick 1,024 or 1,280
-    (2026-12-03; still 1,280 with InternLM's table, 2026-12-04, the folds 1,024-1,280, or 512-1,280
-    with ``dp_overlap_on`` fitted too; InternLM's own rows disagree: at the same 16,384 tokens a GPU
-    a step, 8-sequence micro-batches with full recomputation are modelled 11.9 % too fast on average
-    and 2-sequence ones without it 6.3 % too slow, a spread no constant in tokens closes).
-    Introduced with the kernel scales alone, it cut the pooled held-out error from 14.1 % to 10.6 %
-    (worst 41.1 % to 35.6 %): without it the model ran 8 % fast on runs of at most 8,192 tokens a
-    micro-batch and 15 % slow on those of more than 32,768 (2,048-token sequences or shorter). 0
-    switches it off."""
+    ``paper`` profile takes 0: ``mfu`` is fitted to its runs, at 2,048-token micro-batches mostly,
+    and holds their rate. Fitted with the kernel scales as ``mfu_ampere_scale`` is: 1,280 on all
+    organisations' runs, the folds 512-1,280 (512 without MosaicML's runs; 2026-12-04). InternLM's
+    own rows disagree: at the same 16,384 tokens a GPU a step, 8-sequence micro-batches with full
+    recomputation are modelled 11.9 % too fast on average and 2-sequence ones without it 6.3 % too
+    slow, a spread no constant in tokens closes. Introduced with the kernel scales alone, it cut the
+    pooled held-out error from 14.1 % to 10.6 % (worst 41.1 % to 35.6 %): without it the model ran 8
+    % fast on runs of at most 8,192 tokens a micro-batch and 15 % slow on those of more than 32,768
+    (2,048-token sequences or shorter). 0 switches it off."""
 
     mfu_half_width: int = 100
     """Per-GPU GEMM width ``w = h/t`` at which the kernels reach half of ``mfu`` (the factor
@@ -208,17 +201,15 @@ class Assumptions:
     launches it (:attr:`parmem.engines.Defaults.dp_overlap`: FSDP2's prefetch, DDP's gradient
     buckets, Megatron-LM's ``--overlap-grad-reduce``/``--overlap-param-gather``, DeepSpeed's
     ``overlap_comm``). ``dp_overlap`` then describes the ``paper`` profile only, the 2021
-    accounting its fit comes from. Fitted to the measured runs of ``data/measured_runs.toml``
-    with the kernel scales and ``mfu_half_tokens`` (``benchmarks/heldout_runs.py --joint``): all
-    organisations together pick 0.3, and the folds that leave one organisation out 0.2-0.4
-    (refitted on 2026-12-03, once TP overlap follows the engine, ``tp_overlap``; before that the
-    folds scattered over 0.2-0.9 and 1 was kept; refitted on 2026-12-04, 0.3 again, and so do all
-    the folds; 0.3 with InternLM's table too, the folds 0-0.3: left out, MosaicML's 77 runs take
-    their micro-batch and overlap evidence with them, and the other organisations pick 0 with
-    ``mfu_half_tokens`` 512). Less than the whole window: collectives that run beside the backward
-    pass also slow it (they share the GPU's memory bandwidth and take streaming multiprocessors for
-    NCCL's kernels), which this model, with no such term, can only count as exposed time. 1: all of
-    the window the engine overlaps in."""
+    accounting its fit comes from. Fitted with the kernel scales and ``mfu_half_tokens`` on every
+    point of their grids and of 0-1 in steps of 0.1 (``benchmarks/heldout_runs.py --joint``,
+    2026-12-04), the six organisations together pick 0 (with ``mfu_half_tokens`` 512: a mean
+    absolute error of 6.7 % against 7.0 %, worst 33.1 % against 27.2 %) and the folds 0-0.3; fitted
+    so, it carries no better to an organisation left out (10.1 % against 9.9 % with it held at 0.3),
+    so 0.3, a fit of 2026-12-03, is kept. Less than the whole window: collectives that run beside
+    the backward pass also slow it (they share the GPU's memory bandwidth and take streaming
+    multiprocessors for NCCL's kernels), which this model, with no such term, can only count as
+    exposed time. 1: all of the window the engine overlaps in."""
 
     dp_bucket_params: int = 40_000_000
     """Parameters per gradient bucket. The last bucket's reduction starts after the last

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from itertools import product
 from typing import NamedTuple, Unpack
 
@@ -47,7 +47,7 @@ from .families import Families, Family, check_inputs, check_setup, search_space
 from .inputs import AssumptionOptions, Assumptions, Cluster, SetupOptions
 from .result import Candidate, Plan, PlanStats
 
-__all__ = ["TIE", "evaluate", "pareto_front", "plan", "rank_candidates", "simplicity"]
+__all__ = ["TIE", "evaluate", "pareto_front", "plan", "rank_candidates", "simplicity", "step_times"]
 
 
 class _Point(NamedTuple):
@@ -516,6 +516,37 @@ def evaluate(
     compare ``candidate.peak_bytes`` with ``(1 − headroom)`` of the GPU. ``**assumptions`` as
     for :func:`plan`. A setting the step-time model has no time for (``fp8``, ``offload``,
     ``offload_activations``) is a ``ValueError`` naming it."""
+    a = Assumptions.from_kwargs(assumptions)
+    model, lps = _layout_model(spec, cluster, parallel, setup, layers_per_stage, a)
+    est = estimate(spec, parallel, setup, layers_per_stage=list(lps))
+    return _candidate(model, parallel, setup, lps, est)
+
+
+def step_times(
+    spec: ModelSpec,
+    cluster: Cluster,
+    parallel: ParallelConfig,
+    setup: TrainingSetup,
+    *,
+    layers_per_stage: Iterable[int] | None = None,
+) -> Callable[[Assumptions], float]:
+    """:func:`evaluate`'s step time of one given layout (the same checks, the same refusals) as
+    a function of the :class:`Assumptions`: the layout and its communication are built once,
+    so scoring a grid of assumptions on a run costs the rates and overlaps alone
+    (:meth:`~parmem.planner.cost.CostModel.exact_times`)."""
+    model, lps = _layout_model(spec, cluster, parallel, setup, layers_per_stage, Assumptions())
+    return model.exact_times(parallel, setup, lps)
+
+
+def _layout_model(
+    spec: ModelSpec,
+    cluster: Cluster,
+    parallel: ParallelConfig,
+    setup: TrainingSetup,
+    layers_per_stage: Iterable[int] | None,
+    a: Assumptions,
+) -> tuple[CostModel, tuple[int, ...]]:
+    """The checks :func:`evaluate` makes of one given layout, and its :class:`CostModel`."""
     if not isinstance(spec, ModelSpec):
         raise ValueError(f"spec must be a ModelSpec, got {type(spec).__name__}")
     if not isinstance(cluster, Cluster):
@@ -523,7 +554,6 @@ def evaluate(
     lps = tuple(check_layout(spec, parallel, setup, layers_per_stage))  # the engine's rules too
     parallel.check_world_size(cluster.world_size)
     _refuse_untimed(setup)
-    a = Assumptions.from_kwargs(assumptions)
     if parallel.tp > cluster.gpus_per_node:
         raise ValueError(f"tp={parallel.tp} crosses nodes ({cluster.gpus_per_node} GPUs per node)")
     G = parallel.dp * setup.micro_batch * setup.num_microbatches
@@ -543,6 +573,4 @@ def evaluate(
         tp_comm_overlap=setup.tp_comm_overlap,
         loss_chunks=setup.loss_chunks,
     )
-    model = CostModel(spec, cluster, G, setup.seq_len, a, setup_kw)
-    est = estimate(spec, parallel, setup, layers_per_stage=list(lps))
-    return _candidate(model, parallel, setup, lps, est)
+    return CostModel(spec, cluster, G, setup.seq_len, a, setup_kw), lps
