@@ -3,7 +3,7 @@
 ``data/measured_runs.toml`` holds published *measured* training throughputs from sources the
 fit (:mod:`parmem.planner.calibration`, ``data/published_runs.toml``) never reads: MosaicML's
 llm-foundry tables, torchtitan's and IBM's FSDP benchmarks, BigScience's BLOOM logs, BAAI's
-FlagPerf, NVIDIA's Megatron-Bridge and NeMo AutoModel summaries. Each row gives a layout and
+FlagPerf, NVIDIA's Megatron-Bridge and NeMo AutoModel summaries, InternLM's 7B scaling tables. Each row gives a layout and
 tokens per second per GPU (or seconds per step); the measured step time is the tokens of one
 global batch over the tokens per second of all GPUs. :func:`score` models the same layout with
 :func:`~parmem.planner.evaluate` (the planner's time model, with the given assumptions) and
@@ -15,12 +15,16 @@ gradients (``grad_reduce``: Composer's ``PURE`` mixed precision, fms-fsdp's ``bf
 bf16), the run reduces in it; where its training loop runs one forward and backward per step
 (``grad_accum = 1``: torchtitan's 2024 loop, fms-fsdp's), the per-rank batch is the micro-batch.
 :func:`leave_one_out` fits one or several assumptions with one
-organisation's rows left out at a time and scores them on them.
+organisation's rows left out at a time and scores them on them, trying every point of a grid
+(:func:`grid_fit`): a search that starts from the defaults would start from values fitted with
+the held-out rows themselves.
 
 What is scored and what is not is decided row by row, and said: FP8 rows (the time model has no
 FP8 GEMM rate), rows that give a utilisation only (their step time depends on the source's own
 FLOP count), rows whose layout the planner's engines cannot express (CPU offload, a sharding
-group smaller than the data-parallel group) are left out with the reason (:func:`skipped`).
+group smaller than the data-parallel group), documents packed into sequences, and rows whose
+printed layout contradicts the recipe that ran (``left_out``) are left out with the reason
+(:func:`skipped`).
 """
 
 from __future__ import annotations
