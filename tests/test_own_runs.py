@@ -354,3 +354,15 @@ def test_a_calibration_study_recovers_a_cluster_whose_runs_follow_the_model():
 def _model_time_at(r: OwnRun, **kw: float) -> float:
     m = r.run
     return evaluate(m.spec, m.cluster, m.parallel, m.setup, **kw).step_time
+
+
+def test_a_fit_across_models_says_so():
+    """Runs of several models fit one efficiency for all of them: the answer says which models
+    and to fit to runs of the model that will be planned; runs of one model say nothing."""
+    from parmem.planner.own_runs import group_runs
+
+    mixed = calibrate(group_runs("flagperf_megatron", gpu="h100-sxm"), fit=("mfu",))
+    assert "these runs are of 3 models (llama-3-70b, llama-3-8b, mixtral-8x7b)" in str(mixed)
+    one = calibrate(group_runs("flagperf_megatron", gpu="a100-80gb"), fit=("mfu",))
+    assert "these runs are of" not in str(one)
+    assert mixed.to_dict()["models"] == ["llama-3-70b", "llama-3-8b", "mixtral-8x7b"]

@@ -305,6 +305,7 @@ class Calibration:
             "mean_error": {w: self.mean_error(w) for w in ("before", "after", "held_out")},
             "runs": self.rows(),
             "notes": {r.name: list(r.notes) for r in self.runs if r.notes},
+            "models": sorted({r.run.spec.name for r in self.runs}),
             "plan_flags": self.flags(),
         }
 
@@ -341,6 +342,14 @@ class Calibration:
         ]  # fmt: skip
         for r in self.runs:
             lines += [f"note ({r.name}): {n}" for n in r.notes]
+        models = sorted({r.run.spec.name for r in self.runs})
+        if len(models) > 1:
+            lines.append(
+                f"note: these runs are of {len(models)} models ({', '.join(models)}); one "
+                "efficiency fitted to all of them is their average, and may predict each worse "
+                "than the defaults (chapter 18: FlagPerf's H100 runs of three models): fit to "
+                "runs of the model you will plan"
+            )
         if self.flags():
             lines.append(f"plan with: parmem plan ... {self.flags()}")
         links = [f"{LINK_SCALES[n]} bandwidth x {v:.2f}" for n, v in self.fitted.items()
