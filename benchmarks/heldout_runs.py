@@ -2,9 +2,9 @@
 each row's measured and modelled step time, the mean and worst |error| per organisation, and
 how they move with the DP overlap (dp_overlap, 0.05, is the paper profile's, from 2021
 software; dp_overlap_on that of the engines that overlap), and the leave-one-organisation-out
-fits: dp_overlap_on, the engines' kernel scales by GPU generation (mfu_ampere_scale,
-mfu_hopper_scale), those with mfu_half_tokens, and those with attention_efficiency. With
---per-cluster instead: what `parmem calibrate` does for a reader with one cluster's runs: each
+fits: dp_overlap_on alone (the rest at their defaults), and the engines' kernel scales by GPU
+generation (mfu_ampere_scale, mfu_hopper_scale) with mfu_half_tokens on every point of
+FIT_GRID. With --per-cluster instead: what `parmem calibrate` does for a reader with one cluster's runs: each
 source's table on one GPU preset is calibrated on its own (mfu; then mfu and the inter-node
 bandwidth factor), every run predicted from the others of its cluster and from each single
 other run. Not part of `make bench` (minutes):
@@ -28,6 +28,7 @@ from parmem.planner.heldout import (
     FIT_GRID,
     Scored,
     by_table,
+    grid_fit,
     leave_one_out,
     pooled_spread,
     score,
@@ -81,19 +82,12 @@ def main(rows: bool = False) -> None:
                   f"held out {f.held_out_mean:6.1%} (worst {f.held_out_worst:6.1%}, "
                   f"{f.held_out_rows} rows)")
 
-    folds("dp_overlap_on fitted on the others (grid 0, 0.05 .. 1)",
+    folds("dp_overlap_on fitted on the others, every other assumption at its default (fitted on "
+          "all organisations: this scores dp_overlap_on's fit alone)",
           leave_one_out("dp_overlap_on", tuple(i / 20 for i in range(21))))
-    scales = (tuple(round(0.9 + 0.05 * i, 2) for i in range(13)),  # mfu_ampere_scale 0.9 .. 1.5
-              tuple(round(0.7 + 0.05 * i, 2) for i in range(9)))  # mfu_hopper_scale 0.7 .. 1.1
-    names = ("mfu_ampere_scale", "mfu_hopper_scale")
-    folds("the two kernel scales fitted on the others", leave_one_out(names, scales))
-    folds("the scales and mfu_half_tokens fitted on the others",
-          leave_one_out((*names, "mfu_half_tokens"),
-                        ((1.2, 1.3, 1.4, 1.5, 1.6), (0.8, 0.9, 1.0, 1.1, 1.2),
-                         (0, 512, 1024, 1536, 2048))))
-    folds("the scales and attention_efficiency fitted on the others",
-          leave_one_out((*names, "attention_efficiency"),
-                        (*scales, (0.6, 0.7, 0.8, 0.9, 1.0, 1.2, 1.4))))
+    folds("the kernel scales and mfu_half_tokens fitted on the others on every point of FIT_GRID "
+          "(how the defaults are chosen; --joint adds dp_overlap_on or attention_efficiency)",
+          grid_fit(tuple(FIT_GRID), tuple(FIT_GRID.values())).folds)
 
 
 def per_cluster() -> None:
