@@ -339,7 +339,7 @@ def test_ranks_exit_within_5_s_of_the_parent_being_killed(target, from_thread, t
 def test_a_rank_that_joins_late_does_not_fail_a_short_group_timeout():
     """On a loaded machine one rank may import torch seconds after its peer. The rendezvous (the
     store's connect and gloo's full-mesh connect) waits up to the start timeout, not the group's:
-    here rank 1 joins 2.5 s after rank 0 under a 1 s group timeout (the failure this fixes:
+    here rank 1 joins at least 2.5 s after rank 0 is waiting, under a 1 s group timeout (the failure this fixes:
     "DistStoreError: wait timeout after 3000ms" in a pool's start under load). Once joined, the
     group's collectives take the 1 s timeout again."""
     from datetime import timedelta
@@ -369,6 +369,13 @@ def test_a_rank_that_joins_late_does_not_fail_a_short_group_timeout():
                  str(store.port)], pass_fds=(child.fileno(),), env=env))  # fmt: skip
             child.close()
             conns.append(parent)
+            if rank == 0:
+                # rank 1 starts only once rank 0 waits in the rendezvous (it has written to the
+                # store), so it joins at least its 2.5 s after, however slowly rank 0 imported
+                deadline = time.monotonic() + 90
+                while store.num_keys() == 0:
+                    assert procs[0].poll() is None and time.monotonic() < deadline
+                    time.sleep(0.05)
         replies = [c.recv() if c.poll(90) else None for c in conns]
         assert replies == [(0, "ready", None)] * 2, replies
         # joined: an all-reduce whose peer never comes gives up after the group's 1 s
