@@ -101,6 +101,10 @@ def test_a_gpu_variant_runs_at_its_own_peak_and_a_loop_without_accumulation_at_i
     assert a100 and all(r.cluster.hardware.peak_flops_bf16 == 312e12 for r in a100)
     big = [r for k, r in runs.items() if k.startswith("torchtitan_2024") and "405b" in k]
     assert big and all(r.cluster.hardware.peak_flops_bf16 == 912e12 for r in big)
+    # and their HBM2e: "96GB HBM2e with 2.4 TB/sec peak memory bandwidth" (the 2024-12 page), not
+    # the SXM's 3.35 TB/s of HBM3, which the elementwise work between the GEMMs streams through
+    assert all(r.cluster.hardware.memory_bandwidth == 2.4e12 for r in h100 + big)
+    assert all(r.cluster.hardware.memory_bandwidth == 2039e9 for r in a100)
     # batch_per_dp = 16 and 12 (70B, 8B) with no accumulation: one micro-batch of that size
     assert sorted({r.setup.micro_batch for r in h100 if r.key.startswith("torchtitan_asynctp")}) \
         == [12, 16]
@@ -119,6 +123,20 @@ def test_the_a800_runs_at_its_own_nvlink_and_block_checkpointing_is_left_out():
     assert len(why) == 10
     assert not any(r.setup.recompute == "selective" and r.key.startswith(("ibm", "fms"))
                    for r in measured_runs())  # fmt: skip
+
+
+def test_fms_fsdp_runs_as_its_readme_and_loop_of_the_time_say():
+    """IBM's blog table of 2024-03 is fms-fsdp's README table of that time, which prints the
+    sharding: its 7B rows ran HSDP (shards within a node, replicas across nodes), which parmem
+    does not time, so they are left out by that name (the README's later 7B rows too), not timed
+    as FSDP over every GPU; its loop ran one forward and backward per step, so the per-GPU
+    batch of 2 is the micro-batch, and bfSixteen reduces gradients in bf16."""
+    ibm = [r for r in measured_runs() if r.group in ("ibm_fsdp_blog_2024_03", "fms_fsdp_readme")]
+    assert sorted(r.spec.name for r in ibm) == ["llama-2-34b-fms"] * 2 + ["llama-2-70b"] * 2
+    assert all(r.setup.micro_batch == 2 and r.setup.num_microbatches == 1 for r in ibm)
+    assert all(r.setup.grad_dtype == "bf16" and r.parallel.zero == 3 for r in ibm)
+    hsdp = [g for g, w in skipped() if "(HSDP)" in w]
+    assert sorted(hsdp) == ["fms_fsdp_readme"] * 2 + ["ibm_fsdp_blog_2024_03"] * 2
 
 
 def test_internlms_cluster_runs_at_its_own_network_and_packed_documents_are_left_out():

@@ -16,7 +16,7 @@ from parmem._data import data_path
 from parmem.hardware import hardware_preset, hardware_presets
 from parmem.planner import Assumptions, evaluate
 from parmem.planner.cost import flop_byte_ratio
-from parmem.planner.heldout import ORGS, Scored, leave_one_out, measured_runs, score
+from parmem.planner.heldout import ORGS, Scored, leave_one_out, measured_runs, run_from_row, score
 
 PEAK = {"a100-80gb": 312e12, "h100-sxm": 989e12}  # dense BF16, the datasheets
 # busy fraction = mfu exactly
@@ -182,7 +182,7 @@ def test_measured_runs_reduce_in_the_dtype_their_code_states():
     assert by_key["llmfoundry_a100_40gb"] == {"bf16"}  # every row PURE
     assert by_key["llmfoundry_h100"] == {None}  # every row DEFAULT
     assert by_key["llmfoundry_a100_80gb"] == {"bf16", None}
-    assert by_key["fms_fsdp_readme"] == {"bf16"}
+    assert by_key["ibm_fsdp_blog_2024_03"] == {"bf16"}
     assert by_key["torchtitan_2024"] == {None}
 
 
@@ -209,9 +209,10 @@ def test_leave_one_out_fits_several_assumptions_on_the_other_organisations():
 
 
 def test_a_loop_without_gradient_accumulation_runs_the_local_batch_at_once():
-    """torchtitan's 2024 loop and fms-fsdp's run one forward and backward per step on the rank's
-    whole batch (each group quotes the code): a row's batch_per_dp is its micro-batch. A group
-    that does not say keeps micro-batch 1 (the IBM blog's rows)."""
+    """torchtitan's 2024 loop and fms-fsdp's (at the IBM blog's date too) run one forward and
+    backward per step on the rank's whole batch (each group quotes the code): a row's
+    batch_per_dp is its micro-batch. A row of a group that does not say, and that prints no
+    micro-batch, keeps micro-batch 1."""
     data = tomllib.loads(data_path("measured_runs.toml").read_text())
     for name, g in data.items():
         if "grad_accum" in g:
@@ -219,10 +220,13 @@ def test_a_loop_without_gradient_accumulation_runs_the_local_batch_at_once():
     for r in measured_runs():
         rows = data[r.group]["rows"]
         local = {x["batch_per_dp"] for x in rows if "batch_per_dp" in x}
-        if r.group in ("torchtitan_2024", "fms_fsdp_readme"):
+        if r.group in ("torchtitan_2024", "ibm_fsdp_blog_2024_03"):
             assert r.setup.micro_batch in local and r.setup.num_microbatches == 1, r.key
-        if r.group == "ibm_fsdp_blog_2024_03":
-            assert (r.setup.micro_batch, r.setup.num_microbatches) == (1, 2), r.key
+    # the IBM blog's group as if it quoted no loop: its 70B row, 2 a GPU, as 2 micro-batches of 1
+    group = {k: v for k, v in data["ibm_fsdp_blog_2024_03"].items() if k != "grad_accum"}
+    row = next(x for x in group["rows"] if x["model"] == "llama-2-70b")
+    r = run_from_row("ibm_fsdp_blog_2024_03", group, row)
+    assert (r.setup.micro_batch, r.setup.num_microbatches) == (1, 2)
 
 
 def test_by_table_separates_a_tables_offset_from_its_spread():

@@ -344,7 +344,7 @@ def test_a_calibration_study_recovers_a_cluster_whose_runs_follow_the_model():
 
     runs = cluster_tables()[("torchtitan_asynctp_h100_202506", "h100-sxm")]
     true = [OwnRun(r.name, replace(r.run, step_time=_model_time_at(r, mfu=0.5))) for r in runs]
-    lone = cluster_tables()[("fms_fsdp_readme", "h100-sxm")]
+    lone = cluster_tables()[("nemo_automodel_h100", "h100-sxm")]
     (s,) = calibration_study({("synthetic", "h100-sxm"): true, ("one", "h100-sxm"): lone})
     assert (s.group, s.runs) == ("synthetic", 4)
     assert s.others[1] < 2e-3 and s.one[1] < 2e-3

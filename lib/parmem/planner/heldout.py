@@ -154,7 +154,7 @@ def _why_not(group: dict[str, Any], row: dict[str, Any]) -> str | None:
         )
     if row.get("left_out"):
         return str(row["left_out"])
-    if _hsdp(row) or row.get("sharding") in ("HYBRID_SHARD",):
+    if _hsdp(row) or row.get("sharding") in ("HYBRID_SHARD", "HSDP"):
         return "a sharding group smaller than the data-parallel group (HSDP)"
     if "seq_len" not in row:
         return "no sequence length"
@@ -289,12 +289,14 @@ def _gpu(group: dict[str, Any], row: dict[str, Any]) -> str | Hardware:
     where = row if "gpu" in row else group  # a row's own GPU takes its own variant only
     name = str(where.get("gpu", "h100-sxm"))
     peak, nvlink = where.get("peak_flops_bf16"), where.get("nvlink_bandwidth")
-    net = where.get("internode_bandwidth")
-    if peak is None and nvlink is None and net is None:
+    net, hbm = where.get("internode_bandwidth"), where.get("memory_bandwidth")
+    if peak is None and nvlink is None and net is None and hbm is None:
         return name
     hw = hardware_preset(name)
     if peak is not None:
         hw = replace(hw, peak_flops_bf16=float(peak))
+    if hbm is not None:  # Meta's Grand Teton H100s: HBM2e at 2.4 TB/s, not the SXM's HBM3
+        hw = replace(hw, memory_bandwidth=float(hbm))
     if nvlink is not None:  # NVIDIA's A800: the A100 with NVLink at 400 GB/s (200 a direction)
         hw = replace(hw, intra_node=replace(hw.intra_node, bandwidth=float(nvlink)))
     if net is not None:  # InternLM's A100 nodes: 4 x 100 Gb/s RoCE for 8 GPUs
