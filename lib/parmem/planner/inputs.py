@@ -108,10 +108,10 @@ class Assumptions:
     (Dubey et al. 2024, Table 4). Part of that is the elementwise work between the GEMMs, which
     streams through HBM: the H100's peak grew 3.2 times over the A100 80GB's, its bandwidth 1.6
     times, and :func:`~parmem.planner.cost.flop_byte_ratio` weighs that work by the difference.
-    Fitted with them as ``mfu_ampere_scale`` is: 1.2, at a mean absolute error of 6.9 % over the 136
+    Fitted with them as ``mfu_ampere_scale`` is: 1.2, at a mean absolute error of 6.7 % over the 136
     runs (worst 27.2 %); the folds that leave one organisation out pick 1.1-1.2 (1.1 without
     MosaicML's runs; 2026-12-05, once Meta's H100s stream their HBM2e at the 2.4 TB/s their page
-    gives); 1.05 before the FLOP-to-byte ratio (2026-12-04). So an engine's GEMMs on an
+    gives and IBM's clusters run at their nodes' network); 1.05 before the FLOP-to-byte ratio (2026-12-04). So an engine's GEMMs on an
     H100 run at 1.2/1.5 = 0.8 of its A100 fraction of the peak."""
 
     attention_efficiency: float = 1.0
@@ -205,11 +205,10 @@ class Assumptions:
     accounting its fit comes from. Fitted with the kernel scales and ``mfu_half_tokens`` on every
     point of their grids and of 0-1 in steps of 0.1 (``benchmarks/heldout_runs.py --joint``,
     2026-12-05), the six organisations together pick 0 (with ``mfu_half_tokens`` 512: a mean
-    absolute error of 6.2 % against 6.9 %, worst 33.1 % against 27.2 %) and the folds 0-0.3; fitted
-    so, an organisation left out is predicted at 8.4 % on average against 9.2 % with it held at
-    0.3, but at worst 33.1 % against 27.2 %, and NVIDIA's runs at 20.9 % against 8.1 %. A fit
-    that buys its mean with its worst case, at a value that says the overlap these engines are
-    built for hides nothing, is not kept: 0.3, a fit of 2026-12-03, is. Less than the whole window: collectives that run beside
+    absolute error of 6.6 % against 6.7 %, worst 33.1 % against 27.2 %) and the folds 0-0.3; fitted
+    so, it carries worse to an organisation left out: 9.6 % on average against 9.1 % with it held
+    at 0.3, worst 29.2 % against 27.2 %, NVIDIA's runs 20.9 % against 8.1 %. So 0.3, a fit of
+    2026-12-03, is kept. Less than the whole window: collectives that run beside
     the backward pass also slow it (they share the GPU's memory bandwidth and take streaming
     multiprocessors for NCCL's kernels), which this model, with no such term, can only count as
     exposed time. 1: all of the window the engine overlaps in."""
