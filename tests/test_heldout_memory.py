@@ -36,7 +36,7 @@ def _torchtitan(compiled: bool) -> list:
 
 def test_every_printed_memory_is_read_with_what_it_measures():
     rows = [r for g in DATA.values() if "memory_measures" in g for r in g["rows"]
-            if ("memory_gib" in r or "memory_as_printed" in r)
+            if ("memory_gib" in r or "memory_as_printed" in r) and "left_out" not in r
             and r.get("precision", g.get("precision")) == "bf16"]  # fmt: skip
     got = measured_memory()
     assert len(got) == len(rows) >= 15

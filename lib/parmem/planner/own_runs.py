@@ -347,7 +347,7 @@ class Calibration:
             lines.append(
                 f"note: these runs are of {len(models)} models ({', '.join(models)}); one "
                 "efficiency fitted to all of them is their average, and may predict each worse "
-                "than the defaults (chapter 18: FlagPerf's H100 runs of three models): fit to "
+                "than the defaults (chapter 18: FlagPerf's H100 runs of two models): fit to "
                 "runs of the model you will plan"
             )
         if self.flags():
