@@ -125,6 +125,23 @@ def test_the_a800_runs_at_its_own_nvlink_and_block_checkpointing_is_left_out():
                    for r in measured_runs())  # fmt: skip
 
 
+def test_flagperf_models_are_what_megatron_builds_from_its_scripts():
+    """FlagPerf's Llama 3 scripts pass neither --position-embedding-type, nor
+    --untie-embeddings-and-output-weights, nor --disable-bias-linear, so Megatron-Core 0.6 builds
+    learned absolute positions, an output layer tied to the embedding and biased linear layers:
+    the rows are timed and sized as that model, not as Meta's Llama 3 (rotary, untied, no bias)."""
+    from parmem.model import ModelSpec
+
+    runs = [r for r in measured_runs() if r.group == "flagperf_megatron"]
+    assert {r.spec.name for r in runs} == {"llama-3-8b-flagperf", "llama-3-70b-flagperf"}
+    for r in runs:
+        meta = ModelSpec.preset(r.spec.name.removesuffix("-flagperf"))
+        assert (r.spec.position, r.spec.tied_embeddings, r.spec.bias) == ("learned", True, True)
+        assert (meta.position, meta.tied_embeddings, meta.bias) == ("rotary", False, False)
+        assert (r.spec.hidden, r.spec.layers, r.spec.ffn_hidden, r.spec.kv_heads) == (
+            meta.hidden, meta.layers, meta.ffn_hidden, meta.kv_heads)
+
+
 def test_fms_fsdp_runs_as_its_readme_and_loop_of_the_time_say():
     """IBM's blog table of 2024-03 is fms-fsdp's README table of that time, which prints the
     sharding: its 7B rows ran HSDP (shards within a node, replicas across nodes), which parmem

@@ -362,7 +362,7 @@ def test_a_fit_across_models_says_so():
     from parmem.planner.own_runs import group_runs
 
     mixed = calibrate(group_runs("flagperf_megatron", gpu="h100-sxm"), fit=("mfu",))
-    assert "these runs are of 2 models (llama-3-70b, llama-3-8b)" in str(mixed)
+    assert "these runs are of 2 models (llama-3-70b-flagperf, llama-3-8b-flagperf)" in str(mixed)
     one = calibrate(group_runs("flagperf_megatron", gpu="a100-80gb"), fit=("mfu",))
     assert "these runs are of" not in str(one)
-    assert mixed.to_dict()["models"] == ["llama-3-70b", "llama-3-8b"]
+    assert mixed.to_dict()["models"] == ["llama-3-70b-flagperf", "llama-3-8b-flagperf"]
