@@ -93,7 +93,7 @@ class Assumptions:
     paper profile. Fitted with ``mfu_hopper_scale`` and ``mfu_half_tokens`` to the measured runs of
     ``data/measured_runs.toml`` (every scored run there is an engine profile's) on every point of
     :data:`~parmem.planner.heldout.FIT_GRID` (:func:`~parmem.planner.heldout.grid_fit`): the six
-    organisations' 136 runs together pick 1.5 (2026-12-05; first on 2026-12-04, once the elementwise work weighs by the
+    organisations' 135 runs together pick 1.5 (2026-12-05; first on 2026-12-04, once the elementwise work weighs by the
     GPU's FLOP-to-byte ratio, :func:`~parmem.planner.cost.flop_byte_ratio`, and FlashAttention's
     backward costs what it runs, :data:`~parmem.planner.cost.FLASH_CORE_BACKWARD`; 1.4 before);
     leaving one organisation out, the folds pick 1.3-1.5 (1.3 without MosaicML's runs). The paper
@@ -108,10 +108,11 @@ class Assumptions:
     (Dubey et al. 2024, Table 4). Part of that is the elementwise work between the GEMMs, which
     streams through HBM: the H100's peak grew 3.2 times over the A100 80GB's, its bandwidth 1.6
     times, and :func:`~parmem.planner.cost.flop_byte_ratio` weighs that work by the difference.
-    Fitted with them as ``mfu_ampere_scale`` is: 1.2, at a mean absolute error of 6.7 % over the 136
-    runs (worst 27.2 %); the folds that leave one organisation out pick 1.1-1.2 (1.1 without
+    Fitted with them as ``mfu_ampere_scale`` is: 1.2, at a mean absolute error of 6.5 % over the 135
+    runs (worst 25.8 %); the folds that leave one organisation out pick 1.1-1.2 (1.1 without
     MosaicML's runs; 2026-12-05, once Meta's H100s stream their HBM2e at the 2.4 TB/s their page
-    gives and IBM's clusters run at their nodes' network); 1.05 before the FLOP-to-byte ratio (2026-12-04). So an engine's GEMMs on an
+    gives, IBM's clusters run at their nodes' network and rows whose layout is not known are left
+    out); 1.05 before the FLOP-to-byte ratio (2026-12-04). So an engine's GEMMs on an
     H100 run at 1.2/1.5 = 0.8 of its A100 fraction of the peak."""
 
     attention_efficiency: float = 1.0
@@ -123,12 +124,13 @@ class Assumptions:
     H100's (Shah et al. 2024, abstract). The core's share grows with ``s/(6h)`` (Narayanan et
     al. 2021 eq. 3), so long sequences feel it most. Not fitted: 1, the GEMM rate. Of the
     measured runs only MosaicML's sweep the sequence length (512 to 65,536 tokens), so leaving
-    an organisation out cannot test it: fitted with the two scales and ``mfu_half_tokens``, the
-    folds pick 0.8-0.9, but 1.0 when MosaicML's rows are the ones left out, and the held-out
-    error does not move (7.8 % pooled without it, 7.9 % with it; worst 28.2 % both:
-    ``benchmarks/heldout_runs.py --joint``, 2026-12-04, once FlashAttention's backward is
-    timed with its recomputation of the scores, :data:`~parmem.planner.cost.FLASH_CORE_BACKWARD`,
-    which the fitted values below 1 had stood in for)."""
+    an organisation out cannot test it: fitted with the two scales and ``mfu_half_tokens`` on every
+    point of their grid and of 0.5-1.4, all organisations pick 0.9 (6.4 % against 6.5 %), the
+    folds 0.9-1.0 but 1.4 when MosaicML's rows are the ones left out, and the held-out error grows
+    (9.7 % pooled with it, 8.9 % without; worst 27.1 % against 23.9 %:
+    ``benchmarks/heldout_runs.py --joint``, 2026-12-05; FlashAttention's backward is timed with
+    its recomputation of the scores, :data:`~parmem.planner.cost.FLASH_CORE_BACKWARD`, which
+    fitted values below 1 had stood in for before)."""
 
     mfu_half_tokens: int = 1280
     """Tokens per micro-batch (``b·s``) at which an engine profile's kernels (any ``engine`` but
@@ -205,9 +207,9 @@ class Assumptions:
     accounting its fit comes from. Fitted with the kernel scales and ``mfu_half_tokens`` on every
     point of their grids and of 0-1 in steps of 0.1 (``benchmarks/heldout_runs.py --joint``,
     2026-12-05), the six organisations together pick 0 (with ``mfu_half_tokens`` 512: a mean
-    absolute error of 6.6 % against 6.7 %, worst 33.1 % against 27.2 %) and the folds 0-0.3; fitted
-    so, it carries worse to an organisation left out: 9.6 % on average against 9.1 % with it held
-    at 0.3, worst 29.2 % against 27.2 %, NVIDIA's runs 20.9 % against 8.1 %. So 0.3, a fit of
+    absolute error of 6.4 % against 6.5 %, worst 29.2 % against 25.8 %) and the folds 0-0.3; fitted
+    so, it carries worse to an organisation left out: 9.4 % on average against 8.9 % with it held
+    at 0.3, worst 29.2 % against 23.9 %, NVIDIA's runs 20.9 % against 8.1 %. So 0.3, a fit of
     2026-12-03, is kept. Less than the whole window: collectives that run beside
     the backward pass also slow it (they share the GPU's memory bandwidth and take streaming
     multiprocessors for NCCL's kernels), which this model, with no such term, can only count as
