@@ -15,6 +15,9 @@ With --joint: the kernel scales and mfu_half_tokens fitted together on every com
 their grids, then with dp_overlap_on, then with attention_efficiency; on all organisations (the
 defaults) and leaving each organisation out (minutes).
 
+With --write: data/step_time_accuracy.toml, the held-out fit's answer that every plan prints
+(parmem.planner.accuracy), dated today; tests/test_heldout_runs.py checks it against the runs.
+
 With --memory: the peak memory per GPU the sources printed (torchtitan's max_memory_reserved,
 FlagPerf's nvidia-smi) beside parmem's estimate and bounds for the same layout and engine
 profile (parmem.planner.heldout.measured_memory; nothing fitted).
@@ -27,9 +30,11 @@ import sys
 from parmem.planner.heldout import (
     FIT_GRID,
     Scored,
+    accuracy_toml,
     by_table,
     grid_fit,
     leave_one_out,
+    measure_accuracy,
     pooled_spread,
     score,
     skipped,
@@ -167,8 +172,23 @@ def memory() -> None:
         print(f"{what}: {len(e)} rows, mean |error| {sum(e) / len(e):.1%}, worst {max(e):.1%}")
 
 
+def write() -> None:
+    """data/step_time_accuracy.toml from the held-out fit, dated today (UTC)."""
+    from datetime import datetime, timezone
+
+    from parmem._data import data_path
+    from parmem.planner.accuracy import ACCURACY_FILE
+
+    acc = measure_accuracy(datetime.now(timezone.utc).date().isoformat())
+    path = data_path(ACCURACY_FILE)
+    path.write_text(accuracy_toml(acc))
+    print(f"{path}: {acc.line()}")
+
+
 if __name__ == "__main__":
-    if "--memory" in sys.argv:
+    if "--write" in sys.argv:
+        write()
+    elif "--memory" in sys.argv:
         memory()
     elif "--per-cluster" in sys.argv:
         per_cluster()

@@ -237,3 +237,36 @@ def test_grid_fit_tries_every_point_and_its_best_is_scores_best():
     assert fit.value == dict(zip(names, best, strict=True))
     assert fit.mean == pytest.approx(mean(best), rel=1e-9)
     assert fit.folds == leave_one_out(names, grid, runs)
+
+
+def test_the_accuracy_a_plan_prints_is_what_the_held_out_fit_gives():
+    """data/step_time_accuracy.toml keeps the held-out fit's answer for the plans to print; it is
+    computed again here, so a change to the runs or the model that moves it fails until the file
+    is written again (benchmarks/heldout_runs.py --write)."""
+    from parmem.planner.accuracy import step_time_accuracy
+    from parmem.planner.heldout import measure_accuracy
+
+    kept = step_time_accuracy()
+    assert measure_accuracy(kept.date) == kept
+    assert kept.runs == sum(isinstance(s, Scored) for s in score())
+    assert kept.in_sample_mean < kept.held_out_mean < kept.held_out_worst
+
+
+def test_an_engine_plan_says_how_far_its_step_time_is_from_held_out_runs():
+    """An engine profile's plan prints the held-out accuracy under its best layout and puts it
+    in its JSON, saying which assumptions it moved from the defaults the accuracy describes; the
+    paper profile's plan, fitted to the published runs instead, does not."""
+    from parmem import ModelSpec
+    from parmem.planner import Cluster, plan
+    from parmem.planner.accuracy import step_time_accuracy
+
+    acc = step_time_accuracy()
+    spec, cluster = ModelSpec.preset("llama-2-7b"), Cluster("a100-80gb", 8, 1)
+    fsdp = plan(spec, cluster, 64, 4096, top=1, engine="fsdp2")
+    assert acc.line() in str(fsdp) and "this plan sets" not in str(fsdp)
+    assert fsdp.to_dict()["step_time_accuracy"] == acc.to_dict()
+    moved = plan(spec, cluster, 64, 4096, top=1, engine="fsdp2", mfu=0.5)
+    assert "(for the default assumptions; this plan sets mfu)" in str(moved)
+    paper = plan(spec, cluster, 64, 4096, top=1, engine="paper")
+    assert paper.step_time_accuracy is None and "held out" not in str(paper)
+    assert paper.to_dict()["step_time_accuracy"] is None

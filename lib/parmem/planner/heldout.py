@@ -39,6 +39,7 @@ from .._data import load_toml
 from ..config import ParallelConfig, TrainingSetup, even_split, vpp_schedule
 from ..hardware import Hardware, hardware_preset
 from ..model import ModelSpec
+from .accuracy import StepTimeAccuracy
 from .inputs import AssumptionOptions, Assumptions, Cluster
 from .search import evaluate, step_times
 
@@ -63,6 +64,8 @@ __all__ = [
     "ELEMENTWISE_RECOMPUTE",
     "MeasuredMemory",
     "measured_memory",
+    "measure_accuracy",
+    "accuracy_toml",
 ]
 
 #: the organisation behind each group: the unit a held-out split or a leave-one-source-out
@@ -614,3 +617,42 @@ def measured_memory() -> list[MeasuredMemory]:
                                   est.stages[peak.stage].loss,
                                   "torch.compile" in str(row.get("techniques", ""))))  # fmt: skip
     return out
+
+
+# ---------------------------------------------------------------------------- accuracy
+def measure_accuracy(date: str) -> StepTimeAccuracy:
+    """What ``data/step_time_accuracy.toml`` keeps (:mod:`parmem.planner.accuracy`), computed:
+    :func:`grid_fit` of the kernel scales and ``mfu_half_tokens`` on :data:`FIT_GRID`, every
+    organisation's runs predicted by the grid's best point on the others (the pooled mean and the
+    worst of the folds), and the best point on all runs (in sample); ``date``: the fit's."""
+    fit = grid_fit(tuple(FIT_GRID), tuple(FIT_GRID.values()))
+    rows = sum(f.held_out_rows for f in fit.folds)
+    return StepTimeAccuracy(
+        date=date,
+        runs=rows,
+        organisations=len(fit.folds),
+        held_out_mean=round(sum(f.held_out_mean * f.held_out_rows for f in fit.folds) / rows, 4),
+        held_out_worst=round(max(f.held_out_worst for f in fit.folds), 4),
+        in_sample_mean=round(fit.mean, 4),
+        in_sample_worst=round(fit.worst, 4),
+    )
+
+
+def accuracy_toml(acc: StepTimeAccuracy) -> str:
+    """``acc`` as the text of ``data/step_time_accuracy.toml``."""
+    return (
+        "# The planner's step time on measured runs it was not fitted to, as a plan prints it\n"
+        "# (parmem.planner.accuracy). Written by `benchmarks/heldout_runs.py --write` from\n"
+        "# parmem.planner.heldout.measure_accuracy: the kernel scales and mfu_half_tokens fitted on\n"
+        "# every point of FIT_GRID with each organisation of data/measured_runs.toml left out in\n"
+        "# turn and scored on it (held_out_*: the pooled mean and the worst |error| of the step\n"
+        "# time, fractions), and fitted on every run (in_sample_*). tests/test_heldout_runs.py\n"
+        "# computes it again: change the runs or the model and write it again.\n"
+        f'date = "{acc.date}"\n'
+        f"runs = {acc.runs}\n"
+        f"organisations = {acc.organisations}\n"
+        f"held_out_mean = {acc.held_out_mean}\n"
+        f"held_out_worst = {acc.held_out_worst}\n"
+        f"in_sample_mean = {acc.in_sample_mean}\n"
+        f"in_sample_worst = {acc.in_sample_worst}\n"
+    )

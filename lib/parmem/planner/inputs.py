@@ -93,8 +93,8 @@ class Assumptions:
     paper profile. Fitted with ``mfu_hopper_scale`` and ``mfu_half_tokens`` to the measured runs of
     ``data/measured_runs.toml`` (every scored run there is an engine profile's) on every point of
     :data:`~parmem.planner.heldout.FIT_GRID` (:func:`~parmem.planner.heldout.grid_fit`): the six
-    organisations' 135 runs together pick 1.5 (2026-12-05; first on 2026-12-04, once the elementwise work weighs by the
-    GPU's FLOP-to-byte ratio, :func:`~parmem.planner.cost.flop_byte_ratio`, and FlashAttention's
+    organisations' 135 runs together pick 1.5 (2026-12-04, again once the measured runs were
+    corrected; first once the elementwise work weighs by the GPU's FLOP-to-byte ratio, :func:`~parmem.planner.cost.flop_byte_ratio`, and FlashAttention's
     backward costs what it runs, :data:`~parmem.planner.cost.FLASH_CORE_BACKWARD`; 1.4 before);
     leaving one organisation out, the folds pick 1.3-1.5 (1.3 without MosaicML's runs). The paper
     profile and a GPU of no stated generation take 1."""
@@ -110,7 +110,7 @@ class Assumptions:
     times, and :func:`~parmem.planner.cost.flop_byte_ratio` weighs that work by the difference.
     Fitted with them as ``mfu_ampere_scale`` is: 1.2, at a mean absolute error of 6.5 % over the 135
     runs (worst 25.8 %); the folds that leave one organisation out pick 1.1-1.2 (1.1 without
-    MosaicML's runs; 2026-12-05, once Meta's H100s stream their HBM2e at the 2.4 TB/s their page
+    MosaicML's runs; 2026-12-04, once Meta's H100s stream their HBM2e at the 2.4 TB/s their page
     gives, IBM's clusters run at their nodes' network and rows whose layout is not known are left
     out); 1.05 before the FLOP-to-byte ratio (2026-12-04). So an engine's GEMMs on an
     H100 run at 1.2/1.5 = 0.8 of its A100 fraction of the peak."""
@@ -128,7 +128,7 @@ class Assumptions:
     point of their grid and of 0.5-1.4, all organisations pick 0.9 (6.4 % against 6.5 %), the
     folds 0.9-1.0 but 1.4 when MosaicML's rows are the ones left out, and the held-out error grows
     (9.7 % pooled with it, 8.9 % without; worst 27.1 % against 23.9 %:
-    ``benchmarks/heldout_runs.py --joint``, 2026-12-05; FlashAttention's backward is timed with
+    ``benchmarks/heldout_runs.py --joint``, 2026-12-04; FlashAttention's backward is timed with
     its recomputation of the scores, :data:`~parmem.planner.cost.FLASH_CORE_BACKWARD`, which
     fitted values below 1 had stood in for before)."""
 
@@ -206,7 +206,7 @@ class Assumptions:
     ``overlap_comm``). ``dp_overlap`` then describes the ``paper`` profile only, the 2021
     accounting its fit comes from. Fitted with the kernel scales and ``mfu_half_tokens`` on every
     point of their grids and of 0-1 in steps of 0.1 (``benchmarks/heldout_runs.py --joint``,
-    2026-12-05), the six organisations together pick 0 (with ``mfu_half_tokens`` 512: a mean
+    2026-12-04), the six organisations together pick 0 (with ``mfu_half_tokens`` 512: a mean
     absolute error of 6.4 % against 6.5 %, worst 29.2 % against 25.8 %) and the folds 0-0.3; fitted
     so, it carries worse to an organisation left out: 9.4 % on average against 8.9 % with it held
     at 0.3, worst 29.2 % against 23.9 %, NVIDIA's runs 20.9 % against 8.1 %. So 0.3, a fit of

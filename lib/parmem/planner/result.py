@@ -10,9 +10,11 @@ from typing import Any, TypedDict
 
 from .._check import integer
 from ..config import ParallelConfig, TrainingSetup
+from ..engines import engine as engine_profile
 from ..estimate import Estimate
 from ..model import ModelSpec
 from ..units import GIB
+from .accuracy import AccuracyDict, StepTimeAccuracy, step_time_accuracy
 from .cost import StepTime
 from .emit import EMITTER_OF, EMITTERS, ENGINES, PROFILES, Recipe
 from .inputs import Assumptions, Cluster
@@ -80,6 +82,7 @@ class PlanDict(TypedDict):
     message: str | None
     stats: PlanStats
     engine: str
+    step_time_accuracy: AccuracyDict | None
 
 
 @dataclass(frozen=True, repr=False)
@@ -197,6 +200,24 @@ class Plan:
         """The fastest candidate (``None`` when nothing fits)."""
         return self.candidates[0] if self.candidates else None
 
+    @property
+    def step_time_accuracy(self) -> StepTimeAccuracy | None:
+        """How far the step time of an engine profile's plan is from measured runs it was not
+        fitted to (:mod:`parmem.planner.accuracy`), for the default assumptions; ``None`` for
+        the ``paper`` profile, whose defaults are fitted to the published runs of 2021."""
+        if engine_profile(self.engine).defaults.timing == "papers":
+            return None
+        return step_time_accuracy()
+
+    def _accuracy_line(self) -> list[str]:
+        acc = self.step_time_accuracy
+        if acc is None:
+            return []
+        default = Assumptions()
+        moved = [k for k, v in asdict(self.assumptions).items() if getattr(default, k) != v]
+        return [acc.line() + (f" (for the default assumptions; this plan sets {', '.join(moved)})"
+                              if moved else "")]  # fmt: skip
+
     def __repr__(self) -> str:
         head = f"<Plan {self.spec.name} on {self.cluster}: "
         best = self.best
@@ -300,6 +321,7 @@ class Plan:
                 f"best: {b.label()}",
                 "step time (s): "
                 + ", ".join(f"{k} {v:.3f}" for k, v in b.time.as_dict().items() if v),
+                *self._accuracy_line(),
                 str(b.estimate),
             ]
         if self.rejected:
@@ -354,6 +376,9 @@ class Plan:
             "message": self.message,
             "stats": self.stats,
             "engine": self.engine,
+            "step_time_accuracy": None
+            if (acc := self.step_time_accuracy) is None
+            else acc.to_dict(),
         }
 
     # ------------------------------------------------------------------ engines

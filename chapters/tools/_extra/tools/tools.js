@@ -314,6 +314,7 @@ function renderPlan(r) {
     body.append(row);
   }
   out.querySelector(".parmem-table-box").replaceChildren(table);
+  out.querySelector(".parmem-accuracy").textContent = r.accuracy;
   out.querySelector(".parmem-plan-chart").replaceChildren(...(r.candidates.length ? [planChart(r, pick)] : []));
   out.querySelector(".parmem-recipe").textContent = r.recipe;
   for (const button of out.querySelectorAll(".parmem-copy")) button.hidden = !r.recipe;

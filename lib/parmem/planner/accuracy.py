@@ -1,0 +1,86 @@
+"""How far the planner's step time is from measured runs it was not fitted to, as a plan says it.
+
+:func:`parmem.planner.heldout.grid_fit` fits the engine profiles' kernel scales and micro-batch
+cost (the defaults of :class:`~parmem.planner.Assumptions`) on every point of
+:data:`~parmem.planner.heldout.FIT_GRID`, once with each organisation of
+``data/measured_runs.toml`` left out, and scores the fit on the organisation it never saw.
+Computing that takes seconds, so a plan does not: ``data/step_time_accuracy.toml`` keeps its
+answer (what :func:`parmem.planner.heldout.measure_accuracy` returns, written by
+``benchmarks/heldout_runs.py --write``), and ``tests/test_heldout_runs.py`` computes it again and
+fails when the file no longer says what the runs and the model give. :class:`Plan
+<parmem.planner.Plan>` prints it under an engine profile's best layout and puts it in its JSON
+(``step_time_accuracy``); the ``paper`` profile is fitted to the published runs of 2021 instead
+(:mod:`parmem.planner.calibration`), which these numbers do not describe.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from typing import Any, TypedDict
+
+from .._data import load_toml
+
+__all__ = ["StepTimeAccuracy", "AccuracyDict", "step_time_accuracy", "ACCURACY_FILE"]
+
+#: the data file that keeps the held-out fit's answer
+ACCURACY_FILE = "step_time_accuracy.toml"
+
+
+class AccuracyDict(TypedDict):
+    """:meth:`StepTimeAccuracy.to_dict`."""
+
+    date: str
+    runs: int
+    organisations: int
+    held_out_mean: float
+    held_out_worst: float
+    in_sample_mean: float
+    in_sample_worst: float
+    source: str
+
+
+@dataclass(frozen=True)
+class StepTimeAccuracy:
+    """The held-out fit's answer: on ``runs`` measured runs of ``organisations`` organisations,
+    each organisation's runs predicted with the defaults fitted to the others, the mean and worst
+    absolute error of the step time (fractions), and the same with the defaults fitted to every
+    run (in sample); ``date`` of the fit."""
+
+    date: str
+    runs: int
+    organisations: int
+    held_out_mean: float
+    held_out_worst: float
+    in_sample_mean: float
+    in_sample_worst: float
+
+    def line(self) -> str:
+        """One line for a plan's text."""
+        return (
+            f"step time, held out: off by {self.held_out_mean:.1%} on average, "
+            f"{self.held_out_worst:.1%} at worst, on {self.runs} published measured runs of "
+            f"{self.organisations} organisations, each predicted by the defaults fitted to the "
+            f"others ({self.date}; book chapter 18); `parmem calibrate` fits them to your "
+            "cluster's runs"
+        )
+
+    def to_dict(self) -> AccuracyDict:
+        """The fields as JSON-ready values, with where they come from."""
+        return {
+            "date": self.date,
+            "runs": self.runs,
+            "organisations": self.organisations,
+            "held_out_mean": self.held_out_mean,
+            "held_out_worst": self.held_out_worst,
+            "in_sample_mean": self.in_sample_mean,
+            "in_sample_worst": self.in_sample_worst,
+            "source": f"data/{ACCURACY_FILE} (parmem.planner.heldout.measure_accuracy)",
+        }
+
+
+@cache
+def step_time_accuracy() -> StepTimeAccuracy:
+    """The held-out fit's answer as ``data/step_time_accuracy.toml`` keeps it."""
+    raw: dict[str, Any] = load_toml(ACCURACY_FILE)
+    return StepTimeAccuracy(**{k: raw[k] for k in StepTimeAccuracy.__dataclass_fields__})
