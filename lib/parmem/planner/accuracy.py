@@ -15,9 +15,9 @@ fails when the file no longer says what the runs and the model give. :class:`Pla
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import cache
-from typing import Any, TypedDict
+from typing import Any, TypedDict, cast
 
 from .._data import load_toml
 
@@ -67,16 +67,8 @@ class StepTimeAccuracy:
 
     def to_dict(self) -> AccuracyDict:
         """The fields as JSON-ready values, with where they come from."""
-        return {
-            "date": self.date,
-            "runs": self.runs,
-            "organisations": self.organisations,
-            "held_out_mean": self.held_out_mean,
-            "held_out_worst": self.held_out_worst,
-            "in_sample_mean": self.in_sample_mean,
-            "in_sample_worst": self.in_sample_worst,
-            "source": f"data/{ACCURACY_FILE} (parmem.planner.heldout.measure_accuracy)",
-        }
+        source = f"data/{ACCURACY_FILE} (parmem.planner.heldout.measure_accuracy)"
+        return cast(AccuracyDict, {**asdict(self), "source": source})
 
 
 @cache
