@@ -174,12 +174,12 @@ def memory() -> None:
 
 def write() -> None:
     """data/step_time_accuracy.toml from the held-out fit, dated today (UTC)."""
-    from datetime import datetime, timezone
+    from datetime import UTC, datetime
 
     from parmem._data import data_path
     from parmem.planner.accuracy import ACCURACY_FILE
 
-    acc = measure_accuracy(datetime.now(timezone.utc).date().isoformat())
+    acc = measure_accuracy(datetime.now(UTC).date().isoformat())
     path = data_path(ACCURACY_FILE)
     path.write_text(accuracy_toml(acc))
     print(f"{path}: {acc.line()}")
