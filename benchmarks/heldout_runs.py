@@ -35,6 +35,7 @@ from parmem.planner.heldout import (
     grid_fit,
     leave_one_out,
     measure_accuracy,
+    pooled_folds,
     pooled_spread,
     score,
     skipped,
@@ -78,10 +79,9 @@ def main(rows: bool = False) -> None:
           "by engine and GPU generation)")
 
     def folds(title: str, fs: list) -> None:
-        rows = sum(f.held_out_rows for f in fs)
-        pooled = sum(f.held_out_mean * f.held_out_rows for f in fs) / rows
+        pooled, worst, _ = pooled_folds(fs)
         print(f"leave one organisation out, {title}: pooled held-out mean |error| {pooled:.1%}, "
-              f"worst {max(f.held_out_worst for f in fs):.1%}")
+              f"worst {worst:.1%}")
         for f in fs:
             print(f"  {f.held_out:<20} fitted {f.value}  train {f.train_mean:6.1%}  "
                   f"held out {f.held_out_mean:6.1%} (worst {f.held_out_worst:6.1%}, "
@@ -150,10 +150,9 @@ def joint() -> None:
         for f in fit.folds:
             print(f"  {f.held_out:<28} fitted {f.value}  train {f.train_mean:6.1%}  held out "
                   f"{f.held_out_mean:6.1%} (worst {f.held_out_worst:6.1%}, {f.held_out_rows} rows)")
-        n = sum(f.held_out_rows for f in fit.folds)
-        pooled = sum(f.held_out_mean * f.held_out_rows for f in fit.folds) / n
+        pooled, worst, _ = fit.held_out
         print(f"  leave one organisation out: pooled held-out mean |error| {pooled:.1%}, worst "
-              f"{max(f.held_out_worst for f in fit.folds):.1%}")
+              f"{worst:.1%}")
 
 
 def memory() -> None:

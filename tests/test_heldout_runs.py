@@ -242,20 +242,26 @@ def test_grid_fit_tries_every_point_and_its_best_is_scores_best():
 def test_the_accuracy_a_plan_prints_is_what_the_held_out_fit_gives():
     """data/step_time_accuracy.toml keeps the held-out fit's answer for the plans to print; it is
     computed again here, so a change to the runs or the model that moves it fails until the file
-    is written again (benchmarks/heldout_runs.py --write)."""
+    is written again (benchmarks/heldout_runs.py --write); and the point it was fitted at is the
+    defaults plans use, so a changed default fails too."""
+    from parmem.planner import Assumptions
     from parmem.planner.accuracy import step_time_accuracy
-    from parmem.planner.heldout import measure_accuracy
+    from parmem.planner.heldout import FIT_GRID, measure_accuracy
 
     kept = step_time_accuracy()
     assert measure_accuracy(kept.date) == kept
-    assert kept.runs == sum(isinstance(s, Scored) for s in score())
+    assert kept.fitted == {n: getattr(Assumptions(), n) for n in FIT_GRID}
+    scored = [s.run for s in score() if isinstance(s, Scored)]
+    assert kept.runs == len(scored)
+    assert set(kept.engines) == {"fsdp2", "megatron-core"}  # BLOOM's DeepSpeed rows: refused
     assert kept.in_sample_mean < kept.held_out_mean < kept.held_out_worst
 
 
 def test_an_engine_plan_says_how_far_its_step_time_is_from_held_out_runs():
     """An engine profile's plan prints the held-out accuracy under its best layout and puts it
-    in its JSON, saying which assumptions it moved from the defaults the accuracy describes; the
-    paper profile's plan, fitted to the published runs instead, does not."""
+    in its JSON, with what the plan has that no measured run had (an engine, a GPU, a step-time
+    assumption moved from the fitted defaults; the memory headroom is none of those); the paper
+    profile's plan, fitted to the published runs instead, and a plan where nothing fits, do not."""
     from parmem import ModelSpec
     from parmem.planner import Cluster, plan
     from parmem.planner.accuracy import step_time_accuracy
@@ -263,10 +269,18 @@ def test_an_engine_plan_says_how_far_its_step_time_is_from_held_out_runs():
     acc = step_time_accuracy()
     spec, cluster = ModelSpec.preset("llama-2-7b"), Cluster("a100-80gb", 8, 1)
     fsdp = plan(spec, cluster, 64, 4096, top=1, engine="fsdp2")
-    assert acc.line() in str(fsdp) and "this plan sets" not in str(fsdp)
-    assert fsdp.to_dict()["step_time_accuracy"] == acc.to_dict()
+    assert fsdp.accuracy_text() == acc.line() and acc.line() in str(fsdp)
+    assert fsdp.to_dict()["step_time_accuracy"] == {**acc.to_dict(), "caveats": []}
+    assert plan(spec, cluster, 64, 4096, top=1, engine="fsdp2", headroom=0.2).accuracy_caveats() \
+        == []
     moved = plan(spec, cluster, 64, 4096, top=1, engine="fsdp2", mfu=0.5)
-    assert "(for the default assumptions; this plan sets mfu)" in str(moved)
+    assert "(not what was measured: this plan sets mfu)" in str(moved)
+    ds = plan(spec, Cluster("h200", 8, 1), 64, 4096, top=1, engine="deepspeed")
+    assert ds.accuracy_caveats() == ["no measured run of engine 'deepspeed'", "none on h200"]
     paper = plan(spec, cluster, 64, 4096, top=1, engine="paper")
     assert paper.step_time_accuracy is None and "held out" not in str(paper)
     assert paper.to_dict()["step_time_accuracy"] is None
+    none_fit = plan(ModelSpec.preset("llama-3-70b"), Cluster("a100-40gb", 1, 1), 8, 4096,
+                    engine="fsdp2")  # fmt: skip
+    assert none_fit.best is None and none_fit.to_dict()["step_time_accuracy"] is None
+    assert none_fit.accuracy_text() == ""

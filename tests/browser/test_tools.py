@@ -208,7 +208,7 @@ def test_planner(browser, origin):  # noqa: F811 (fixtures)
             assert page.locator(".parmem-recipe").inner_text().strip() == ref.emit(emit).strip()
             # how far the step time is from held-out measured runs: the plan's own line
             assert page.locator(".parmem-accuracy").inner_text().strip() == \
-                ref.step_time_accuracy.line()
+                ref.accuracy_text()
         # choosing the second layout shows its recipe
         count = results(page)
         page.locator('.parmem-table tbody tr[data-rank="2"]').click()

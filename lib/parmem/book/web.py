@@ -680,7 +680,7 @@ def plan_layouts(settings: Mapping[str, Any]) -> dict[str, Any]:
             "recipe": _recipe(result, pick) if rows and engine in EMITTER_OF else "",
             "band": band(result.candidates[pick - 1].estimate, values["gpu"]) if rows else None,
             # how far an engine profile's step time is from measured runs it was not fitted to
-            "accuracy": acc.line() if (acc := result.step_time_accuracy) and rows else "",
+            "accuracy": result.accuracy_text(),
             "query": to_query(values, PLAN_FIELDS),
         }
 

@@ -37,15 +37,21 @@ class AccuracyDict(TypedDict):
     held_out_worst: float
     in_sample_mean: float
     in_sample_worst: float
+    fitted: dict[str, float]
+    engines: tuple[str, ...]
+    gpus: tuple[str, ...]
+    precisions: tuple[str, ...]
     source: str
 
 
 @dataclass(frozen=True)
 class StepTimeAccuracy:
     """The held-out fit's answer: on ``runs`` measured runs of ``organisations`` organisations,
-    each organisation's runs predicted with the defaults fitted to the others, the mean and worst
-    absolute error of the step time (fractions), and the same with the defaults fitted to every
-    run (in sample); ``date`` of the fit."""
+    each organisation's runs predicted by the grid's best point on the others' runs, the mean and
+    worst absolute error of the step time (fractions), and the same at the grid's best point on
+    every run (in sample: ``fitted``, which the defaults of
+    :class:`~parmem.planner.Assumptions` are); ``date`` of the fit; what the runs cover: their
+    engine profiles, GPU presets and precisions."""
 
     date: str
     runs: int
@@ -54,15 +60,18 @@ class StepTimeAccuracy:
     held_out_worst: float
     in_sample_mean: float
     in_sample_worst: float
+    fitted: dict[str, float]
+    engines: tuple[str, ...]
+    gpus: tuple[str, ...]
+    precisions: tuple[str, ...]
 
     def line(self) -> str:
         """One line for a plan's text."""
         return (
             f"step time, held out: off by {self.held_out_mean:.1%} on average, "
             f"{self.held_out_worst:.1%} at worst, on {self.runs} published measured runs of "
-            f"{self.organisations} organisations, each predicted by the defaults fitted to the "
-            f"others ({self.date}; book chapter 18); `parmem calibrate` fits them to your "
-            "cluster's runs"
+            f"{self.organisations} organisations, each predicted by a fit to the others "
+            f"({self.date}; book chapter 18); `parmem calibrate` fits your cluster's runs"
         )
 
     def to_dict(self) -> AccuracyDict:
@@ -75,4 +84,7 @@ class StepTimeAccuracy:
 def step_time_accuracy() -> StepTimeAccuracy:
     """The held-out fit's answer as ``data/step_time_accuracy.toml`` keeps it."""
     raw: dict[str, Any] = load_toml(ACCURACY_FILE)
-    return StepTimeAccuracy(**{k: raw[k] for k in StepTimeAccuracy.__dataclass_fields__})
+    fields = {k: raw[k] for k in StepTimeAccuracy.__dataclass_fields__}
+    for k in ("engines", "gpus", "precisions"):
+        fields[k] = tuple(fields[k])
+    return StepTimeAccuracy(**fields)

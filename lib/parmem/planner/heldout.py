@@ -29,6 +29,7 @@ printed layout contradicts the recipe that ran (``left_out``) are left out with 
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -57,6 +58,7 @@ __all__ = [
     "score",
     "summary",
     "leave_one_out",
+    "pooled_folds",
     "GridFit",
     "grid_fit",
     "FIT_GRID",
@@ -456,6 +458,14 @@ class Fold:
     held_out_rows: int
 
 
+def pooled_folds(folds: list[Fold]) -> tuple[float, float, int]:
+    """Every held-out row of ``folds`` together: the mean absolute error over them (each fold
+    weighed by its rows), the worst, and how many rows."""
+    rows = sum(f.held_out_rows for f in folds)
+    mean = sum(f.held_out_mean * f.held_out_rows for f in folds) / rows if rows else math.nan
+    return mean, max((f.held_out_worst for f in folds), default=math.nan), rows
+
+
 def leave_one_out(
     name: str | tuple[str, ...],
     grid: tuple[Any, ...],
@@ -494,6 +504,11 @@ class GridFit:
     worst: float
     rows: int
     folds: list[Fold]
+
+    @property
+    def held_out(self) -> tuple[float, float, int]:
+        """The folds' held-out rows together (:func:`pooled_folds`): mean, worst, rows."""
+        return pooled_folds(self.folds)
 
 
 def grid_fit(
@@ -626,15 +641,20 @@ def measure_accuracy(date: str) -> StepTimeAccuracy:
     organisation's runs predicted by the grid's best point on the others (the pooled mean and the
     worst of the folds), and the best point on all runs (in sample); ``date``: the fit's."""
     fit = grid_fit(tuple(FIT_GRID), tuple(FIT_GRID.values()))
-    rows = sum(f.held_out_rows for f in fit.folds)
+    mean, worst, rows = fit.held_out
+    scored = [r for r, _ in _step_times(measured_runs())]
     return StepTimeAccuracy(
         date=date,
         runs=rows,
         organisations=len(fit.folds),
-        held_out_mean=round(sum(f.held_out_mean * f.held_out_rows for f in fit.folds) / rows, 4),
-        held_out_worst=round(max(f.held_out_worst for f in fit.folds), 4),
+        held_out_mean=round(mean, 4),
+        held_out_worst=round(worst, 4),
         in_sample_mean=round(fit.mean, 4),
         in_sample_worst=round(fit.worst, 4),
+        fitted=dict(fit.value),
+        engines=tuple(sorted({r.setup.engine for r in scored})),
+        gpus=tuple(sorted({r.cluster.hardware.name for r in scored})),
+        precisions=tuple(sorted({r.setup.precision for r in scored})),
     )
 
 
@@ -655,4 +675,10 @@ def accuracy_toml(acc: StepTimeAccuracy) -> str:
         f"held_out_worst = {acc.held_out_worst}\n"
         f"in_sample_mean = {acc.in_sample_mean}\n"
         f"in_sample_worst = {acc.in_sample_worst}\n"
+        "# the grid's best point on every run (the defaults of Assumptions), and what the runs\n"
+        "# cover: their engine profiles, GPU presets and precisions\n"
+        f"fitted = {{{', '.join(f'{k} = {v}' for k, v in acc.fitted.items())}}}\n"
+        f"engines = {json.dumps(list(acc.engines))}\n"
+        f"gpus = {json.dumps(list(acc.gpus))}\n"
+        f"precisions = {json.dumps(list(acc.precisions))}\n"
     )

@@ -82,7 +82,14 @@ class PlanDict(TypedDict):
     message: str | None
     stats: PlanStats
     engine: str
-    step_time_accuracy: AccuracyDict | None
+    step_time_accuracy: PlanAccuracyDict | None
+
+
+class PlanAccuracyDict(AccuracyDict):
+    """:attr:`Plan.step_time_accuracy` as :meth:`Plan.to_dict` gives it, with the plan's
+    :meth:`~Plan.accuracy_caveats`."""
+
+    caveats: list[str]
 
 
 @dataclass(frozen=True, repr=False)
@@ -209,14 +216,42 @@ class Plan:
             return None
         return step_time_accuracy()
 
-    def _accuracy_line(self) -> list[str]:
-        acc = self.step_time_accuracy
-        if acc is None:
+    def accuracy_caveats(self) -> list[str]:
+        """What the best layout's plan has that the measured runs behind
+        :attr:`step_time_accuracy` do not: an engine profile, a GPU, a precision, an adapter or
+        attention without FlashAttention that no scored run used, and the assumptions of the
+        step time it sets away from the fitted defaults (``headroom`` moves memory only)."""
+        acc, best = self.step_time_accuracy, self.best
+        if acc is None or best is None:
             return []
+        out = []
+        gpu, st = self.cluster.hardware.name, best.setup
+        if self.engine not in acc.engines:
+            out.append(f"no measured run of engine {self.engine!r}")
+        if gpu not in acc.gpus:
+            out.append(f"none on {gpu}")
+        if st.precision not in acc.precisions:
+            out.append(f"none in {st.precision}")
+        if st.adapter != "none":
+            out.append(f"none with adapter {st.adapter!r}")
+        profile = engine_profile(self.engine).defaults
+        if not (profile.flash_attention if st.flash_attention is None else st.flash_attention):
+            out.append("none without FlashAttention")
         default = Assumptions()
-        moved = [k for k, v in asdict(self.assumptions).items() if getattr(default, k) != v]
-        return [acc.line() + (f" (for the default assumptions; this plan sets {', '.join(moved)})"
-                              if moved else "")]  # fmt: skip
+        moved = [k for k, v in asdict(self.assumptions).items()
+                 if k != "headroom" and v != acc.fitted.get(k, getattr(default, k))]  # fmt: skip
+        if moved:
+            out.append(f"this plan sets {', '.join(moved)}")
+        return out
+
+    def accuracy_text(self) -> str:
+        """:attr:`step_time_accuracy` as the line the plan prints under its best layout, with
+        its :meth:`accuracy_caveats`; empty for the ``paper`` profile or when nothing fits."""
+        acc = self.step_time_accuracy
+        if acc is None or self.best is None:
+            return ""
+        caveats = self.accuracy_caveats()
+        return acc.line() + (f" (not what was measured: {'; '.join(caveats)})" if caveats else "")
 
     def __repr__(self) -> str:
         head = f"<Plan {self.spec.name} on {self.cluster}: "
@@ -321,7 +356,7 @@ class Plan:
                 f"best: {b.label()}",
                 "step time (s): "
                 + ", ".join(f"{k} {v:.3f}" for k, v in b.time.as_dict().items() if v),
-                *self._accuracy_line(),
+                *([text] if (text := self.accuracy_text()) else []),
                 str(b.estimate),
             ]
         if self.rejected:
@@ -377,8 +412,8 @@ class Plan:
             "stats": self.stats,
             "engine": self.engine,
             "step_time_accuracy": None
-            if (acc := self.step_time_accuracy) is None
-            else acc.to_dict(),
+            if (acc := self.step_time_accuracy) is None or self.best is None
+            else {**acc.to_dict(), "caveats": self.accuracy_caveats()},
         }
 
     # ------------------------------------------------------------------ engines
