@@ -72,6 +72,7 @@ ORDER = [
     "parmem.planner.emit.torchtitan",
     "parmem.planner.calibration",
     "parmem.planner.heldout",
+    "parmem.planner.accuracy",
     "parmem.planner.logs",
     "parmem.planner.own_runs",
     "parmem.hardware",

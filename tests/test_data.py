@@ -47,10 +47,13 @@ def test_every_data_file_is_toml():
     # parmem needs nothing beyond the standard library to read its data (it runs in Pyodide);
     # the recorded engine runs (data/engine_runs/, written by make engines) are JSON, also read
     # by the standard library, and only by the tests and the book
-    files = [p for p in (REPO / "data").iterdir() if p.name != "engine_runs"]
+    # as are the GPU checks' outputs (data/gpu_checks/, written by scripts/gpu_check.py)
+    records = ("engine_runs", "gpu_checks")
+    files = [p for p in (REPO / "data").iterdir() if p.name not in records]
     assert sorted(p.suffix for p in files) == [".toml"] * len(files)
-    runs = list((REPO / "data" / "engine_runs").iterdir())
-    assert runs and all(p.suffix == ".json" for p in runs)
+    for folder in records:
+        runs = list((REPO / "data" / folder).iterdir())
+        assert runs and all(p.suffix == ".json" for p in runs), folder
 
 
 def test_data_path_rejects_paths():

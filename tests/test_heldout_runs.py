@@ -142,6 +142,23 @@ def test_flagperf_models_are_what_megatron_builds_from_its_scripts():
             meta.hidden, meta.layers, meta.ffn_hidden, meta.kv_heads)
 
 
+def test_the_books_own_h200_runs_are_recorded_as_they_ran():
+    """The H200 step times of scripts/gpu_check.py (2026-12-04): each row's step time is the
+    median of its ten timed steps, Transformers built exactly the parameters parmem counts for
+    the spec, and the rows are scored as an organisation of their own, at d = 1 on one GPU."""
+    import statistics
+
+    data = tomllib.loads(data_path("measured_runs.toml").read_text())["parmem_h200_2026_12"]
+    runs = [r for r in measured_runs() if r.group == "parmem_h200_2026_12"]
+    assert len(runs) == len(data["rows"]) == 6
+    for row, r in zip(data["rows"], runs, strict=True):
+        assert row["step_time_s"] == pytest.approx(statistics.median(row["step_times_s"]),
+                                                   abs=1e-4)  # fmt: skip
+        assert r.spec.num_params() == row["num_params"], r.key
+        assert (r.org, r.cluster.world_size, r.parallel.dp, r.setup.num_microbatches) == (
+            "this book (H200)", 1, 1, 1)
+
+
 def test_fms_fsdp_runs_as_its_readme_and_loop_of_the_time_say():
     """IBM's blog table of 2024-03 is fms-fsdp's README table of that time, which prints the
     sharding: its 7B rows ran HSDP (shards within a node, replicas across nodes), which parmem
@@ -263,6 +280,7 @@ def test_an_engine_plan_says_how_far_its_step_time_is_from_held_out_runs():
     assumption moved from the fitted defaults; the memory headroom is none of those); the paper
     profile's plan, fitted to the published runs instead, and a plan where nothing fits, do not."""
     from parmem import ModelSpec
+    from parmem.hardware import hardware_preset
     from parmem.planner import Cluster, plan
     from parmem.planner.accuracy import step_time_accuracy
 
@@ -275,8 +293,11 @@ def test_an_engine_plan_says_how_far_its_step_time_is_from_held_out_runs():
         == []
     moved = plan(spec, cluster, 64, 4096, top=1, engine="fsdp2", mfu=0.5)
     assert "(not what was measured: this plan sets mfu)" in str(moved)
-    ds = plan(spec, Cluster("h200", 8, 1), 64, 4096, top=1, engine="deepspeed")
-    assert ds.accuracy_caveats() == ["no measured run of engine 'deepspeed'", "none on h200"]
+    ds = plan(spec, cluster, 64, 4096, top=1, engine="deepspeed")
+    assert ds.accuracy_caveats() == ["no measured run of engine 'deepspeed'"]
+    other = replace(hardware_preset("h100-sxm"), name="h100-other")  # a GPU no run was on
+    assert plan(spec, Cluster(other, 8, 1), 64, 4096, top=1, engine="fsdp2").accuracy_caveats() \
+        == ["none on h100-other"]
     paper = plan(spec, cluster, 64, 4096, top=1, engine="paper")
     assert paper.step_time_accuracy is None and "held out" not in str(paper)
     assert paper.to_dict()["step_time_accuracy"] is None

@@ -299,6 +299,22 @@ def test_a_real_step_equals_the_estimate_plus_the_named_differences(llama_runs, 
 
 
 @pytest.mark.dist
+def test_the_gpu_checks_timed_steps_run_the_fsdp2_model_they_say(pool):
+    """parmem.distributed.time_step.timed (scripts/gpu_check.py's worker), on the CPU ranks: the
+    model Transformers builds from the config has the parameters parmem counts, FSDP2 shards
+    it over the ranks, and every rank times the steps it was asked for (after the warm-up); no
+    GPU, no peak. Its times mean nothing here: the GPU check records them."""
+    sh = _llama_shrink()
+    spec, cfg = sh.spec_at(2), sh.config_at(2)
+    res = pool.run("parmem.distributed.time_step:timed", cfg=cfg, seq_len=16, micro_batch=2,
+                   steps=2, warmup=1)  # fmt: skip
+    assert len(res) == N
+    for r in res:
+        assert r["num_params"] == spec.num_params() and r["peak"] is None
+        assert len(r["step_s"]) == 2 and all(t > 0 for t in r["step_s"])
+
+
+@pytest.mark.dist
 @pytest.mark.parametrize("mode", ["ddp", "fsdp2"])
 def test_the_depth_scaling_extrapolates_to_the_direct_estimate(llama_runs, mode):
     sh, par, setup, res = llama_runs[mode]

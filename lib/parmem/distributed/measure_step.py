@@ -43,7 +43,7 @@ from parmem.distributed.launcher import device as _device
 from parmem.distributed.launcher import world_size
 from parmem.measure import SavedTensorsMeter, state_bytes, storage_key_and_bytes
 
-__all__ = ["step", "one_step"]
+__all__ = ["step", "one_step", "build", "shard_fsdp2", "quiet"]
 
 _MODES = ("ddp", "fsdp2")
 
@@ -64,12 +64,12 @@ def step(
     choice("attn", attn, ("sdpa", "eager"))
     choice("mode", mode, _MODES)
     choice("buckets", buckets, ("copy", "view"))
-    with _quiet():
+    with quiet():
         return [one_step(c, seq_len, micro_batch, dtype, attn, mode, buckets) for c in configs]
 
 
 @contextlib.contextmanager
-def _quiet():
+def quiet():
     """Transformers' warnings about a config built without weights, and DTensor's about random
     ops on a CPU mesh, are not the reader's concern here."""
     import warnings
@@ -86,7 +86,10 @@ def _quiet():
         logging.set_verbosity(level)
 
 
-def _build(cfg: dict[str, Any], attn: str, dtype: str):
+def build(cfg: dict[str, Any], attn: str, dtype: str):
+    """The model of the Transformers config dict ``cfg`` (``AutoModelForCausalLM.from_config``
+    with ``attn_implementation=attn``, no KV cache), in ``dtype`` (``"bf16"`` or ``"fp32"``),
+    in training mode, seeded."""
     import torch
     import transformers
 
@@ -129,7 +132,7 @@ class _LiveParamsMeter(SavedTensorsMeter):
         return super()._pack(t)
 
 
-def _fsdp2(model, live: set) -> Any:
+def shard_fsdp2(model, live: set) -> Any:
     """``fully_shard`` each decoder layer, then the root (torchtitan's policy), with forward
     hooks that keep ``live`` = the storages of the unsharded parameters in use."""
     import torch
@@ -171,7 +174,7 @@ def one_step(
     cuda = dev.type == "cuda"
     if cuda:
         torch.cuda.reset_peak_memory_stats(dev)
-    model = _build(cfg, attn, dtype)
+    model = build(cfg, attn, dtype)
     n_params = sum(p.numel() for p in model.parameters())
     n_tensors = len(list(model.parameters()))
     d = world_size()
@@ -183,7 +186,7 @@ def one_step(
             return {**out, "refused": f"FSDP2 pads {bad}: {d} ranks do not divide its first "
                     "dimension, and the fsdp2 profile does not model the padding; choose "
                     "--width-factor/--vocab/--dp so that they do"}  # fmt: skip
-        model = _fsdp2(model.to(dev), live)
+        model = shard_fsdp2(model.to(dev), live)
         module = model
         meter: SavedTensorsMeter = _LiveParamsMeter(live)
     else:

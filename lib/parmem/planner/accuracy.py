@@ -69,7 +69,7 @@ class StepTimeAccuracy:
         """One line for a plan's text."""
         return (
             f"step time, held out: off by {self.held_out_mean:.1%} on average, "
-            f"{self.held_out_worst:.1%} at worst, on {self.runs} published measured runs of "
+            f"{self.held_out_worst:.1%} at worst, on {self.runs} measured runs of "
             f"{self.organisations} organisations, each predicted by a fit to the others "
             f"({self.date}; book chapter 18); `parmem calibrate` fits your cluster's runs"
         )

@@ -83,6 +83,7 @@ ORGS = {
     "megatron_bridge": "NVIDIA",
     "nemo": "NVIDIA",
     "internlm": "Shanghai AI Lab (InternLM)",
+    "parmem": "this book (H200)",
 }
 
 

@@ -1,0 +1,156 @@
+"""The GPU check: measured step times and peak memory on one GPU beside parmem's, for the record.
+
+    python scripts/gpu_check.py --out DIR            # on a machine with one CUDA GPU
+    python scripts/gpu_check.py --out DIR --smoke    # the same code path on CPU, tiny models
+
+Two parts, each written to ``DIR/gpu_check.json`` with the date, the GPU's name and the
+versions of torch and Transformers:
+
+* **step time** (issue 29: a measured run no fit has seen): full-size Llama models (the shapes of
+  Llama 3.2 1B and 3B, from their Hugging Face config.json, and the ``llama-2-7b`` preset) built
+  with Transformers and sharded as the ``fsdp2`` profile describes, on one GPU
+  (:func:`parmem.distributed.time_step.timed`: 3 warm-up steps, then 10 timed), beside
+  :func:`parmem.planner.evaluate`'s step time and :func:`parmem.estimate`'s peak for the same
+  layout (d = 1, ZeRO-3, one micro-batch a step);
+* **memory**: ``parmem measure --device cuda --dp 1`` (a shrunk model's real step, every category
+  beside the estimate, ``torch.cuda.max_memory_allocated`` too) for the ``hf`` and ``fsdp2``
+  profiles on ``llama-3-8b`` and ``mixtral-8x7b``.
+
+Nothing in the test suite depends on a GPU; what this prints is recorded by hand in ``data/``
+(``measured_runs.toml`` for the step times) with the date and the GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.metadata
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "lib"))
+
+from parmem import ModelSpec, ParallelConfig, TrainingSetup, estimate  # noqa: E402
+from parmem.distributed import Pool  # noqa: E402
+from parmem.measure_model import preset_config  # noqa: E402
+from parmem.planner import Cluster, evaluate  # noqa: E402
+
+#: Llama 3.2 1B and 3B as their Hugging Face config.json give them (meta-llama/Llama-3.2-1B and
+#: -3B: hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads,
+#: intermediate_size, vocab_size 128256, tie_word_embeddings true, rope_theta 500000)
+LLAMA32 = {
+    "llama-3.2-1b": dict(hidden=2048, layers=16, heads=32, kv_heads=8, ffn_hidden=8192),
+    "llama-3.2-3b": dict(hidden=3072, layers=28, heads=24, kv_heads=8, ffn_hidden=8192),
+}
+
+#: (model, micro-batch, sequence length) timed
+RUNS = [
+    ("llama-3.2-1b", 4, 2048),
+    ("llama-3.2-1b", 1, 8192),
+    ("llama-3.2-3b", 2, 2048),
+    ("llama-3.2-3b", 1, 8192),
+    ("llama-2-7b", 1, 2048),
+    ("llama-2-7b", 1, 4096),
+]
+
+
+def spec_of(name: str, smoke: bool) -> ModelSpec:
+    if name in LLAMA32:
+        shape = LLAMA32[name]
+        spec = ModelSpec(name=name, vocab_size=128256, ffn_kind="swiglu", norm="rmsnorm",
+                         tied_embeddings=True, position="rotary", max_positions=131072,
+                         dropout=0.0, rope_theta=500000.0, **shape)  # fmt: skip
+    else:
+        spec = ModelSpec.preset(name)
+    if smoke:  # a tiny model of the same family: the code path only
+        spec = ModelSpec(name=f"{name}-smoke", vocab_size=256, hidden=64, layers=2, heads=4,
+                         kv_heads=2, ffn_hidden=128, ffn_kind="swiglu", norm="rmsnorm",
+                         tied_embeddings=spec.tied_embeddings, position="rotary",
+                         max_positions=8192, dropout=0.0)  # fmt: skip
+    return spec
+
+
+def modelled(spec: ModelSpec, gpu: str, b: int, s: int) -> dict:
+    par = ParallelConfig(dp=1, zero=3)
+    setup = TrainingSetup(seq_len=s, micro_batch=b, num_microbatches=1, engine="fsdp2",
+                          flash_attention=True, dropout=False)  # fmt: skip
+    c = evaluate(spec, Cluster(gpu, 1, 1), par, setup)
+    est = estimate(spec, par, setup, gpus_per_node=1)
+    return {"step_s": c.step_time, "peak": est.peak_bytes, "time": c.time.as_dict()}
+
+
+def step_times(out: dict, smoke: bool, gpu: str) -> None:
+    rows = out.setdefault("step_time", [])
+    with Pool(world_size=1, backend="gloo" if smoke else "nccl", pg_timeout=600) as pool:
+        for name, b, s in RUNS:
+            if smoke:
+                b, s = 1, 32
+            spec = spec_of(name, smoke)
+            t0 = time.time()
+            (got,) = pool.run("parmem.distributed.time_step:timed", timeout=600,
+                              cfg=preset_config(spec), seq_len=s, micro_batch=b)  # fmt: skip
+            mod = modelled(spec, gpu, b, s)
+            median = statistics.median(got["step_s"])
+            rows.append({"model": name, "micro_batch": b, "seq_len": s,
+                         "num_params": got["num_params"], "step_s": got["step_s"],
+                         "median_s": median, "modelled_s": mod["step_s"],
+                         "modelled_time": mod["time"], "peak": got["peak"],
+                         "estimate_peak": mod["peak"], "wall_s": time.time() - t0})  # fmt: skip
+            print(f"{name} b{b} s{s}: measured {median:.4f} s, modelled {mod['step_s']:.4f} s "
+                  f"({mod['step_s'] / median - 1:+.1%}); peak {got['peak']} vs estimate "
+                  f"{mod['peak']}", flush=True)  # fmt: skip
+
+
+def memory(out: dict, smoke: bool) -> None:
+    rows = out.setdefault("memory", [])
+    for model in ("llama-3-8b", "mixtral-8x7b"):
+        for engine in ("hf", "fsdp2"):
+            cmd = [sys.executable, "-c", "import sys; from parmem.cli import main; sys.exit(main())",
+                   "measure", "--model", model, "--dp", "1", "--engine", engine, "--json",
+                   "--zero", "3" if engine == "fsdp2" else "0",
+                   *([] if smoke else ["--device", "cuda"])]  # fmt: skip
+            env = {**os.environ, "PYTHONPATH": str(ROOT / "lib")}
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+            rec = {"model": model, "engine": engine, "rc": p.returncode}
+            try:
+                rec["report"] = json.loads(p.stdout)
+            except json.JSONDecodeError:
+                rec["stdout"], rec["stderr"] = p.stdout[-2000:], p.stderr[-2000:]
+            rows.append(rec)
+            print(f"measure {model} {engine}: rc {p.returncode}", flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.environ.get("OUT", "gpu_out"))
+    ap.add_argument("--smoke", action="store_true", help="CPU, tiny models: the code path only")
+    ap.add_argument("--only", choices=("time", "memory"), default=None)
+    args = ap.parse_args()
+    import torch
+
+    smoke = args.smoke
+    if not smoke and not torch.cuda.is_available():
+        raise SystemExit("no CUDA GPU here: run with --smoke on CPU")
+    name = "cpu" if smoke else torch.cuda.get_device_name(0)
+    gpu = "h200" if "H200" in name else "h100-sxm" if "H100" in name else "h200"
+    out = {"date": datetime.date.today().isoformat(), "device": name, "gpu_preset": gpu,
+           "versions": {d: importlib.metadata.version(d) for d in ("torch", "transformers")}}  # fmt: skip
+    path = Path(args.out)
+    path.mkdir(parents=True, exist_ok=True)
+    try:
+        if args.only in (None, "time"):
+            step_times(out, smoke, gpu)
+        if args.only in (None, "memory"):
+            memory(out, smoke)
+    finally:
+        (path / "gpu_check.json").write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
