@@ -49,7 +49,14 @@ LLAMA32 = {
     "llama-3.2-3b": dict(hidden=3072, layers=28, heads=24, kv_heads=8, ffn_hidden=8192),
 }
 
-#: (model, micro-batch, sequence length) timed
+#: (model, micro-batch, sequence length) timed without recomputation, then with full recomputation
+RECOMPUTE_RUNS = [
+    ("llama-3.2-1b", 16, 2048),
+    ("llama-3.2-1b", 8, 4096),
+    ("llama-3.2-3b", 4, 8192),
+    ("llama-2-7b", 2, 4096),
+    ("llama-2-7b", 4, 4096),
+]
 RUNS = [
     ("llama-3.2-1b", 4, 2048),
     ("llama-3.2-1b", 1, 8192),
@@ -76,35 +83,70 @@ def spec_of(name: str, smoke: bool) -> ModelSpec:
     return spec
 
 
-def modelled(spec: ModelSpec, gpu: str, b: int, s: int) -> dict:
+def modelled(spec: ModelSpec, gpu: str, b: int, s: int, recompute: str = "none") -> dict:
     par = ParallelConfig(dp=1, zero=3)
     setup = TrainingSetup(seq_len=s, micro_batch=b, num_microbatches=1, engine="fsdp2",
-                          flash_attention=True, dropout=False)  # fmt: skip
+                          flash_attention=True, dropout=False, recompute=recompute)  # fmt: skip
     c = evaluate(spec, Cluster(gpu, 1, 1), par, setup)
     est = estimate(spec, par, setup, gpus_per_node=1)
     return {"step_s": c.step_time, "peak": est.peak_bytes, "time": c.time.as_dict()}
 
 
-def step_times(out: dict, smoke: bool, gpu: str) -> None:
+def step_times(out: dict, smoke: bool, gpu: str, recompute: bool = False) -> None:
     rows = out.setdefault("step_time", [])
+    runs = RECOMPUTE_RUNS if recompute else RUNS
+    steps, warmup = (6, 2) if recompute else (10, 3)
     with Pool(world_size=1, backend="gloo" if smoke else "nccl", pg_timeout=600) as pool:
-        for name, b, s in RUNS:
+        for name, b, s in runs:
             if smoke:
                 b, s = 1, 32
             spec = spec_of(name, smoke)
             t0 = time.time()
             (got,) = pool.run("parmem.distributed.time_step:timed", timeout=600,
-                              cfg=preset_config(spec), seq_len=s, micro_batch=b)  # fmt: skip
-            mod = modelled(spec, gpu, b, s)
+                              cfg=preset_config(spec), seq_len=s, micro_batch=b, steps=steps,
+                              warmup=warmup, recompute=recompute)  # fmt: skip
+            mode = "full" if recompute else "none"
+            mod = modelled(spec, gpu, b, s, mode)
             median = statistics.median(got["step_s"])
-            rows.append({"model": name, "micro_batch": b, "seq_len": s,
+            rows.append({"model": name, "micro_batch": b, "seq_len": s, "recompute": mode,
                          "num_params": got["num_params"], "step_s": got["step_s"],
                          "median_s": median, "modelled_s": mod["step_s"],
                          "modelled_time": mod["time"], "peak": got["peak"],
                          "estimate_peak": mod["peak"], "wall_s": time.time() - t0})  # fmt: skip
-            print(f"{name} b{b} s{s}: measured {median:.4f} s, modelled {mod['step_s']:.4f} s "
-                  f"({mod['step_s'] / median - 1:+.1%}); peak {got['peak']} vs estimate "
-                  f"{mod['peak']}", flush=True)  # fmt: skip
+            print(f"{name} b{b} s{s} recompute {mode}: measured {median:.4f} s, modelled "
+                  f"{mod['step_s']:.4f} s ({mod['step_s'] / median - 1:+.1%}); peak "
+                  f"{got['peak']} vs estimate {mod['peak']}", flush=True)  # fmt: skip
+
+
+def small_saved(out: dict, smoke: bool) -> None:
+    """The tensors of at most 64 bytes that one forward of a shrunk two-layer Llama-3-8B and
+    Mixtral-8x7B keeps for the backward (dtype, device, shape): what ``parmem measure --device
+    cuda`` finds beyond the estimate, named."""
+    import torch
+
+    from parmem.distributed.measure_step import build, quiet
+    from parmem.measure_model import shrink
+
+    dev = torch.device("cpu" if smoke else "cuda")
+    rows = out.setdefault("small_saved", [])
+    for model in ("llama-3-8b", "mixtral-8x7b"):
+        cfg = shrink(preset_config(ModelSpec.preset(model))).config_at(2)
+        seen: list = []
+
+        def pack(t, seen=seen):
+            if t.untyped_storage().nbytes() <= 64:
+                seen.append([str(t.dtype), t.device.type, list(t.shape),
+                             t.untyped_storage().nbytes()])  # fmt: skip
+            return t
+
+        with quiet():
+            m = build(cfg, "sdpa", "bf16").to(dev)
+            ids = torch.randint(0, int(cfg["vocab_size"]), (1, 32)).to(dev)
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                loss = m(input_ids=ids, labels=ids, use_cache=False).loss
+            loss.backward()
+        rows.append({"model": model, "layers": 2, "small": seen})
+        print(f"{model}: {len(seen)} small saved tensors: {seen}", flush=True)
 
 
 def memory(out: dict, smoke: bool) -> None:
@@ -130,7 +172,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "gpu_out"))
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny models: the code path only")
-    ap.add_argument("--only", choices=("time", "memory"), default=None)
+    ap.add_argument("--only", choices=("time", "recompute", "memory", "saved"), nargs="*",
+                    default=None, help="the parts to run (default: all)")
     args = ap.parse_args()
     import torch
 
@@ -143,11 +186,16 @@ def main() -> None:
            "versions": {d: importlib.metadata.version(d) for d in ("torch", "transformers")}}  # fmt: skip
     path = Path(args.out)
     path.mkdir(parents=True, exist_ok=True)
+    parts = args.only or ["time", "recompute", "memory", "saved"]
     try:
-        if args.only in (None, "time"):
+        if "time" in parts:
             step_times(out, smoke, gpu)
-        if args.only in (None, "memory"):
+        if "recompute" in parts:
+            step_times(out, smoke, gpu, recompute=True)
+        if "memory" in parts:
             memory(out, smoke)
+        if "saved" in parts:
+            small_saved(out, smoke)
     finally:
         (path / "gpu_check.json").write_text(json.dumps(out, indent=1))
 

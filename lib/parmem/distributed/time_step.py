@@ -29,10 +29,17 @@ __all__ = ["timed"]
 
 
 def timed(
-    cfg: dict[str, Any], seq_len: int, micro_batch: int, steps: int = 10, warmup: int = 3
+    cfg: dict[str, Any],
+    seq_len: int,
+    micro_batch: int,
+    steps: int = 10,
+    warmup: int = 3,
+    recompute: bool = False,
 ) -> dict[str, Any]:
     """Time ``steps`` training steps (after ``warmup`` untimed ones) of the model of ``cfg``
-    on this rank (see the module doc)."""
+    on this rank (see the module doc). ``recompute``: every decoder layer checkpointed in full
+    (Transformers' ``gradient_checkpointing_enable``, non-reentrant ``torch.utils.checkpoint``
+    around each layer: the ``fsdp2`` profile's ``recompute="full"``)."""
     import torch
     import torch.distributed as dist
 
@@ -50,7 +57,12 @@ def timed(
     with quiet():
         if cuda:
             torch.cuda.reset_peak_memory_stats(dev)
-        model = shard_fsdp2(build(cfg, "sdpa", "fp32").to(dev), set())
+        model = build(cfg, "sdpa", "fp32")
+        if recompute:
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
+        model = shard_fsdp2(model.to(dev), set())
         n_params = sum(p.numel() for p in model.parameters())
         opt = torch.optim.AdamW(model.parameters(), lr=1e-5, **({"fused": True} if cuda else {}))
         g = torch.Generator().manual_seed(dist.get_rank() if dist.is_initialized() else 0)

@@ -93,10 +93,12 @@ class Assumptions:
     paper profile. Fitted with ``mfu_hopper_scale`` and ``mfu_half_tokens`` to the measured runs of
     ``data/measured_runs.toml`` (every scored run there is an engine profile's) on every point of
     :data:`~parmem.planner.heldout.FIT_GRID` (:func:`~parmem.planner.heldout.grid_fit`): the seven
-    organisations' 141 runs (six publishers' and this book's own on an H200) together pick 1.5
-    (2026-12-04, again once the measured runs were corrected and the H200 runs added; first once the elementwise work weighs by the GPU's FLOP-to-byte ratio, :func:`~parmem.planner.cost.flop_byte_ratio`, and FlashAttention's
-    backward costs what it runs, :data:`~parmem.planner.cost.FLASH_CORE_BACKWARD`; 1.4 before);
-    leaving one organisation out, the folds pick 1.3-1.5 (1.3 without MosaicML's runs). The paper
+    organisations' 145 runs (six publishers' and this book's own on an H200) together pick 1.5
+    (2026-12-04, again once the measured runs were corrected and the H200 runs added; first once
+    the elementwise work weighs by the GPU's FLOP-to-byte ratio,
+    :func:`~parmem.planner.cost.flop_byte_ratio`, and FlashAttention's backward costs what it
+    runs, :data:`~parmem.planner.cost.FLASH_CORE_BACKWARD`; 1.4 before); leaving one
+    organisation out, the folds pick 1.35-1.5 (1.35 without MosaicML's runs). The paper
     profile and a GPU of no stated generation take 1."""
 
     mfu_hopper_scale: float = 1.2
@@ -108,9 +110,9 @@ class Assumptions:
     (Dubey et al. 2024, Table 4). Part of that is the elementwise work between the GEMMs, which
     streams through HBM: the H100's peak grew 3.2 times over the A100 80GB's, its bandwidth 1.6
     times, and :func:`~parmem.planner.cost.flop_byte_ratio` weighs that work by the difference.
-    Fitted with them as ``mfu_ampere_scale`` is: 1.2, at a mean absolute error of 6.7 % over the 141
-    runs (worst 25.8 %); the folds that leave one organisation out pick 1.1-1.2 (1.1 without
-    MosaicML's runs; 2026-12-04, once Meta's H100s stream their HBM2e at the 2.4 TB/s their page
+    Fitted with them as ``mfu_ampere_scale`` is: 1.2, at a mean absolute error of 6.8 % over the 145
+    runs (worst 25.8 %); the folds that leave one organisation out pick 1.15-1.25 (1.15 without
+    MosaicML's runs, 1.25 without InternLM's; 2026-12-04, once Meta's H100s stream their HBM2e at the 2.4 TB/s their page
     gives, IBM's clusters run at their nodes' network and rows whose layout is not known are left
     out); 1.05 before the FLOP-to-byte ratio (2026-12-04). So an engine's GEMMs on an
     H100 run at 1.2/1.5 = 0.8 of its A100 fraction of the peak."""
@@ -125,9 +127,9 @@ class Assumptions:
     al. 2021 eq. 3), so long sequences feel it most. Not fitted: 1, the GEMM rate. Of the
     measured runs only MosaicML's sweep the sequence length (512 to 65,536 tokens), so leaving
     an organisation out cannot test it: fitted with the two scales and ``mfu_half_tokens`` on every
-    point of their grid and of 0.5-1.4, all organisations pick 0.9 (6.6 % against 6.7 %), the
-    folds 0.9 but 1.4 when MosaicML's rows are the ones left out, and the held-out error grows
-    (9.7 % pooled with it, 9.0 % without; worst 27.1 % against 23.9 %:
+    point of their grid and of 0.5-1.4, all organisations pick 0.9 (6.7 % against 6.8 %), the
+    folds 0.9-1.0 but 1.4 when MosaicML's rows are the ones left out, and the held-out error grows
+    (9.3 % pooled with it, 8.2 % without; worst 30.1 % against 22.6 %:
     ``benchmarks/heldout_runs.py --joint``, 2026-12-04; FlashAttention's backward is timed with
     its recomputation of the scores, :data:`~parmem.planner.cost.FLASH_CORE_BACKWARD`, which
     fitted values below 1 had stood in for before)."""
@@ -142,7 +144,7 @@ class Assumptions:
     micro-batch size and time it with per-micro-batch functions ``t_f(b)``, ``t_b(b)``. The
     ``paper`` profile takes 0: ``mfu`` is fitted to its runs, at 2,048-token micro-batches mostly,
     and holds their rate. Fitted with the kernel scales as ``mfu_ampere_scale`` is: 1,280 on all
-    organisations' runs, the folds 512-1,280 (512 without MosaicML's runs; 2026-12-04). InternLM's
+    organisations' runs, the folds 768-1,536 (768 without MosaicML's runs; 2026-12-04). InternLM's
     own rows disagree: at the same 16,384 tokens a GPU a step, 8-sequence micro-batches with full
     recomputation are modelled 11.9 % too fast on average and 2-sequence ones without it 6.3 % too
     slow, a spread no constant in tokens closes. Introduced with the kernel scales alone, it cut the
@@ -207,10 +209,11 @@ class Assumptions:
     accounting its fit comes from. Fitted with the kernel scales and ``mfu_half_tokens`` on every
     point of their grids and of 0-1 in steps of 0.1 (``benchmarks/heldout_runs.py --joint``,
     2026-12-04), the seven organisations together pick 0.3 itself, and the folds 0 or 0.3 (0, with
-    ``mfu_half_tokens`` 512 or 768, when IBM's, MosaicML's, NVIDIA's or this book's H200 runs are
-    the ones left out); fitted so, it carries worse to an organisation left out: 9.9 % on average
-    against 9.0 % with it held at 0.3, worst 37.2 % against 23.9 % (the H200 runs 18.0 % against
-    10.1 %, NVIDIA's 20.9 % against 8.1 %). So 0.3, a fit of 2026-12-03, is kept. Less than the whole window: collectives that run beside
+    ``mfu_half_tokens`` 512 or 1,280, when IBM's, MosaicML's, NVIDIA's or this book's H200 runs are
+    the ones left out); fitted so, it carries worse to an organisation left out: 10.3 % on average
+    against 8.2 % with it held at 0.3, worst 37.2 % against 22.6 % (the H200 runs 13.3 % against
+    9.7 %, IBM's 21.4 % against 2.9 %, NVIDIA's 20.9 % against 8.1 %). So 0.3, a fit of
+    2026-12-03, is kept. Less than the whole window: collectives that run beside
     the backward pass also slow it (they share the GPU's memory bandwidth and take streaming
     multiprocessors for NCCL's kernels), which this model, with no such term, can only count as
     exposed time. 1: all of the window the engine overlaps in."""
