@@ -36,18 +36,23 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "lib"))
 
-from parmem import ModelSpec, ParallelConfig, TrainingSetup, estimate  # noqa: E402
+from parmem import ModelSpec  # noqa: E402
+from parmem._data import load_toml  # noqa: E402
 from parmem.distributed import Pool  # noqa: E402
 from parmem.measure_model import preset_config  # noqa: E402
-from parmem.planner import Cluster, evaluate  # noqa: E402
+from parmem.planner import evaluate  # noqa: E402
+from parmem.planner.heldout import run_from_row  # noqa: E402
 
-#: Llama 3.2 1B and 3B as their Hugging Face config.json give them (meta-llama/Llama-3.2-1B and
-#: -3B: hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads,
-#: intermediate_size, vocab_size 128256, tie_word_embeddings true, rope_theta 500000)
-LLAMA32 = {
-    "llama-3.2-1b": dict(hidden=2048, layers=16, heads=32, kv_heads=8, ffn_hidden=8192),
-    "llama-3.2-3b": dict(hidden=3072, layers=28, heads=24, kv_heads=8, ffn_hidden=8192),
-}
+#: the group of data/measured_runs.toml these runs are recorded in: its `models` are the shapes
+#: timed (Llama 3.2 1B and 3B from their config.json), and each run is modelled as that group's
+#: row is scored (parmem.planner.heldout.run_from_row), so the printed comparison is the
+#: held-out one
+GROUP = "parmem_h200_2026_12"
+
+#: a tiny model for --smoke: the code path only
+SMOKE = dict(vocab_size=256, hidden=64, layers=2, heads=4, kv_heads=2, ffn_hidden=128,
+             ffn_kind="swiglu", norm="rmsnorm", tied_embeddings=True, position="rotary",
+             max_positions=8192, dropout=0.0)  # fmt: skip
 
 #: (model, micro-batch, sequence length) timed without recomputation, then with full recomputation
 RECOMPUTE_RUNS = [
@@ -67,47 +72,42 @@ RUNS = [
 ]
 
 
-def spec_of(name: str, smoke: bool) -> ModelSpec:
-    if name in LLAMA32:
-        shape = LLAMA32[name]
-        spec = ModelSpec(name=name, vocab_size=128256, ffn_kind="swiglu", norm="rmsnorm",
-                         tied_embeddings=True, position="rotary", max_positions=131072,
-                         dropout=0.0, rope_theta=500000.0, **shape)  # fmt: skip
-    else:
-        spec = ModelSpec.preset(name)
-    if smoke:  # a tiny model of the same family: the code path only
-        spec = ModelSpec(name=f"{name}-smoke", vocab_size=256, hidden=64, layers=2, heads=4,
-                         kv_heads=2, ffn_hidden=128, ffn_kind="swiglu", norm="rmsnorm",
-                         tied_embeddings=spec.tied_embeddings, position="rotary",
-                         max_positions=8192, dropout=0.0)  # fmt: skip
-    return spec
+def group(gpu: str, smoke: bool) -> dict:
+    """The measured-runs group of these runs, on ``gpu``; with ``smoke``, its models tiny."""
+    g = {**load_toml("measured_runs.toml")[GROUP], "gpu": gpu}
+    if smoke:
+        names = {name for name, _, _ in RUNS + RECOMPUTE_RUNS}
+        g["models"] = {n: {"name": f"{n}-smoke", **SMOKE} for n in names}
+    return g
 
 
-def modelled(spec: ModelSpec, gpu: str, b: int, s: int, recompute: str = "none") -> dict:
-    par = ParallelConfig(dp=1, zero=3)
-    setup = TrainingSetup(seq_len=s, micro_batch=b, num_microbatches=1, engine="fsdp2",
-                          flash_attention=True, dropout=False, recompute=recompute)  # fmt: skip
-    c = evaluate(spec, Cluster(gpu, 1, 1), par, setup)
-    est = estimate(spec, par, setup, gpus_per_node=1)
-    return {"step_s": c.step_time, "peak": est.peak_bytes, "time": c.time.as_dict()}
+def modelled(g: dict, name: str, b: int, s: int, recompute: str, measured: float) -> tuple:
+    """The run as its row of ``g`` is scored: its spec, and the planner's step time and
+    estimated peak for its layout."""
+    row = {"model": name, "gpus": 1, "t": 1, "p": 1, "d": 1, "zero": 3, "micro_batch": b,
+           "batch": b, "seq_len": s, "recompute": recompute, "step_time_s": measured}  # fmt: skip
+    run = run_from_row(GROUP, g, row)
+    c = evaluate(run.spec, run.cluster, run.parallel, run.setup)
+    return run.spec, {"step_s": c.step_time, "peak": c.peak_bytes, "time": c.time.as_dict()}
 
 
 def step_times(out: dict, smoke: bool, gpu: str, recompute: bool = False) -> None:
     rows = out.setdefault("step_time", [])
     runs = RECOMPUTE_RUNS if recompute else RUNS
     steps, warmup = (6, 2) if recompute else (10, 3)
+    mode = "full" if recompute else "none"
+    g = group(gpu, smoke)
     with Pool(world_size=1, backend="gloo" if smoke else "nccl", pg_timeout=600) as pool:
         for name, b, s in runs:
             if smoke:
                 b, s = 1, 32
-            spec = spec_of(name, smoke)
+            spec, _ = modelled(g, name, b, s, mode, 1.0)
             t0 = time.time()
             (got,) = pool.run("parmem.distributed.time_step:timed", timeout=600,
                               cfg=preset_config(spec), seq_len=s, micro_batch=b, steps=steps,
                               warmup=warmup, recompute=recompute)  # fmt: skip
-            mode = "full" if recompute else "none"
-            mod = modelled(spec, gpu, b, s, mode)
             median = statistics.median(got["step_s"])
+            _, mod = modelled(g, name, b, s, mode, median)
             rows.append({"model": name, "micro_batch": b, "seq_len": s, "recompute": mode,
                          "num_params": got["num_params"], "step_s": got["step_s"],
                          "median_s": median, "modelled_s": mod["step_s"],

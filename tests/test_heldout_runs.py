@@ -130,9 +130,19 @@ def test_flagperf_models_are_what_megatron_builds_from_its_scripts():
     """FlagPerf's Llama 3 scripts pass neither --position-embedding-type, nor
     --untie-embeddings-and-output-weights, nor --disable-bias-linear, so Megatron-Core 0.6 builds
     learned absolute positions, an output layer tied to the embedding and biased linear layers:
-    the rows are timed and sized as that model, not as Meta's Llama 3 (rotary, untied, no bias)."""
+    the rows are timed and sized as that model, not as Meta's Llama 3 (rotary, untied, no bias).
+    The defaults are read from Megatron-LM's recorded parser; FlagPerf's core_v0.6.0 has the same
+    three (megatron/training/arguments.py there, quoted in the group's model source)."""
     from parmem.model import ModelSpec
 
+    # Megatron-LM's own parser (tests/fixtures/megatron_lm_args.json, recorded from it): what
+    # a script that passes none of the three flags gets
+    parser = json.loads((Path(__file__).parent / "fixtures" / "megatron_lm_args.json").read_text())
+    default = {o["flags"][0]: (o["dest"], o["default"]) for o in parser["options"]}
+    assert default["--position-embedding-type"] == ("position_embedding_type", "learned_absolute")
+    assert default["--untie-embeddings-and-output-weights"] == (
+        "untie_embeddings_and_output_weights", False)
+    assert default["--disable-bias-linear"] == ("add_bias_linear", True)
     runs = [r for r in measured_runs() if r.group == "flagperf_megatron"]
     assert {r.spec.name for r in runs} == {"llama-3-8b-flagperf", "llama-3-70b-flagperf"}
     for r in runs:
@@ -280,6 +290,14 @@ def test_the_accuracy_a_plan_prints_is_what_the_held_out_fit_gives():
     assert kept.runs == len(scored)
     assert set(kept.engines) == {"fsdp2", "megatron-core"}  # BLOOM's DeepSpeed rows: refused
     assert kept.in_sample_mean < kept.held_out_mean < kept.held_out_worst
+    # each engine's runs are a part of every run: together they give the pooled numbers
+    parts = kept.by_engine.values()
+    assert sum(e["runs"] for e in parts) == kept.runs
+    pooled = sum(e["held_out_mean"] * e["runs"] for e in parts) / kept.runs
+    assert pooled == pytest.approx(kept.held_out_mean, abs=1e-4)
+    assert max(e["held_out_worst"] for e in parts) == kept.held_out_worst
+    assert {e: v["runs"] for e, v in kept.by_engine.items()} == {
+        e: sum(r.setup.engine == e for r in scored) for e in kept.engines}
 
 
 def test_an_engine_plan_says_how_far_its_step_time_is_from_held_out_runs():
@@ -295,7 +313,11 @@ def test_an_engine_plan_says_how_far_its_step_time_is_from_held_out_runs():
     acc = step_time_accuracy()
     spec, cluster = ModelSpec.preset("llama-2-7b"), Cluster("a100-80gb", 8, 1)
     fsdp = plan(spec, cluster, 64, 4096, top=1, engine="fsdp2")
-    assert fsdp.accuracy_text() == acc.line() and acc.line() in str(fsdp)
+    assert fsdp.accuracy_text() == acc.line("fsdp2") and acc.line("fsdp2") in str(fsdp)
+    # the reader's engine's own runs first, every run's beside them
+    fsdp_runs = acc.by_engine["fsdp2"]
+    assert f"under fsdp2, held out: off by {fsdp_runs['held_out_mean']:.1%}" in acc.line("fsdp2")
+    assert f"every engine: off by {acc.held_out_mean:.1%}" in acc.line("fsdp2")
     assert fsdp.to_dict()["step_time_accuracy"] == {**acc.to_dict(), "caveats": []}
     assert plan(spec, cluster, 64, 4096, top=1, engine="fsdp2", headroom=0.2).accuracy_caveats() \
         == []

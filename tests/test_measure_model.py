@@ -312,6 +312,10 @@ def test_the_gpu_checks_timed_steps_run_the_fsdp2_model_they_say(pool):
     for r in res:
         assert r["num_params"] == spec.num_params() and r["peak"] is None
         assert len(r["step_s"]) == 2 and all(t > 0 for t in r["step_s"])
+    # on a GPU it runs AdamW fused, as torchtitan's optimizer does by default
+    from torchtitan.components.optimizer.optimizer import OptimizersContainer
+
+    assert OptimizersContainer.Config().implementation == "fused"
 
 
 @pytest.mark.dist

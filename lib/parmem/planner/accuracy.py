@@ -38,7 +38,7 @@ class AccuracyDict(TypedDict):
     in_sample_mean: float
     in_sample_worst: float
     fitted: dict[str, float]
-    engines: tuple[str, ...]
+    by_engine: dict[str, dict[str, float]]
     gpus: tuple[str, ...]
     precisions: tuple[str, ...]
     source: str
@@ -50,8 +50,9 @@ class StepTimeAccuracy:
     each organisation's runs predicted by the grid's best point on the others' runs, the mean and
     worst absolute error of the step time (fractions), and the same at the grid's best point on
     every run (in sample: ``fitted``, which the defaults of
-    :class:`~parmem.planner.Assumptions` are); ``date`` of the fit; what the runs cover: their
-    engine profiles, GPU presets and precisions."""
+    :class:`~parmem.planner.Assumptions` are); ``date`` of the fit; ``by_engine``: the same
+    held-out errors over the runs of each engine profile (``runs``, ``held_out_mean``,
+    ``held_out_worst``); what the runs cover: their GPU presets and precisions."""
 
     date: str
     runs: int
@@ -61,17 +62,31 @@ class StepTimeAccuracy:
     in_sample_mean: float
     in_sample_worst: float
     fitted: dict[str, float]
-    engines: tuple[str, ...]
+    by_engine: dict[str, dict[str, float]]
     gpus: tuple[str, ...]
     precisions: tuple[str, ...]
 
-    def line(self) -> str:
-        """One line for a plan's text."""
+    @property
+    def engines(self) -> tuple[str, ...]:
+        """The engine profiles of the measured runs."""
+        return tuple(self.by_engine)
+
+    def line(self, engine: str | None = None) -> str:
+        """One line for a plan's text: the held-out error of ``engine``'s measured runs where
+        it has some, beside every run's."""
+        e = self.by_engine.get(engine or "")
+        every = (f"off by {self.held_out_mean:.1%} on average, {self.held_out_worst:.1%} at "
+                 f"worst, on {self.runs} measured runs of {self.organisations} organisations")  # fmt: skip
+        head = (
+            f"step time under {engine}, held out: off by {e['held_out_mean']:.1%} on average, "
+            f"{e['held_out_worst']:.1%} at worst, on its {e['runs']:.0f} measured runs (every "
+            f"engine: {every})"
+            if e
+            else f"step time, held out: {every}"
+        )
         return (
-            f"step time, held out: off by {self.held_out_mean:.1%} on average, "
-            f"{self.held_out_worst:.1%} at worst, on {self.runs} measured runs of "
-            f"{self.organisations} organisations, each predicted by a fit to the others "
-            f"({self.date}; book chapter 18); `parmem calibrate` fits your cluster's runs"
+            f"{head}, each organisation's predicted by a fit to the others ({self.date}; book "
+            "chapter 18); `parmem calibrate` fits your cluster's runs"
         )
 
     def to_dict(self) -> AccuracyDict:
@@ -85,6 +100,6 @@ def step_time_accuracy() -> StepTimeAccuracy:
     """The held-out fit's answer as ``data/step_time_accuracy.toml`` keeps it."""
     raw: dict[str, Any] = load_toml(ACCURACY_FILE)
     fields = {k: raw[k] for k in StepTimeAccuracy.__dataclass_fields__}
-    for k in ("engines", "gpus", "precisions"):
+    for k in ("gpus", "precisions"):
         fields[k] = tuple(fields[k])
     return StepTimeAccuracy(**fields)

@@ -643,7 +643,15 @@ def measure_accuracy(date: str) -> StepTimeAccuracy:
     worst of the folds), and the best point on all runs (in sample); ``date``: the fit's."""
     fit = grid_fit(tuple(FIT_GRID), tuple(FIT_GRID.values()))
     mean, worst, rows = fit.held_out
-    scored = [r for r, _ in _step_times(measured_runs())]
+    timed = _step_times(measured_runs())
+    scored = [r for r, _ in timed]
+    # each run's held-out error (its organisation's fold), gathered by engine profile
+    fold = {f.held_out: Assumptions.from_kwargs(f.value) for f in fit.folds}
+    errors: dict[str, list[float]] = {}
+    for r, at in timed:
+        errors.setdefault(r.setup.engine, []).append(abs(at(fold[r.org]) / r.step_time - 1))
+    by_engine = {e: {"runs": len(v), "held_out_mean": round(sum(v) / len(v), 4),
+                     "held_out_worst": round(max(v), 4)} for e, v in sorted(errors.items())}  # fmt: skip
     return StepTimeAccuracy(
         date=date,
         runs=rows,
@@ -653,7 +661,7 @@ def measure_accuracy(date: str) -> StepTimeAccuracy:
         in_sample_mean=round(fit.mean, 4),
         in_sample_worst=round(fit.worst, 4),
         fitted=dict(fit.value),
-        engines=tuple(sorted({r.setup.engine for r in scored})),
+        by_engine=by_engine,
         gpus=tuple(sorted({r.cluster.hardware.name for r in scored})),
         precisions=tuple(sorted({r.setup.precision for r in scored})),
     )
@@ -677,9 +685,13 @@ def accuracy_toml(acc: StepTimeAccuracy) -> str:
         f"in_sample_mean = {acc.in_sample_mean}\n"
         f"in_sample_worst = {acc.in_sample_worst}\n"
         "# the grid's best point on every run (the defaults of Assumptions), and what the runs\n"
-        "# cover: their engine profiles, GPU presets and precisions\n"
+        "# cover: their GPU presets and precisions\n"
         f"fitted = {{{', '.join(f'{k} = {v}' for k, v in acc.fitted.items())}}}\n"
-        f"engines = {json.dumps(list(acc.engines))}\n"
         f"gpus = {json.dumps(list(acc.gpus))}\n"
         f"precisions = {json.dumps(list(acc.precisions))}\n"
+        "# the held-out errors of each engine profile's runs (each run in its organisation's fold)\n"
+        + "".join(
+            f"by_engine.{e} = {{{', '.join(f'{k} = {v}' for k, v in d.items())}}}\n"
+            for e, d in acc.by_engine.items()
+        )  # fmt: skip
     )

@@ -251,7 +251,8 @@ class Plan:
         if acc is None or self.best is None:
             return ""
         caveats = self.accuracy_caveats()
-        return acc.line() + (f" (not what was measured: {'; '.join(caveats)})" if caveats else "")
+        line = acc.line(self.engine)
+        return line + (f" (not what was measured: {'; '.join(caveats)})" if caveats else "")
 
     def __repr__(self) -> str:
         head = f"<Plan {self.spec.name} on {self.cluster}: "
